@@ -1,0 +1,434 @@
+#include "nn/cpu_device.h"
+
+#include <omp.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "nn/cpu_kernels.h"
+
+namespace ferry::nn {
+
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.2f %s (%zu bytes)", v, units[u], bytes);
+  return buf;
+}
+
+OutOfDeviceMemory::OutOfDeviceMemory(const std::string& device, size_t req, size_t used,
+                                     size_t cap)
+    : std::runtime_error("out of device memory on " + device + ": asked for " +
+                         format_bytes(req) + " with " + format_bytes(used) +
+                         " in use, cap (device.memory) " + format_bytes(cap)),
+      requested(req),
+      in_use(used),
+      capacity(cap) {}
+
+namespace {
+
+constexpr size_t kAlign = 64;
+
+[[noreturn]] void fail(const char* op, const std::string& what) {
+  throw std::invalid_argument(std::string("cpu.") + op + ": " + what);
+}
+
+void expect_same_shape(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) {
+    fail(op, a.describe() + " vs " + b.describe());
+  }
+}
+
+void expect_dtype(const char* op, const Tensor& t, DType d) {
+  if (t.dtype() != d) {
+    fail(op, "expected " + std::string(dtype_name(d)) + ", got " + t.describe());
+  }
+}
+
+// Runs f(T{}) for the floating dtypes every op supports.
+template <class F>
+void dispatch(const char* op, DType t, F&& f) {
+  switch (t) {
+    case DType::f32: f(float{}); return;
+    case DType::f64: f(double{}); return;
+    default: fail(op, std::string("dtype ") + std::string(dtype_name(t)) + " is not supported");
+  }
+}
+
+template <class T>
+T* ptr(const Tensor& t) {
+  return t.data_as<T>();
+}
+
+// Rows and columns of a tensor seen as a matrix whose last dimension is the row length.
+int64_t rows_of(const Tensor& t) { return t.numel() / t.dim(-1); }
+
+}  // namespace
+
+CpuDevice::CpuDevice(size_t capacity_bytes, int threads) {
+  stats_.capacity = capacity_bytes;
+  threads_ = threads > 0 ? threads : omp_get_max_threads();
+  omp_set_num_threads(threads_);
+  Eigen::setNbThreads(threads_);
+}
+
+CpuDevice::~CpuDevice() = default;
+
+std::string CpuDevice::name() const {
+  return "cpu (" + std::to_string(threads_) + " threads, cap " + format_bytes(stats_.capacity) + ")";
+}
+
+void* CpuDevice::allocate(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes > stats_.capacity - stats_.in_use) {  // in_use <= capacity always holds
+      throw OutOfDeviceMemory("the cpu device", bytes, stats_.in_use, stats_.capacity);
+    }
+    stats_.in_use += bytes;
+    stats_.peak = std::max(stats_.peak, stats_.in_use);
+  }
+  const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (!p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.in_use -= bytes;
+    throw std::bad_alloc();
+  }
+  return p;
+}
+
+void CpuDevice::deallocate(void* ptr, size_t bytes) noexcept {
+  std::free(ptr);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.in_use -= bytes;
+}
+
+MemoryStats CpuDevice::memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CpuDevice::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak = stats_.in_use;
+}
+
+void CpuDevice::copy_from_host(const Tensor& dst, const void* src) {
+  std::memcpy(dst.data(), src, dst.nbytes());
+}
+
+void CpuDevice::copy_to_host(void* dst, const Tensor& src) {
+  std::memcpy(dst, src.data(), src.nbytes());
+}
+
+void CpuDevice::copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() != src.dtype() || dst.numel() != src.numel()) {
+    fail("copy", dst.describe() + " <- " + src.describe());
+  }
+  std::memmove(dst.data(), src.data(), src.nbytes());
+}
+
+namespace {
+
+double load(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::f32: return t.data_as<float>()[i];
+    case DType::f64: return t.data_as<double>()[i];
+    case DType::bf16: return bf16_to_f32(t.data_as<uint16_t>()[i]);
+    case DType::i32: return t.data_as<int32_t>()[i];
+  }
+  return 0;
+}
+
+void store(const Tensor& t, int64_t i, double v) {
+  switch (t.dtype()) {
+    case DType::f32: t.data_as<float>()[i] = static_cast<float>(v); return;
+    case DType::f64: t.data_as<double>()[i] = v; return;
+    case DType::bf16: t.data_as<uint16_t>()[i] = f32_to_bf16(static_cast<float>(v)); return;
+    case DType::i32: t.data_as<int32_t>()[i] = static_cast<int32_t>(v); return;
+  }
+}
+
+}  // namespace
+
+void CpuDevice::cast(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() != src.numel()) fail("cast", dst.describe() + " <- " + src.describe());
+  const int64_t n = src.numel();
+  if (dst.dtype() == src.dtype()) return copy(dst, src);
+  if (dst.dtype() == DType::bf16 && src.dtype() == DType::f32) {
+    const float* s = src.data_as<float>();
+    uint16_t* d = dst.data_as<uint16_t>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+    return;
+  }
+  if (dst.dtype() == DType::f32 && src.dtype() == DType::bf16) {
+    const uint16_t* s = src.data_as<uint16_t>();
+    float* d = dst.data_as<float>();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    return;
+  }
+  // Rare pairs (f64 oracle runs, token ids): through double, which holds every value exactly.
+  for (int64_t i = 0; i < n; ++i) store(dst, i, load(src, i));
+}
+
+void CpuDevice::fill(const Tensor& dst, double value) {
+  const int64_t n = dst.numel();
+  if (dst.dtype() == DType::f32) {
+    std::fill_n(dst.data_as<float>(), n, static_cast<float>(value));
+  } else {
+    for (int64_t i = 0; i < n; ++i) store(dst, i, value);
+  }
+}
+
+void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb,
+                     double alpha, double beta) {
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || a.dtype() != c.dtype() ||
+      b.dtype() != c.dtype()) {
+    fail("gemm", "needs 2-D tensors of one dtype: c " + c.describe() + ", a " + a.describe() +
+                     ", b " + b.describe());
+  }
+  const int64_t M = ta ? a.dim(1) : a.dim(0), K = ta ? a.dim(0) : a.dim(1);
+  const int64_t Kb = tb ? b.dim(1) : b.dim(0), N = tb ? b.dim(0) : b.dim(1);
+  if (K != Kb || c.dim(0) != M || c.dim(1) != N) {
+    fail("gemm", "shapes do not chain: c " + c.describe() + " = op(a " + a.describe() +
+                     (ta ? ")^T" : ")") + " @ op(b " + b.describe() + (tb ? ")^T" : ")"));
+  }
+  dispatch("gemm", c.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::gemm<T>(ptr<T>(c), ptr<T>(a), ptr<T>(b), M, N, K, ta, tb, static_cast<T>(alpha),
+                 static_cast<T>(beta));
+  });
+}
+
+void CpuDevice::add_bias(const Tensor& out, const Tensor& bias) {
+  if (bias.numel() != out.dim(-1) || bias.dtype() != out.dtype()) {
+    fail("add_bias", out.describe() + " + " + bias.describe());
+  }
+  dispatch("add_bias", out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::add_bias<T>(ptr<T>(out), ptr<T>(bias), rows_of(out), out.dim(-1));
+  });
+}
+
+void CpuDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  if (dbias.numel() != dout.dim(-1) || dbias.dtype() != dout.dtype()) {
+    fail("bias_backward", dbias.describe() + " from " + dout.describe());
+  }
+  dispatch("bias_backward", dout.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::bias_backward<T>(ptr<T>(dbias), ptr<T>(dout), rows_of(dout), dout.dim(-1));
+  });
+}
+
+void CpuDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  expect_same_shape("add", out, a);
+  expect_same_shape("add", out, b);
+  dispatch("add", out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* o = ptr<T>(out);
+    const T *x = ptr<T>(a), *y = ptr<T>(b);
+    const int64_t n = out.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+  });
+}
+
+void CpuDevice::accumulate(const Tensor& dst, const Tensor& src) {
+  expect_same_shape("accumulate", dst, src);
+  dispatch("accumulate", dst.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* d = ptr<T>(dst);
+    const T* s = ptr<T>(src);
+    const int64_t n = dst.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+  });
+}
+
+double CpuDevice::sum_squares(const Tensor& x) {
+  // Fixed-size chunks summed in chunk order: the same result for any thread count.
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t n = x.numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    double s = 0;
+    const int64_t end = std::min(n, (k + 1) * kChunk);
+    if (x.dtype() == DType::f32) {
+      const float* p = x.data_as<float>();
+      for (int64_t i = k * kChunk; i < end; ++i) s += static_cast<double>(p[i]) * p[i];
+    } else {
+      for (int64_t i = k * kChunk; i < end; ++i) s += load(x, i) * load(x, i);
+    }
+    partial[static_cast<size_t>(k)] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+void CpuDevice::scale(const Tensor& x, double factor) {
+  dispatch("scale", x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = ptr<T>(x);
+    const T f = static_cast<T>(factor);
+    const int64_t n = x.numel();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) p[i] *= f;
+  });
+}
+
+void CpuDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                  const Tensor& wpe, int64_t T) {
+  expect_dtype("embedding_forward", tokens, DType::i32);
+  const int64_t N = tokens.numel(), C = wte.dim(1);
+  if (out.numel() != N * C || wpe.dim(1) != C || wpe.dim(0) < T || N % T != 0) {
+    fail("embedding_forward", "out " + out.describe() + ", tokens " + tokens.describe() +
+                                  ", wte " + wte.describe() + ", wpe " + wpe.describe() +
+                                  ", T " + std::to_string(T));
+  }
+  dispatch("embedding_forward", out.dtype(), [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::embedding_forward<T_>(ptr<T_>(out), tokens.data_as<int32_t>(), ptr<T_>(wte),
+                               ptr<T_>(wpe), N, T, C, wte.dim(0));
+  });
+}
+
+void CpuDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                   const Tensor& tokens, int64_t T) {
+  expect_dtype("embedding_backward", tokens, DType::i32);
+  const int64_t N = tokens.numel(), C = dwte.dim(1);
+  if (dout.numel() != N * C || dwpe.dim(1) != C || dwpe.dim(0) < T || N % T != 0) {
+    fail("embedding_backward", "dout " + dout.describe() + ", dwte " + dwte.describe());
+  }
+  dispatch("embedding_backward", dout.dtype(), [&](auto tag) {
+    using T_ = decltype(tag);
+    cpu::embedding_backward<T_>(ptr<T_>(dwte), ptr<T_>(dwpe), ptr<T_>(dout),
+                                tokens.data_as<int32_t>(), N, T, C);
+  });
+}
+
+void CpuDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                  const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  expect_same_shape("layernorm_forward", out, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (weight.numel() != C || bias.numel() != C || mean.numel() != N || rstd.numel() != N) {
+    fail("layernorm_forward", "inp " + inp.describe() + ", weight " + weight.describe() +
+                                  ", mean " + mean.describe());
+  }
+  dispatch("layernorm_forward", inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::layernorm_forward<T>(ptr<T>(out), ptr<T>(mean), ptr<T>(rstd), ptr<T>(inp),
+                              ptr<T>(weight), ptr<T>(bias), N, C);
+  });
+}
+
+void CpuDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight,
+                                   const Tensor& dbias, const Tensor& dout, const Tensor& inp,
+                                   const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  expect_same_shape("layernorm_backward", dinp, inp);
+  expect_same_shape("layernorm_backward", dout, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (dweight.numel() != C || dbias.numel() != C || weight.numel() != C || mean.numel() != N) {
+    fail("layernorm_backward", "inp " + inp.describe() + ", dweight " + dweight.describe());
+  }
+  dispatch("layernorm_backward", inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::layernorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dbias), ptr<T>(dout),
+                               ptr<T>(inp), ptr<T>(weight), ptr<T>(mean), ptr<T>(rstd), N, C);
+  });
+}
+
+namespace {
+
+void check_attention(const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv,
+                     int64_t n_head) {
+  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0) fail(op, "qkv must be [B,T,3C], got " + qkv.describe());
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
+  if (n_head <= 0 || C % n_head != 0) {
+    fail(op, "C=" + std::to_string(C) + " is not a multiple of n_head=" + std::to_string(n_head));
+  }
+  if (out.numel() != B * T * C || att.numel() != B * n_head * T * T) {
+    fail(op, "out " + out.describe() + ", att " + att.describe() + ", qkv " + qkv.describe());
+  }
+}
+
+}  // namespace
+
+void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                  int64_t n_head) {
+  check_attention("attention_forward", out, att, qkv, n_head);
+  dispatch("attention_forward", qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_forward<T>(ptr<T>(out), ptr<T>(att), ptr<T>(qkv), qkv.dim(0), qkv.dim(1),
+                              qkv.dim(2) / 3, n_head);
+  });
+}
+
+void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                   const Tensor& att, int64_t n_head) {
+  check_attention("attention_backward", dout, att, qkv, n_head);
+  expect_same_shape("attention_backward", dqkv, qkv);
+  dispatch("attention_backward", qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_backward<T>(ptr<T>(dqkv), ptr<T>(dout), ptr<T>(qkv), ptr<T>(att), qkv.dim(0),
+                               qkv.dim(1), qkv.dim(2) / 3, n_head);
+  });
+}
+
+void CpuDevice::gelu_forward(const Tensor& out, const Tensor& inp) {
+  expect_same_shape("gelu_forward", out, inp);
+  dispatch("gelu_forward", inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::gelu_forward<T>(ptr<T>(out), ptr<T>(inp), inp.numel());
+  });
+}
+
+void CpuDevice::gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  expect_same_shape("gelu_backward", dinp, inp);
+  expect_same_shape("gelu_backward", dout, inp);
+  dispatch("gelu_backward", inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::gelu_backward<T>(ptr<T>(dinp), ptr<T>(inp), ptr<T>(dout), inp.numel());
+  });
+}
+
+void CpuDevice::softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
+                                              const Tensor& logits, const Tensor& targets) {
+  expect_same_shape("softmax_cross_entropy_forward", probs, logits);
+  expect_dtype("softmax_cross_entropy_forward", targets, DType::i32);
+  const int64_t V = logits.dim(-1), N = rows_of(logits);
+  if (targets.numel() != N || losses.numel() != N) {
+    fail("softmax_cross_entropy_forward", "logits " + logits.describe() + ", targets " +
+                                              targets.describe() + ", losses " + losses.describe());
+  }
+  dispatch("softmax_cross_entropy_forward", logits.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::softmax_cross_entropy_forward<T>(ptr<T>(losses), ptr<T>(probs), ptr<T>(logits),
+                                          targets.data_as<int32_t>(), N, V);
+  });
+}
+
+void CpuDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
+                                               const Tensor& targets, double dloss) {
+  expect_same_shape("softmax_cross_entropy_backward", dlogits, probs);
+  const int64_t V = probs.dim(-1), N = rows_of(probs);
+  if (targets.numel() != N) fail("softmax_cross_entropy_backward", targets.describe());
+  dispatch("softmax_cross_entropy_backward", probs.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::softmax_cross_entropy_backward<T>(ptr<T>(dlogits), ptr<T>(probs),
+                                           targets.data_as<int32_t>(), N, V, static_cast<T>(dloss));
+  });
+}
+
+}  // namespace ferry::nn

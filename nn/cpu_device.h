@@ -1,0 +1,76 @@
+// The CPU device: Eigen GEMMs (multi-threaded through OpenMP) and the plain C++ kernels of
+// cpu_kernels.h, over memory drawn from a capped budget.
+//
+// The cap (`device.memory`) makes a CPU run meet exactly the limits a GPU run meets: model
+// states that exceed it fail at allocation with a message, and offload must make them fit.
+// Memory is 64-byte aligned host memory (from the process allocator, mimalloc in ferry's
+// executables), so host_accessible() is true.
+// Supported dtypes: f32 and f64 for every op; bf16 for copies, casts, fill, sum_squares.
+// Thread safety: allocation accounting is guarded by a mutex; ops are issued by one thread.
+#pragma once
+
+#include <mutex>
+
+#include "nn/device.h"
+
+namespace ferry::nn {
+
+class CpuDevice final : public Device {
+ public:
+  // threads = 0: every core OpenMP sees. Sets the OpenMP and Eigen thread counts (process-wide).
+  explicit CpuDevice(size_t capacity_bytes, int threads = 0);
+  ~CpuDevice() override;
+
+  DeviceKind kind() const override { return DeviceKind::cpu; }
+  std::string name() const override;
+  bool host_accessible() const override { return true; }
+  int threads() const { return threads_; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) noexcept override;
+  MemoryStats memory() const override;
+  void reset_peak() override;
+
+  void copy_from_host(const Tensor& dst, const void* src) override;
+  void copy_to_host(void* dst, const Tensor& src) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& dst, double value) override;
+  void synchronize() override {}
+
+  void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+            double alpha, double beta) override;
+  void add_bias(const Tensor& out, const Tensor& bias) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void accumulate(const Tensor& dst, const Tensor& src) override;
+  double sum_squares(const Tensor& x) override;
+  void scale(const Tensor& x, double factor) override;
+
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, int64_t T) override;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, int64_t T) override;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& inp, const Tensor& weight, const Tensor& bias) override;
+  void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) override;
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                         int64_t n_head) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& att, int64_t n_head) override;
+  void gelu_forward(const Tensor& out, const Tensor& inp) override;
+  void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) override;
+  void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
+                                     const Tensor& logits, const Tensor& targets) override;
+  void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
+                                      const Tensor& targets, double dloss) override;
+
+ private:
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+  int threads_;
+};
+
+}  // namespace ferry::nn

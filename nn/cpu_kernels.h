@@ -1,0 +1,302 @@
+// The CPU device's kernels: plain C++ over raw row-major arrays, templated on the element
+// type (float for training, double for the gradient checks). OpenMP spreads rows over
+// threads. Every reduction runs in a fixed order that does not depend on the thread
+// count's scheduling, so two runs of the same config are bit-identical.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <Eigen/Core>
+
+namespace ferry::nn::cpu {
+
+template <class T>
+using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using MatMap = Eigen::Map<RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class T>
+using ConstMatMap = Eigen::Map<const RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+// Columns are reduced in blocks of this many so that a row's slice stays in one cache line
+// pair while the rows are walked in order.
+constexpr int64_t kColumnBlock = 32;
+
+template <class T>
+void embedding_forward(T* out, const int32_t* tokens, const T* wte, const T* wpe, int64_t N,
+                       int64_t T_, int64_t C, int64_t V) {
+  for (int64_t n = 0; n < N; ++n) {
+    if (tokens[n] < 0 || tokens[n] >= V) {
+      throw std::out_of_range("embedding_forward: token " + std::to_string(tokens[n]) +
+                              " at position " + std::to_string(n) + " is outside the vocabulary [0, " +
+                              std::to_string(V) + ")");
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* e = wte + static_cast<int64_t>(tokens[n]) * C;
+    const T* p = wpe + (n % T_) * C;
+    T* o = out + n * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+template <class T>
+void embedding_backward(T* dwte, T* dwpe, const T* dout, const int32_t* tokens, int64_t N,
+                        int64_t T_, int64_t C) {
+  // Rows sharing a token add into the same dwte row: kept serial over rows (in order), and
+  // parallel over channel blocks, which never collide.
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kColumnBlock) {
+    const int64_t c1 = std::min(C, c0 + kColumnBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      T* e = dwte + static_cast<int64_t>(tokens[n]) * C;
+      T* p = dwpe + (n % T_) * C;
+      const T* d = dout + n * C;
+      for (int64_t c = c0; c < c1; ++c) {
+        e[c] += d[c];
+        p[c] += d[c];
+      }
+    }
+  }
+}
+
+constexpr double kLayerNormEps = 1e-5;
+
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* inp, const T* w, const T* b, int64_t N,
+                       int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T m = 0;
+    for (int64_t c = 0; c < C; ++c) m += x[c];
+    m /= static_cast<T>(C);
+    T v = 0;
+    for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+    v /= static_cast<T>(C);
+    const T s = T(1) / std::sqrt(v + static_cast<T>(kLayerNormEps));
+    T* o = out + n * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <class T>
+void layernorm_backward(T* dinp, T* dw, T* db, const T* dout, const T* inp, const T* w,
+                        const T* mean, const T* rstd, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    const T* d = dout + n * C;
+    const T m = mean[n], s = rstd[n];
+    T dnorm_mean = 0, dnorm_norm_mean = 0;
+    for (int64_t c = 0; c < C; ++c) {
+      const T norm = (x[c] - m) * s;
+      const T dnorm = w[c] * d[c];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= static_cast<T>(C);
+    dnorm_norm_mean /= static_cast<T>(C);
+    T* di = dinp + n * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const T norm = (x[c] - m) * s;
+      const T dnorm = w[c] * d[c];
+      di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kColumnBlock) {
+    const int64_t c1 = std::min(C, c0 + kColumnBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* x = inp + n * C;
+      const T* d = dout + n * C;
+      for (int64_t c = c0; c < c1; ++c) {
+        dw[c] += (x[c] - mean[n]) * rstd[n] * d[c];
+        db[c] += d[c];
+      }
+    }
+  }
+}
+
+template <class T>
+void gemm(T* c, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool ta, bool tb,
+          T alpha, T beta) {
+  // Row-major A is [M,K], or [K,M] when transposed; likewise B [K,N] or [N,K].
+  ConstMatMap<T> A(a, ta ? K : M, ta ? M : K, Eigen::OuterStride<>(ta ? M : K));
+  ConstMatMap<T> B(b, tb ? N : K, tb ? K : N, Eigen::OuterStride<>(tb ? K : N));
+  MatMap<T> Cm(c, M, N, Eigen::OuterStride<>(N));
+  auto run = [&](const auto& opA, const auto& opB) {
+    if (beta == T(0)) {
+      Cm.noalias() = alpha * (opA * opB);
+    } else {
+      if (beta != T(1)) Cm *= beta;
+      Cm.noalias() += alpha * (opA * opB);
+    }
+  };
+  if (!ta && !tb) run(A, B);
+  if (!ta && tb) run(A, B.transpose());
+  if (ta && !tb) run(A.transpose(), B);
+  if (ta && tb) run(A.transpose(), B.transpose());
+}
+
+template <class T>
+void add_bias(T* out, const T* bias, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    T* o = out + n * C;
+    for (int64_t c = 0; c < C; ++c) o[c] += bias[c];
+  }
+}
+
+template <class T>
+void bias_backward(T* dbias, const T* dout, int64_t N, int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kColumnBlock) {
+    const int64_t c1 = std::min(C, c0 + kColumnBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* d = dout + n * C;
+      for (int64_t c = c0; c < c1; ++c) dbias[c] += d[c];
+    }
+  }
+}
+
+// One (batch, head) pair per task. Each writes disjoint slices of out/att (forward) and of
+// dqkv (backward), so the tasks never collide. The products inside run single-threaded
+// (Eigen does not nest into an active OpenMP region).
+template <class T>
+void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int64_t C,
+                       int64_t NH) {
+  const int64_t hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    const T* base = qkv + b * T_ * 3 * C + h * hs;
+    ConstMatMap<T> Q(base, T_, hs, Eigen::OuterStride<>(3 * C));
+    ConstMatMap<T> K(base + C, T_, hs, Eigen::OuterStride<>(3 * C));
+    ConstMatMap<T> Vm(base + 2 * C, T_, hs, Eigen::OuterStride<>(3 * C));
+    MatMap<T> P(att + bh * T_ * T_, T_, T_, Eigen::OuterStride<>(T_));
+    P.noalias() = scale * (Q * K.transpose());
+    for (int64_t i = 0; i < T_; ++i) {
+      T* row = P.row(i).data();
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+      T sum = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        row[j] = std::exp(row[j] - mx);
+        sum += row[j];
+      }
+      const T inv = T(1) / sum;
+      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+      for (int64_t j = i + 1; j < T_; ++j) row[j] = 0;
+    }
+    MatMap<T> O(out + b * T_ * C + h * hs, T_, hs, Eigen::OuterStride<>(C));
+    O.noalias() = P * Vm;
+  }
+}
+
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B,
+                        int64_t T_, int64_t C, int64_t NH) {
+  const int64_t hs = C / NH;
+  const T scale = T(1) / std::sqrt(static_cast<T>(hs));
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * NH; ++bh) {
+    const int64_t b = bh / NH, h = bh % NH;
+    const T* base = qkv + b * T_ * 3 * C + h * hs;
+    T* dbase = dqkv + b * T_ * 3 * C + h * hs;
+    ConstMatMap<T> Q(base, T_, hs, Eigen::OuterStride<>(3 * C));
+    ConstMatMap<T> K(base + C, T_, hs, Eigen::OuterStride<>(3 * C));
+    ConstMatMap<T> Vm(base + 2 * C, T_, hs, Eigen::OuterStride<>(3 * C));
+    MatMap<T> dQ(dbase, T_, hs, Eigen::OuterStride<>(3 * C));
+    MatMap<T> dK(dbase + C, T_, hs, Eigen::OuterStride<>(3 * C));
+    MatMap<T> dV(dbase + 2 * C, T_, hs, Eigen::OuterStride<>(3 * C));
+    ConstMatMap<T> P(att + bh * T_ * T_, T_, T_, Eigen::OuterStride<>(T_));
+    ConstMatMap<T> dO(dout + b * T_ * C + h * hs, T_, hs, Eigen::OuterStride<>(C));
+    RowMat<T> dS = dO * Vm.transpose();  // dP, then turned into dS in place
+    for (int64_t i = 0; i < T_; ++i) {
+      T dot = 0;
+      for (int64_t j = 0; j <= i; ++j) dot += P(i, j) * dS(i, j);
+      for (int64_t j = 0; j <= i; ++j) dS(i, j) = P(i, j) * (dS(i, j) - dot) * scale;
+      for (int64_t j = i + 1; j < T_; ++j) dS(i, j) = 0;
+    }
+    dV.noalias() += P.transpose() * dO;
+    dQ.noalias() += dS * K;
+    dK.noalias() += dS.transpose() * Q;
+  }
+}
+
+template <class T>
+inline T gelu_value(T x) {
+  const T k = static_cast<T>(0.7978845608028654);  // sqrt(2/pi)
+  return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+}
+
+template <class T>
+void gelu_forward(T* out, const T* inp, int64_t N) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) out[i] = gelu_value(inp[i]);
+}
+
+template <class T>
+void gelu_backward(T* dinp, const T* inp, const T* dout, int64_t N) {
+  const T k = static_cast<T>(0.7978845608028654);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T x = inp[i];
+    const T u = k * (x + T(0.044715) * x * x * x);
+    const T th = std::tanh(u);
+    const T sech2 = T(1) - th * th;
+    const T grad = T(0.5) * (T(1) + th) + T(0.5) * x * sech2 * k * (T(1) + T(3 * 0.044715) * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+template <class T>
+void softmax_cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* targets,
+                                   int64_t N, int64_t V) {
+  for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] < 0 || targets[n] >= V) {
+      throw std::out_of_range("softmax_cross_entropy: target " + std::to_string(targets[n]) +
+                              " at row " + std::to_string(n) + " is outside [0, " +
+                              std::to_string(V) + ")");
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* l = logits + n * V;
+    T* p = probs + n * V;
+    T mx = l[0];
+    for (int64_t v = 1; v < V; ++v) mx = std::max(mx, l[v]);
+    T sum = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      p[v] = std::exp(l[v] - mx);
+      sum += p[v];
+    }
+    const T inv = T(1) / sum;
+    for (int64_t v = 0; v < V; ++v) p[v] *= inv;
+    // log-sum-exp form: exact even where probs[target] underflows.
+    losses[n] = std::log(sum) - (l[targets[n]] - mx);
+  }
+}
+
+template <class T>
+void softmax_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* targets,
+                                    int64_t N, int64_t V, T dloss) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    T* d = dlogits + n * V;
+    const T* p = probs + n * V;
+    for (int64_t v = 0; v < V; ++v) d[v] += dloss * p[v];
+    d[targets[n]] -= dloss;
+  }
+}
+
+}  // namespace ferry::nn::cpu

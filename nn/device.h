@@ -1,0 +1,109 @@
+// Device: where tensors live and where the model's ops run.
+//
+// One interface for every backend (the CPU device here; a CUDA device later). It is
+// drawn small on purpose: memory against a byte budget, copies, GEMM, and the kernels the
+// models use, forward and backward. Every op of every device is checked against the CPU
+// device, which is the oracle.
+//
+// Contracts, for every implementation:
+// - Memory: allocate() never exceeds capacity(); past it, it throws OutOfDeviceMemory
+//   naming the bytes asked for, the bytes in use and the cap. Nothing is allocated lazily.
+// - Ordering: ops issued from one host thread execute in issue order. synchronize()
+//   returns when all of them have finished (a no-op on the CPU device, whose ops are
+//   synchronous). Tensors passed to an op must stay alive until the op has finished.
+// - Threads: one host thread issues ops to a device at a time; memory accounting
+//   (allocate/deallocate/memory) is thread safe.
+// - Shapes: row-major and contiguous. Shape and dtype mismatches are programmer errors
+//   and throw std::invalid_argument with both shapes.
+// - Accumulation: ops named *_backward ADD into their gradient outputs (dinp, dweight,
+//   dbias...), so gradients accumulate over micro-batches and over the branches of a
+//   residual; callers zero them when a new accumulation starts.
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+#include "nn/tensor.h"
+
+namespace ferry::nn {
+
+enum class DeviceKind { cpu, cuda };
+
+struct MemoryStats {
+  size_t in_use = 0;    // bytes currently allocated
+  size_t peak = 0;      // high-water mark since construction or reset_peak()
+  size_t capacity = 0;  // the budget
+};
+
+class OutOfDeviceMemory : public std::runtime_error {
+ public:
+  OutOfDeviceMemory(const std::string& device, size_t requested, size_t in_use, size_t capacity);
+  size_t requested, in_use, capacity;
+};
+
+std::string format_bytes(size_t bytes);  // "1.50 GiB (1610612736 bytes)"
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;
+  // True when tensor data pointers may be dereferenced by host code (CPU device).
+  virtual bool host_accessible() const = 0;
+
+  // ---- memory --------------------------------------------------------------------------
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
+  virtual MemoryStats memory() const = 0;
+  virtual void reset_peak() = 0;
+
+  // ---- copies ---------------------------------------------------------------------------
+  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;  // dst.nbytes() bytes
+  virtual void copy_to_host(void* dst, const Tensor& src) = 0;          // src.nbytes() bytes
+  virtual void copy(const Tensor& dst, const Tensor& src) = 0;          // same dtype and numel
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;          // numeric conversion
+  virtual void fill(const Tensor& dst, double value) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- math -----------------------------------------------------------------------------
+  // c[M,N] = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x. 2-D tensors.
+  virtual void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
+                    bool trans_b, double alpha, double beta) = 0;
+  virtual void add_bias(const Tensor& out, const Tensor& bias) = 0;       // out[N,C] += bias[C]
+  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;  // dbias += sum_n dout
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
+  virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;           // dst += src
+  virtual double sum_squares(const Tensor& x) = 0;  // in double, for gradient norms
+  virtual void scale(const Tensor& x, double factor) = 0;
+
+  // ---- model kernels (shapes: B batch, T time, C channels, V vocab, NH heads) -----------
+  // out[B*T,C] = wte[tokens] + wpe[t]; tokens i32[B*T].
+  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                 const Tensor& wpe, int64_t T) = 0;
+  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                  const Tensor& tokens, int64_t T) = 0;
+  // LayerNorm over the last dim of inp[N,C]; mean/rstd [N] are saved for backward.
+  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                 const Tensor& inp, const Tensor& weight, const Tensor& bias) = 0;
+  virtual void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd) = 0;
+  // Causal self-attention. qkv[B,T,3C] holds q|k|v; att[B,NH,T,T] keeps the softmax
+  // probabilities for backward; out[B,T,C].
+  virtual void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                 int64_t n_head) = 0;
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                  const Tensor& att, int64_t n_head) = 0;
+  // GELU, tanh approximation (GPT-2).
+  virtual void gelu_forward(const Tensor& out, const Tensor& inp) = 0;
+  virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  // probs[N,V] = softmax(logits); losses[N] = -log probs[target]. targets i32[N].
+  virtual void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
+                                             const Tensor& logits, const Tensor& targets) = 0;
+  // dlogits += dloss * (probs - onehot(target)), the same dloss for every row.
+  virtual void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
+                                              const Tensor& targets, double dloss) = 0;
+};
+
+}  // namespace ferry::nn

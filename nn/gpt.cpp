@@ -1,0 +1,282 @@
+#include "nn/gpt.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "nn/rng.h"
+
+namespace ferry::nn {
+
+namespace {
+
+// Tensor order inside a block unit (UnitSpec::tensors index).
+enum BlockTensor : size_t {
+  kLn1W, kLn1B, kQkvW, kQkvB, kProjW, kProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB
+};
+enum EmbeddingTensor : size_t { kWte, kWpe };
+enum FinalTensor : size_t { kLnfW, kLnfB };
+
+}  // namespace
+
+std::vector<UnitSpec> GPT::layout(const GPTConfig& c) {
+  const int64_t C = c.n_embd;
+  std::vector<UnitSpec> units;
+  UnitSpec emb{"embedding", {}, 0};
+  emb.add("wte", {c.vocab_size, C}, true);
+  emb.add("wpe", {c.block_size, C}, true);
+  units.push_back(emb);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    UnitSpec u{"block." + std::to_string(l), {}, 0};
+    u.add(p + "ln_1.weight", {C}, false);
+    u.add(p + "ln_1.bias", {C}, false);
+    u.add(p + "attn.c_attn.weight", {3 * C, C}, true);
+    u.add(p + "attn.c_attn.bias", {3 * C}, false);
+    u.add(p + "attn.c_proj.weight", {C, C}, true);
+    u.add(p + "attn.c_proj.bias", {C}, false);
+    u.add(p + "ln_2.weight", {C}, false);
+    u.add(p + "ln_2.bias", {C}, false);
+    u.add(p + "mlp.c_fc.weight", {4 * C, C}, true);
+    u.add(p + "mlp.c_fc.bias", {4 * C}, false);
+    u.add(p + "mlp.c_proj.weight", {C, 4 * C}, true);
+    u.add(p + "mlp.c_proj.bias", {C}, false);
+    units.push_back(u);
+  }
+  UnitSpec fin{"final", {}, 0};
+  fin.add("ln_f.weight", {C}, false);
+  fin.add("ln_f.bias", {C}, false);
+  units.push_back(fin);
+  return units;
+}
+
+GPT::GPT(const GPTConfig& config, Device& device, DType dtype)
+    : cfg_(config), dev_(device), dtype_(dtype), units_(layout(config)) {
+  if (cfg_.n_layer < 1 || cfg_.n_head < 1 || cfg_.n_embd < 1 || cfg_.vocab_size < 1 ||
+      cfg_.block_size < 1) {
+    throw std::invalid_argument("GPT: every model dimension must be >= 1");
+  }
+  if (cfg_.n_embd % cfg_.n_head != 0) {
+    throw std::invalid_argument("GPT: n_embd (" + std::to_string(cfg_.n_embd) +
+                                ") must be a multiple of n_head (" + std::to_string(cfg_.n_head) + ")");
+  }
+  if (dtype != DType::f32 && dtype != DType::f64) {
+    throw std::invalid_argument("GPT: compute dtype must be f32 or f64");
+  }
+}
+
+GPT::~GPT() = default;
+
+int64_t GPT::num_parameters() const {
+  int64_t n = 0;
+  for (const UnitSpec& u : units_)
+    for (const TensorSpec& t : u.tensors) n += t.numel();
+  return n;
+}
+
+double GPT::flops_per_token(int64_t T) const {
+  const int64_t C = cfg_.n_embd;
+  const double matmul_weights = static_cast<double>(cfg_.n_layer * 12 * C * C + cfg_.vocab_size * C);
+  const double attention = static_cast<double>(cfg_.n_layer) * 12.0 * static_cast<double>(T * C);
+  return 6.0 * matmul_weights + attention;
+}
+
+void GPT::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
+  const UnitSpec& u = units_.at(static_cast<size_t>(unit));
+  if (flat.numel() != u.numel) throw std::invalid_argument("GPT::init_unit: wrong buffer size");
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  std::vector<double> host;
+  for (size_t i = 0; i < u.tensors.size(); ++i) {
+    const TensorSpec& t = u.tensors[i];
+    host.assign(static_cast<size_t>(t.numel()), 0.0);
+    const bool is_gain = t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") ||
+                         t.name.ends_with("ln_f.weight");
+    if (is_gain) {
+      host.assign(host.size(), 1.0);
+    } else if (t.decay) {
+      const bool into_residual = t.name.ends_with("c_proj.weight");
+      const double sd = into_residual ? residual_std : 0.02;
+      Rng rng = Rng::derive({seed, static_cast<uint64_t>(unit), i});
+      for (double& x : host) x = sd * rng.normal();
+    }
+    const Tensor view = u.view(flat, i);
+    const Tensor staged = Tensor::empty(dev_, DType::f64, view.shape());
+    dev_.copy_from_host(staged, host.data());
+    dev_.cast(view, staged);
+  }
+}
+
+void GPT::free_activations() { acts_ = Activations{}; }
+
+void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = cfg_.n_embd;
+  const UnitSpec& u = units_[static_cast<size_t>(1 + l)];
+  auto W = [&](size_t i) { return u.view(w, i); };
+  BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
+  const Tensor& x = acts_.residual[static_cast<size_t>(l)];
+  a.ln1 = act({N, C});
+  a.ln1_mean = act({N});
+  a.ln1_rstd = act({N});
+  dev_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, W(kLn1W), W(kLn1B));
+  a.qkv = act({N, 3 * C});
+  dev_.gemm(a.qkv, a.ln1, false, W(kQkvW), true, 1.0, 0.0);
+  dev_.add_bias(a.qkv, W(kQkvB));
+  a.atty = act({N, C});
+  a.att = act({B, cfg_.n_head, T, T});
+  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, 3 * C}), cfg_.n_head);
+  const Tensor scratch = act({N, C});
+  dev_.gemm(scratch, a.atty, false, W(kProjW), true, 1.0, 0.0);
+  dev_.add_bias(scratch, W(kProjB));
+  a.res2 = act({N, C});
+  dev_.add(a.res2, x, scratch);
+  a.ln2 = act({N, C});
+  a.ln2_mean = act({N});
+  a.ln2_rstd = act({N});
+  dev_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B));
+  a.fch = act({N, 4 * C});
+  dev_.gemm(a.fch, a.ln2, false, W(kFcW), true, 1.0, 0.0);
+  dev_.add_bias(a.fch, W(kFcB));
+  a.fch_gelu = act({N, 4 * C});
+  dev_.gelu_forward(a.fch_gelu, a.fch);
+  dev_.gemm(scratch, a.fch_gelu, false, W(kFcProjW), true, 1.0, 0.0);
+  dev_.add_bias(scratch, W(kFcProjB));
+  Tensor& out = acts_.residual[static_cast<size_t>(l + 1)];
+  out = act({N, C});
+  dev_.add(out, a.res2, scratch);
+}
+
+double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B,
+                    int64_t T) {
+  if (T < 1 || T > cfg_.block_size || B < 1) {
+    throw std::invalid_argument("GPT::forward: T=" + std::to_string(T) + " must be in [1, block_size=" +
+                                std::to_string(cfg_.block_size) + "], B=" + std::to_string(B));
+  }
+  if (tokens.numel() != B * T || (targets.defined() && targets.numel() != B * T)) {
+    throw std::invalid_argument("GPT::forward: tokens/targets must hold B*T ids");
+  }
+  free_activations();
+  const int64_t N = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int emb = 0, fin = num_units() - 1;
+  acts_.B = B;
+  acts_.T = T;
+  acts_.tokens = tokens;
+  acts_.targets = targets;
+  acts_.residual.resize(static_cast<size_t>(cfg_.n_layer + 1));
+  acts_.blocks.resize(static_cast<size_t>(cfg_.n_layer));
+
+  const Tensor we = units.acquire_weights(emb);
+  acts_.residual[0] = act({N, C});
+  dev_.embedding_forward(acts_.residual[0], tokens, units_[0].view(we, kWte),
+                         units_[0].view(we, kWpe), T);
+  units.release_weights(emb);
+
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+    const Tensor w = units.acquire_weights(static_cast<int>(1 + l));
+    block_forward(l, w, B, T);
+    units.release_weights(static_cast<int>(1 + l));
+  }
+
+  const Tensor wf = units.acquire_weights(fin);
+  const Tensor wt = units.acquire_weights(emb);
+  acts_.lnf = act({N, C});
+  acts_.lnf_mean = act({N});
+  acts_.lnf_rstd = act({N});
+  dev_.layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, acts_.residual.back(),
+                         units_.back().view(wf, kLnfW), units_.back().view(wf, kLnfB));
+  acts_.logits = act({N, V});
+  dev_.gemm(acts_.logits, acts_.lnf, false, units_[0].view(wt, kWte), true, 1.0, 0.0);
+  units.release_weights(emb);
+  units.release_weights(fin);
+  if (!targets.defined()) return 0.0;
+
+  acts_.probs = act({N, V});
+  acts_.losses = act({N});
+  dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
+  std::vector<double> host(static_cast<size_t>(N));
+  const Tensor losses64 = Tensor::empty(dev_, DType::f64, {N});
+  dev_.cast(losses64, acts_.losses);
+  dev_.copy_to_host(host.data(), losses64);
+  double sum = 0;
+  for (double v : host) sum += v;
+  return sum / static_cast<double>(N);
+}
+
+void GPT::backward(UnitAccess& units) {
+  if (!acts_.probs.defined()) {
+    throw std::logic_error("GPT::backward without a forward that had targets");
+  }
+  const int64_t B = acts_.B, T = acts_.T, N = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int emb = 0, fin = num_units() - 1;
+
+  // Head: loss -> logits -> ln_f -> residual stream.
+  Tensor dx = act({N, C});
+  {
+    const Tensor wf = units.acquire_weights(fin), wt = units.acquire_weights(emb);
+    const Tensor gf = units.acquire_grads(fin), gt = units.acquire_grads(emb);
+    const UnitSpec &uf = units_.back(), &ue = units_[0];
+    const Tensor dlogits = act({N, V});
+    dev_.fill(dlogits, 0.0);
+    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets,
+                                        1.0 / static_cast<double>(N));
+    const Tensor dlnf = act({N, C});
+    dev_.gemm(dlnf, dlogits, false, ue.view(wt, kWte), false, 1.0, 0.0);
+    dev_.gemm(ue.view(gt, kWte), dlogits, true, acts_.lnf, false, 1.0, 1.0);
+    dev_.fill(dx, 0.0);
+    dev_.layernorm_backward(dx, uf.view(gf, kLnfW), uf.view(gf, kLnfB), dlnf, acts_.residual.back(),
+                            uf.view(wf, kLnfW), acts_.lnf_mean, acts_.lnf_rstd);
+    units.release_grads(emb, false);
+    units.release_grads(fin, true);
+    units.release_weights(emb);
+    units.release_weights(fin);
+  }
+  acts_.lnf = acts_.logits = acts_.probs = Tensor{};
+
+  const Tensor dres2 = act({N, C}), dxin = act({N, C}), dln = act({N, C}), datty = act({N, C});
+  const Tensor dfch = act({N, 4 * C}), dfch_gelu = act({N, 4 * C}), dqkv = act({N, 3 * C});
+  for (int64_t l = cfg_.n_layer - 1; l >= 0; --l) {
+    const int unit = static_cast<int>(1 + l);
+    const UnitSpec& u = units_[static_cast<size_t>(unit)];
+    const Tensor w = units.acquire_weights(unit), g = units.acquire_grads(unit);
+    auto W = [&](size_t i) { return u.view(w, i); };
+    auto G = [&](size_t i) { return u.view(g, i); };
+    BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
+    const Tensor& x = acts_.residual[static_cast<size_t>(l)];
+
+    // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dx is d(out).
+    dev_.copy(dres2, dx);
+    dev_.gemm(dfch_gelu, dx, false, W(kFcProjW), false, 1.0, 0.0);
+    dev_.gemm(G(kFcProjW), dx, true, a.fch_gelu, false, 1.0, 1.0);
+    dev_.bias_backward(G(kFcProjB), dx);
+    dev_.fill(dfch, 0.0);
+    dev_.gelu_backward(dfch, a.fch, dfch_gelu);
+    dev_.gemm(dln, dfch, false, W(kFcW), false, 1.0, 0.0);
+    dev_.gemm(G(kFcW), dfch, true, a.ln2, false, 1.0, 1.0);
+    dev_.bias_backward(G(kFcB), dfch);
+    dev_.layernorm_backward(dres2, G(kLn2W), G(kLn2B), dln, a.res2, W(kLn2W), a.ln2_mean, a.ln2_rstd);
+
+    // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))).
+    dev_.copy(dxin, dres2);
+    dev_.gemm(datty, dres2, false, W(kProjW), false, 1.0, 0.0);
+    dev_.gemm(G(kProjW), dres2, true, a.atty, false, 1.0, 1.0);
+    dev_.bias_backward(G(kProjB), dres2);
+    dev_.fill(dqkv, 0.0);
+    dev_.attention_backward(dqkv.reshape({B, T, 3 * C}), datty, a.qkv.reshape({B, T, 3 * C}), a.att,
+                            cfg_.n_head);
+    dev_.gemm(dln, dqkv, false, W(kQkvW), false, 1.0, 0.0);
+    dev_.gemm(G(kQkvW), dqkv, true, a.ln1, false, 1.0, 1.0);
+    dev_.bias_backward(G(kQkvB), dqkv);
+    dev_.layernorm_backward(dxin, G(kLn1W), G(kLn1B), dln, x, W(kLn1W), a.ln1_mean, a.ln1_rstd);
+    dev_.copy(dx, dxin);
+
+    units.release_grads(unit, true);
+    units.release_weights(unit);
+    a = BlockActs{};  // this block's activations are no longer needed
+  }
+
+  const Tensor ge = units.acquire_grads(emb);
+  dev_.embedding_backward(units_[0].view(ge, kWte), units_[0].view(ge, kWpe), dx, acts_.tokens, T);
+  units.release_grads(emb, true);
+  free_activations();
+}
+
+}  // namespace ferry::nn

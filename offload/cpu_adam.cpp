@@ -1,0 +1,42 @@
+#include "offload/cpu_adam.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include <Eigen/Core>
+
+namespace ferry::offload {
+
+namespace {
+// 16K floats per array = 64 KiB; four arrays of a tile stay within L2.
+constexpr int64_t kTile = 1 << 14;
+}  // namespace
+
+void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
+                     double lr, double weight_decay, double grad_scale) const {
+  if (step < 1) throw std::invalid_argument("CpuAdam::update: step must be >= 1");
+  const double bc1 = 1.0 - std::pow(params_.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(params_.beta2, static_cast<double>(step));
+  const float b1 = static_cast<float>(params_.beta1), b2 = static_cast<float>(params_.beta2);
+  const float decay = static_cast<float>(1.0 - lr * weight_decay);
+  const float step_size = static_cast<float>(lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float eps = static_cast<float>(params_.eps);
+  const float scale = static_cast<float>(grad_scale);
+  const int64_t tiles = (n + kTile - 1) / kTile;
+
+#pragma omp parallel for schedule(static) if (tiles > 1)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const int64_t begin = t * kTile, len = std::min(kTile, n - begin);
+    using Arr = Eigen::Map<Eigen::ArrayXf>;
+    using ConstArr = Eigen::Map<const Eigen::ArrayXf>;
+    Arr P(p + begin, len), M(m + begin, len), V(v + begin, len);
+    ConstArr G(g + begin, len);
+    M = b1 * M + (1.0f - b1) * (G * scale);
+    V = b2 * V + (1.0f - b2) * (G * scale).square();
+    P = P * decay - step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
+  }
+}
+
+}  // namespace ferry::offload

@@ -1,0 +1,43 @@
+// CPU AdamW over fp32 shards, with decoupled weight decay and bias correction, computed
+// exactly as torch.optim.AdamW does:
+//   g = grad * grad_scale
+//   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
+//   p = p (1 - lr wd) - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// grad_scale folds gradient averaging and clipping into the update, so the gradient buffer
+// is read once and never rewritten.
+//
+// Threads: update() splits the range into fixed tiles spread over OpenMP threads; each
+// element is computed by the same expression whatever the thread count, so results are
+// bit-identical across thread counts. Call it from one thread at a time.
+// Memory: p, m, v are updated in place; g is only read. No alignment is required (64-byte
+// alignment is faster). Arrays must not overlap.
+#pragma once
+
+#include <cstdint>
+
+namespace ferry::offload {
+
+struct AdamWParams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+class CpuAdam {
+ public:
+  explicit CpuAdam(const AdamWParams& params) : params_(params) {}
+  const AdamWParams& params() const { return params_; }
+
+  // One AdamW step (step >= 1, the count including this one) over n elements.
+  // `lr` is this step's learning rate (the scheduler's), `weight_decay` this range's decay
+  // (0 for biases and norms).
+  void update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, double lr,
+              double weight_decay, double grad_scale) const;
+
+ private:
+  AdamWParams params_;
+};
+
+}  // namespace ferry::offload

@@ -1,0 +1,368 @@
+#include "runtime/config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/config_schema.h"
+
+namespace ferry::runtime {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& source, const std::string& msg) {
+  throw ConfigError(source + ": " + msg);
+}
+
+std::string unknown_key_message(const std::string& path) {
+  std::string msg = "unknown key '" + path + "'";
+  const std::string near = closest_key(path);
+  if (!near.empty()) msg += " (did you mean '" + near + "'?)";
+  return msg;
+}
+
+bool is_section(const std::string& path) {
+  for (const Knob& k : config_knobs())
+    if (k.path.starts_with(path + ".")) return true;
+  return false;
+}
+
+std::string range_text(const Knob& k) {
+  std::ostringstream os;
+  if (k.min && k.max) {
+    os << "in " << (k.min_exclusive ? "(" : "[") << *k.min << ", " << *k.max << "]";
+  } else if (k.min) {
+    os << (k.min_exclusive ? "> " : ">= ") << *k.min;
+  } else if (k.max) {
+    os << "<= " << *k.max;
+  }
+  return os.str();
+}
+
+void check_range(const Knob& k, double v, const std::string& source) {
+  const bool low = k.min && (k.min_exclusive ? v <= *k.min : v < *k.min);
+  const bool high = k.max && v > *k.max;
+  if (low || high || !std::isfinite(v)) {
+    std::ostringstream os;
+    os << "key '" << k.path << "' must be " << range_text(k) << ", got " << v;
+    fail(source, os.str());
+  }
+}
+
+// Checks one value against its knob; returns the value to store (relative paths resolved).
+json check_value(const Knob& k, const json& v, const std::string& source, const std::string& base_dir) {
+  auto type_error = [&]() {
+    fail(source, "key '" + k.path + "' must be " + knob_type_name(k.type) + ", got " + v.dump());
+  };
+  if (v.is_null()) {
+    if (!k.default_value.is_null()) fail(source, "key '" + k.path + "' cannot be null");
+    return v;
+  }
+  switch (k.type) {
+    case KnobType::integer:
+      if (!v.is_number_integer()) type_error();
+      check_range(k, v.get<double>(), source);
+      return v;
+    case KnobType::number:
+      if (!v.is_number()) type_error();
+      check_range(k, v.get<double>(), source);
+      return v;
+    case KnobType::boolean:
+      if (!v.is_boolean()) type_error();
+      return v;
+    case KnobType::string:
+      if (!v.is_string()) type_error();
+      if (!k.choices.empty() &&
+          std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) == k.choices.end()) {
+        std::string list;
+        for (const auto& c : k.choices) list += (list.empty() ? "" : ", ") + c;
+        std::string msg = "key '" + k.path + "' must be one of " + list + ", got " + v.dump();
+        if (k.path == "device.type" && v.get<std::string>() == "cuda") {
+          msg += " (the CUDA device is not part of this release of ferry)";
+        }
+        fail(source, msg);
+      }
+      return v;
+    case KnobType::path: {
+      if (!v.is_string() || v.get<std::string>().empty()) type_error();
+      fs::path p(v.get<std::string>());
+      if (p.is_relative() && !base_dir.empty()) p = fs::path(base_dir) / p;
+      return p.lexically_normal().string();
+    }
+    case KnobType::bytes: {
+      const size_t bytes = parse_bytes(v, source + ": key '" + k.path + "'");
+      check_range(k, static_cast<double>(bytes), source);
+      return v;
+    }
+    case KnobType::betas: {
+      if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) type_error();
+      for (const json& b : v) {
+        const double x = b.get<double>();
+        if (!(x >= 0.0 && x < 1.0)) fail(source, "key '" + k.path + "' must hold betas in [0, 1), got " + v.dump());
+      }
+      return v;
+    }
+  }
+  return v;
+}
+
+void set_path(json& root, const std::string& path, const json& value) {
+  json* node = &root;
+  size_t start = 0;
+  for (size_t dot = path.find('.'); dot != std::string::npos; dot = path.find('.', start)) {
+    node = &(*node)[path.substr(start, dot - start)];
+    start = dot + 1;
+  }
+  (*node)[path.substr(start)] = value;
+}
+
+const json* get_path(const json& root, const std::string& path) {
+  const json* node = &root;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!node->is_object() || !node->contains(key)) return nullptr;
+    node = &(*node)[key];
+    if (dot == std::string::npos) return node;
+    start = dot + 1;
+  }
+}
+
+// Walks the user's document: every leaf must be a knob, every object a section.
+void merge_document(json& resolved, const json& doc, const std::string& prefix,
+                    const std::string& source, const std::string& base_dir) {
+  for (const auto& [key, value] : doc.items()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (const Knob* k = find_knob(path)) {
+      set_path(resolved, path, check_value(*k, value, source, base_dir));
+    } else if (is_section(path)) {
+      if (!value.is_object()) fail(source, "key '" + path + "' is a section and must be an object, got " + value.dump());
+      merge_document(resolved, value, path, source, base_dir);
+    } else {
+      fail(source, unknown_key_message(path));
+    }
+  }
+}
+
+void apply_override(json& resolved, const std::string& arg) {
+  const std::string source = "--set " + arg;
+  const size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0) fail(source, "expected key.path=value");
+  const std::string path = arg.substr(0, eq), text = arg.substr(eq + 1);
+  const Knob* k = find_knob(path);
+  if (!k) {
+    if (is_section(path)) fail(source, "'" + path + "' is a section; set one of its keys");
+    fail(source, unknown_key_message(path));
+  }
+  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;  // bare words are strings: device.memory=2GiB
+  set_path(resolved, path, check_value(*k, value, source, fs::current_path().string()));
+}
+
+void drop_nulls(json& node) {
+  if (!node.is_object()) return;
+  for (auto it = node.begin(); it != node.end();) {
+    drop_nulls(*it);
+    if (it->is_null() || (it->is_object() && it->empty())) {
+      it = node.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// DeepSpeed's schedulers take different parameters; a parameter of another schedule is an
+// error rather than silently ignored. Missing ones get DeepSpeed's defaults.
+void resolve_scheduler(json& resolved, Config& c, const std::string& source) {
+  const json* type = get_path(resolved, "scheduler.type");
+  const json* params = get_path(resolved, "scheduler.params");
+  if (!type || type->is_null()) {
+    if (params && !params->empty()) {
+      fail(source, "scheduler.params given without scheduler.type (one of WarmupLR, WarmupDecayLR, WarmupCosineLR)");
+    }
+    return;
+  }
+  SchedulerConfig& s = c.scheduler;
+  s.type = type->get<std::string>();
+  std::vector<std::string> allowed;
+  if (s.type == "WarmupLR") allowed = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"};
+  if (s.type == "WarmupDecayLR") {
+    allowed = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"};
+  }
+  if (s.type == "WarmupCosineLR") {
+    allowed = {"warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "total_num_steps"};
+  }
+  json p = params ? *params : json::object();
+  for (const auto& [key, value] : p.items()) {
+    if (value.is_null()) continue;
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      fail(source, "key 'scheduler.params." + key + "' is not a parameter of " + s.type + " (it takes " + list + ")");
+    }
+  }
+  auto num = [&](const char* key, double dflt) { return p.contains(key) && !p[key].is_null() ? p[key].get<double>() : dflt; };
+  s.warmup_min_lr = num("warmup_min_lr", 0.0);
+  s.warmup_max_lr = num("warmup_max_lr", 1e-3);
+  s.warmup_num_steps = static_cast<int64_t>(num("warmup_num_steps", 1000));
+  s.warmup_type = p.contains("warmup_type") && !p["warmup_type"].is_null() ? p["warmup_type"].get<std::string>() : "log";
+  s.total_num_steps = static_cast<int64_t>(num("total_num_steps", static_cast<double>(c.train.steps)));
+  s.warmup_min_ratio = num("warmup_min_ratio", 0.0);
+  s.cos_min_ratio = num("cos_min_ratio", 1e-4);
+  if (s.type != "WarmupLR" && s.total_num_steps <= s.warmup_num_steps) {
+    fail(source, "scheduler.params.total_num_steps (" + std::to_string(s.total_num_steps) +
+                     ") must exceed warmup_num_steps (" + std::to_string(s.warmup_num_steps) + ")");
+  }
+  json filled = json::object();
+  for (const auto& a : allowed) {
+    if (a == "warmup_min_lr") filled[a] = s.warmup_min_lr;
+    if (a == "warmup_max_lr") filled[a] = s.warmup_max_lr;
+    if (a == "warmup_num_steps") filled[a] = s.warmup_num_steps;
+    if (a == "warmup_type") filled[a] = s.warmup_type;
+    if (a == "total_num_steps") filled[a] = s.total_num_steps;
+    if (a == "warmup_min_ratio") filled[a] = s.warmup_min_ratio;
+    if (a == "cos_min_ratio") filled[a] = s.cos_min_ratio;
+  }
+  resolved["scheduler"]["params"] = filled;
+}
+
+}  // namespace
+
+size_t parse_bytes(const json& value, const std::string& what) {
+  if (value.is_number_integer()) {
+    if (value.get<int64_t>() < 0) throw ConfigError(what + " must not be negative, got " + value.dump());
+    return value.get<size_t>();
+  }
+  if (!value.is_string()) {
+    throw ConfigError(what + " must be a byte count (integer, or a string such as \"512MiB\"), got " + value.dump());
+  }
+  const std::string s = value.get<std::string>();
+  size_t used = 0;
+  double number = 0;
+  try {
+    number = std::stod(s, &used);
+  } catch (const std::exception&) {
+    throw ConfigError(what + ": cannot read a byte count from \"" + s + "\"");
+  }
+  std::string unit = s.substr(used);
+  unit.erase(0, unit.find_first_not_of(' '));
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1},       {"B", 1},          {"KB", 1e3},         {"MB", 1e6},         {"GB", 1e9},
+      {"TB", 1e12},  {"KiB", 1024.0},   {"MiB", 1048576.0},  {"GiB", 1073741824.0},
+      {"TiB", 1099511627776.0}};
+  for (const auto& [name, mult] : units) {
+    if (unit == name) {
+      if (!(number >= 0) || !std::isfinite(number)) throw ConfigError(what + ": \"" + s + "\" is not a size");
+      return static_cast<size_t>(std::llround(number * mult));
+    }
+  }
+  throw ConfigError(what + ": unknown unit \"" + unit + "\" in \"" + s + "\" (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+}
+
+Config config_from_json(const json& doc, const std::string& source, const std::string& base_dir,
+                        const std::vector<std::string>& overrides, int world_size) {
+  if (!doc.is_object()) fail(source, "the configuration must be a JSON object");
+  json resolved = json::object();
+  for (const Knob& k : config_knobs()) set_path(resolved, k.path, k.default_value);
+  merge_document(resolved, doc, "", source, base_dir);
+  for (const std::string& o : overrides) apply_override(resolved, o);
+
+  auto at = [&](const std::string& path) -> const json& { return *get_path(resolved, path); };
+  Config c;
+  c.world_size = world_size;
+  c.model.n_layer = at("model.n_layer").get<int64_t>();
+  c.model.n_head = at("model.n_head").get<int64_t>();
+  c.model.n_embd = at("model.n_embd").get<int64_t>();
+  c.model.vocab_size = at("model.vocab_size").get<int64_t>();
+  c.model.block_size = at("model.block_size").get<int64_t>();
+  c.model_seed = at("model.seed").get<uint64_t>();
+  if (c.model.n_embd % c.model.n_head != 0) {
+    fail(source, "model.n_embd (" + std::to_string(c.model.n_embd) + ") must be a multiple of model.n_head (" +
+                     std::to_string(c.model.n_head) + ")");
+  }
+  if (at("data.path").is_null()) fail(source, "key 'data.path' is required (the training corpus)");
+  c.data.path = at("data.path").get<std::string>();
+  c.data.format = at("data.format").get<std::string>();
+  c.data.seed = at("data.seed").get<uint64_t>();
+  c.data.val_fraction = at("data.val_fraction").get<double>();
+  if (c.data.format == "text" && c.model.vocab_size < 256) {
+    fail(source, "data.format 'text' is byte-level and needs model.vocab_size >= 256, got " +
+                     std::to_string(c.model.vocab_size));
+  }
+  c.device.type = at("device.type").get<std::string>();
+  c.device.memory = parse_bytes(at("device.memory"), source + ": key 'device.memory'");
+  c.device.threads = at("device.threads").get<int>();
+  c.train.steps = at("train.steps").get<int64_t>();
+  c.train.eval_every = at("train.eval_every").get<int64_t>();
+  c.train.eval_batches = at("train.eval_batches").get<int64_t>();
+  c.train.sample_tokens = at("train.sample_tokens").get<int64_t>();
+  c.train.sample_temperature = at("train.sample_temperature").get<double>();
+  c.log.metrics = at("log.metrics").is_null() ? "" : at("log.metrics").get<std::string>();
+  c.log.every = at("log.every").get<int64_t>();
+  c.micro_batch = at("train_micro_batch_size_per_gpu").get<int64_t>();
+  c.grad_accum = at("gradient_accumulation_steps").get<int64_t>();
+  c.grad_clip = at("gradient_clipping").get<double>();
+  if (const json& tbs = at("train_batch_size"); !tbs.is_null() && tbs.get<int64_t>() != c.global_batch()) {
+    fail(source, "train_batch_size (" + tbs.dump() + ") must equal train_micro_batch_size_per_gpu (" +
+                     std::to_string(c.micro_batch) + ") x gradient_accumulation_steps (" +
+                     std::to_string(c.grad_accum) + ") x world size (" + std::to_string(world_size) + ") = " +
+                     std::to_string(c.global_batch()));
+  }
+  resolved["train_batch_size"] = c.global_batch();
+  c.optimizer.lr = at("optimizer.params.lr").get<double>();
+  c.optimizer.beta1 = at("optimizer.params.betas")[0].get<double>();
+  c.optimizer.beta2 = at("optimizer.params.betas")[1].get<double>();
+  c.optimizer.eps = at("optimizer.params.eps").get<double>();
+  c.optimizer.weight_decay = at("optimizer.params.weight_decay").get<double>();
+  resolve_scheduler(resolved, c, source);
+  drop_nulls(resolved);
+  c.resolved = resolved;
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot open the configuration file");
+  json doc = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (doc.is_discarded()) {
+    // Parse again with exceptions for the position of the error.
+    in.clear();
+    in.seekg(0);
+    try {
+      doc = json::parse(in, nullptr, true, true);
+    } catch (const json::parse_error& e) {
+      throw ConfigError(path + ": not valid JSON: " + e.what());
+    }
+  }
+  const std::string base = fs::path(path).parent_path().string();
+  return config_from_json(doc, path, base.empty() ? "." : base, overrides, world_size);
+}
+
+std::string describe_knobs() {
+  std::ostringstream os;
+  os << "| key | type | default | description |\n|---|---|---|---|\n";
+  for (const Knob& k : config_knobs()) {
+    std::string type = knob_type_name(k.type);
+    if (!k.choices.empty()) {
+      type = "one of";
+      for (const auto& c : k.choices) type += " " + c;
+    }
+    const std::string range = range_text(k);
+    if (!range.empty()) type += ", " + range;
+    os << "| `" << k.path << "` | " << type << " | ";
+    if (k.default_value.is_null()) {
+      os << "-";
+    } else {
+      os << '`' << k.default_value.dump() << '`';
+    }
+    os << " | " << k.description << " |\n";
+  }
+  return os.str();
+}
+
+}  // namespace ferry::runtime

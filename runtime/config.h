@@ -1,0 +1,83 @@
+// The run's configuration: one JSON file plus `--set key.path=value` overrides, checked
+// against config_schema, with DeepSpeed's names for the runtime keys.
+//
+// Errors (unknown key, wrong type, value out of range, inconsistent values, unreadable
+// file) throw ConfigError whose message names the file (or the --set argument) and the
+// key, and suggests the closest valid key for a misspelt one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/gpt.h"
+#include "offload/cpu_adam.h"
+
+namespace ferry::runtime {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" = constant lr
+  double warmup_min_lr = 0, warmup_max_lr = 1e-3;
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";
+  int64_t total_num_steps = 0;
+  double warmup_min_ratio = 0, cos_min_ratio = 1e-4;
+};
+
+struct Config {
+  nn::GPTConfig model;
+  uint64_t model_seed = 0;
+  struct {
+    std::string path, format;
+    uint64_t seed = 0;
+    double val_fraction = 0;
+  } data;
+  struct {
+    std::string type;
+    size_t memory = 0;
+    int threads = 0;
+  } device;
+  struct {
+    int64_t steps = 0, eval_every = 0, eval_batches = 0, sample_tokens = 0;
+    double sample_temperature = 1;
+  } train;
+  struct {
+    std::string metrics;  // "" = none
+    int64_t every = 1;
+  } log;
+  int64_t micro_batch = 0, grad_accum = 0;
+  double grad_clip = 0;
+  offload::AdamWParams optimizer;
+  SchedulerConfig scheduler;
+  int world_size = 1;
+  nlohmann::json resolved;  // every effective value, for printing and for the metrics header
+
+  int64_t global_batch() const { return micro_batch * grad_accum * world_size; }
+};
+
+// Reads `path`, applies `overrides` ("a.b=value"; the value is JSON if it parses as JSON,
+// else a string), checks everything, fills defaults.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size = 1);
+// The same from an in-memory document; `source` names it in errors, `base_dir` resolves
+// relative paths.
+Config config_from_json(const nlohmann::json& doc, const std::string& source,
+                        const std::string& base_dir, const std::vector<std::string>& overrides,
+                        int world_size = 1);
+
+// "512MiB", "2GiB", "1.5GB", "1000" -> bytes. Throws ConfigError naming `what`.
+size_t parse_bytes(const nlohmann::json& value, const std::string& what);
+
+// Markdown table of every knob (path, type, default, description), for the docs and --help-config.
+std::string describe_knobs();
+
+}  // namespace ferry::runtime

@@ -1,0 +1,116 @@
+#include "runtime/config_schema.h"
+
+#include <algorithm>
+
+namespace ferry::runtime {
+
+using nlohmann::json;
+
+const std::vector<Knob>& config_knobs() {
+  static const std::vector<Knob> knobs = {
+      // DeepSpeed's names for the runtime keys.
+      {"train_micro_batch_size_per_gpu", KnobType::integer, 16, "sequences per micro-batch per rank", 1, {}},
+      {"gradient_accumulation_steps", KnobType::integer, 1, "micro-batches summed into one optimizer step", 1, {}},
+      {"train_batch_size", KnobType::integer, nullptr,
+       "global batch in sequences; when given it must equal micro batch x accumulation steps x world size", 1, {}},
+      {"gradient_clipping", KnobType::number, 1.0, "clip the global gradient L2 norm to this; 0 disables", 0, {}},
+      {"optimizer.type", KnobType::string, "AdamW", "optimizer (decoupled weight decay, bias correction)", {}, {}, false, {"AdamW"}},
+      {"optimizer.params.lr", KnobType::number, 1e-3, "peak learning rate", 0, {}, true},
+      {"optimizer.params.betas", KnobType::betas, json::array({0.9, 0.999}), "Adam [beta1, beta2]"},
+      {"optimizer.params.eps", KnobType::number, 1e-8, "Adam epsilon", 0, {}, true},
+      {"optimizer.params.weight_decay", KnobType::number, 0.0,
+       "decoupled weight decay, applied to matrices and embeddings (not biases or norms)", 0, {}},
+      {"scheduler.type", KnobType::string, nullptr,
+       "learning-rate schedule; absent: constant optimizer.params.lr", {}, {}, false,
+       {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}},
+      {"scheduler.params.warmup_min_lr", KnobType::number, nullptr, "WarmupLR/WarmupDecayLR: lr at step 0 (default 0)", 0, {}},
+      {"scheduler.params.warmup_max_lr", KnobType::number, nullptr, "WarmupLR/WarmupDecayLR: lr after warmup (default 0.001)", 0, {}},
+      {"scheduler.params.warmup_num_steps", KnobType::integer, nullptr, "steps of warmup (default 1000)", 0, {}},
+      {"scheduler.params.warmup_type", KnobType::string, nullptr, "warmup curve (default log)", {}, {}, false, {"log", "linear"}},
+      {"scheduler.params.total_num_steps", KnobType::integer, nullptr,
+       "WarmupDecayLR/WarmupCosineLR: step at which decay ends (default train.steps)", 1, {}},
+      {"scheduler.params.warmup_min_ratio", KnobType::number, nullptr,
+       "WarmupCosineLR: lr/optimizer lr at step 0 (default 0)", 0, 1},
+      {"scheduler.params.cos_min_ratio", KnobType::number, nullptr,
+       "WarmupCosineLR: lr/optimizer lr at the end of decay (default 0.0001)", 0, 1},
+      // ferry's own sections.
+      {"model.n_layer", KnobType::integer, 4, "transformer blocks", 1, {}},
+      {"model.n_head", KnobType::integer, 4, "attention heads (n_embd must be a multiple)", 1, {}},
+      {"model.n_embd", KnobType::integer, 128, "channels of the residual stream", 1, {}},
+      {"model.vocab_size", KnobType::integer, 256, "vocabulary; 256 for the byte-level tokenizer", 1, 65536},
+      {"model.block_size", KnobType::integer, 128, "context length in tokens", 1, {}},
+      {"model.seed", KnobType::integer, 1337, "seed of the weight initialisation", 0, {}},
+      {"data.path", KnobType::path, nullptr, "training corpus (required)"},
+      {"data.format", KnobType::string, "text", "text: bytes are tokens; uint16: little-endian token ids", {}, {}, false, {"text", "uint16"}},
+      {"data.seed", KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},
+      {"data.val_fraction", KnobType::number, 0.05, "tail of the corpus held out for validation", 0, 0.5, true},
+      {"device.type", KnobType::string, "cpu",
+       "where compute runs; the CUDA device is not in this release", {}, {}, false, {"cpu"}},
+      {"device.memory", KnobType::bytes, "4GiB", "cap of the device arena: parameters, gradients, optimizer state, activations", 1, {}},
+      {"device.threads", KnobType::integer, 0, "CPU threads for the cpu device; 0 = all cores", 0, 4096},
+      {"train.steps", KnobType::integer, 500, "optimizer steps", 1, {}},
+      {"train.eval_every", KnobType::integer, 100, "validate every this many steps; 0 = only at the end", 0, {}},
+      {"train.eval_batches", KnobType::integer, 8, "micro-batches per validation", 1, {}},
+      {"train.sample_tokens", KnobType::integer, 200, "tokens to generate at the end; 0 = none", 0, {}},
+      {"train.sample_temperature", KnobType::number, 0.8, "softmax temperature of the sample", 0, {}, true},
+      {"log.metrics", KnobType::path, nullptr, "JSON-lines metrics file (one object per step and per evaluation)"},
+      {"log.every", KnobType::integer, 10, "print a step line every this many steps", 1, {}},
+  };
+  return knobs;
+}
+
+const Knob* find_knob(const std::string& path) {
+  for (const Knob& k : config_knobs())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::string closest_key(const std::string& path) {
+  std::vector<std::string> candidates;
+  for (const Knob& k : config_knobs()) {
+    candidates.push_back(k.path);
+    for (size_t dot = k.path.find('.'); dot != std::string::npos; dot = k.path.find('.', dot + 1)) {
+      candidates.push_back(k.path.substr(0, dot));  // sections too
+    }
+  }
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(path, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  const size_t limit = std::max<size_t>(2, path.size() / 3);
+  return best_d <= limit ? best : "";
+}
+
+std::string knob_type_name(KnobType t) {
+  switch (t) {
+    case KnobType::integer: return "an integer";
+    case KnobType::number: return "a number";
+    case KnobType::boolean: return "true or false";
+    case KnobType::string: return "a string";
+    case KnobType::path: return "a path (string)";
+    case KnobType::bytes: return "a byte count (integer, or a string such as \"512MiB\")";
+    case KnobType::betas: return "a pair [beta1, beta2] of numbers in [0, 1)";
+  }
+  return "?";
+}
+
+}  // namespace ferry::runtime

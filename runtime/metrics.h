@@ -1,0 +1,27 @@
+// JSON-lines metrics: one object per line, flushed as written so that a crashed run keeps
+// every line up to the crash. Field names are stable; later releases only add fields.
+//   step:       {"step", "loss", "lr", "grad_norm", "tokens_per_s", "device_peak_bytes"}
+//   evaluation: {"step", "val_loss"}
+#pragma once
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ferry::runtime {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;  // writes nothing
+  // Truncates `path`; throws std::runtime_error naming it when it cannot be created.
+  explicit MetricsWriter(const std::string& path);
+  void write(const nlohmann::json& record);
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+  std::string path_;
+};
+
+}  // namespace ferry::runtime

@@ -1,0 +1,216 @@
+#include "runtime/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+#include "nn/rng.h"
+#include "runtime/lr_schedule.h"
+
+namespace ferry::runtime {
+
+using nn::DType;
+using nn::Tensor;
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+size_t state_bytes(const std::vector<Tensor>& ts) {
+  size_t b = 0;
+  for (const Tensor& t : ts) b += t.nbytes();
+  return b;
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& out)
+    : cfg_(config),
+      comm_(comm),
+      out_(out),
+      device_(std::make_unique<nn::CpuDevice>(config.device.memory, config.device.threads)),
+      model_(std::make_unique<nn::GPT>(config.model, *device_, DType::f32)),
+      adam_(config.optimizer),
+      data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,
+                            config.data.val_fraction)),
+      sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size) {
+  units_ = std::make_unique<nn::ResidentUnits>(*device_, DType::f32, model_->units());
+  for (int u = 0; u < model_->num_units(); ++u) {
+    model_->init_unit(u, units_->weights[static_cast<size_t>(u)], cfg_.model_seed);
+    adam_m_.push_back(Tensor::empty(*device_, DType::f32, {model_->units()[static_cast<size_t>(u)].numel}));
+    adam_v_.push_back(Tensor::empty(*device_, DType::f32, {model_->units()[static_cast<size_t>(u)].numel}));
+    device_->fill(adam_m_.back(), 0.0);
+    device_->fill(adam_v_.back(), 0.0);
+  }
+  if (!cfg_.log.metrics.empty() && comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.log.metrics);
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::describe_placement() {
+  const int64_t params = model_->num_parameters();
+  const size_t w = state_bytes(units_->weights), g = state_bytes(units_->grads);
+  const size_t mv = state_bytes(adam_m_) + state_bytes(adam_v_);
+  out_ << "model: GPT-2 style, " << cfg_.model.n_layer << " layers, " << cfg_.model.n_head << " heads, "
+       << cfg_.model.n_embd << " channels, context " << cfg_.model.block_size << ", vocab "
+       << cfg_.model.vocab_size << ": " << params << " parameters in " << model_->num_units() << " units\n";
+  out_ << "where the state lives (world size " << comm_.size() << ", nothing sharded or offloaded):\n"
+       << "  fp32 weights        " << nn::format_bytes(w) << "  on " << device_->name() << "\n"
+       << "  fp32 gradients      " << nn::format_bytes(g) << "  on the cpu device\n"
+       << "  Adam m and v (fp32) " << nn::format_bytes(mv) << "  on the cpu device\n"
+       << "  activations         allocated per micro-batch on the cpu device (see device peak)\n"
+       << "data: " << data_.source() << ": " << data_.train().size() << " training and " << data_.val().size()
+       << " validation tokens; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
+       << " tokens\n";
+}
+
+double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
+  // Gradients hold the sum over micro-batches of each micro-batch's mean-loss gradient.
+  double sumsq = 0;
+  for (const Tensor& g : units_->grads) sumsq += device_->sum_squares(g);
+  std::vector<double> reduce{sumsq};
+  comm_.all_reduce_sum(reduce);
+  const double accum = static_cast<double>(cfg_.grad_accum * comm_.size());
+  const double grad_norm = std::sqrt(reduce[0]) / accum;
+  *grad_norm_out = grad_norm;
+  if (!std::isfinite(grad_norm)) {
+    throw std::runtime_error("step " + std::to_string(step + 1) + ": the gradient norm is not finite (" +
+                             std::to_string(grad_norm) + "); lower optimizer.params.lr or check the data");
+  }
+  // torch.nn.utils.clip_grad_norm_'s rule, folded into the Adam read of the gradient.
+  const double clip = (cfg_.grad_clip > 0 && grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
+  const double lr = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, step);
+  for (size_t u = 0; u < units_->weights.size(); ++u) {
+    for (const nn::TensorSpec& t : model_->units()[u].tensors) {
+      adam_.update(units_->weights[u].data_as<float>() + t.offset, units_->grads[u].data_as<float>() + t.offset,
+                   adam_m_[u].data_as<float>() + t.offset, adam_v_[u].data_as<float>() + t.offset, t.numel(),
+                   step + 1, lr, t.decay ? cfg_.optimizer.weight_decay : 0.0, clip / accum);
+    }
+  }
+  return lr;
+}
+
+StepStats Trainer::train_step(int64_t step) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
+  units_->zero_grads();
+  device_->reset_peak();
+  const Tensor tokens = Tensor::empty(*device_, DType::i32, {B * T});
+  const Tensor targets = Tensor::empty(*device_, DType::i32, {B * T});
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size());
+    device_->copy_from_host(tokens, batch.inputs.data());
+    device_->copy_from_host(targets, batch.targets.data());
+    loss_sum += model_->forward(*units_, tokens, targets, B, T);
+    model_->backward(*units_);
+  }
+  std::vector<double> reduce{loss_sum};
+  comm_.all_reduce_sum(reduce);
+  StepStats s;
+  s.step = step + 1;
+  s.loss = reduce[0] / static_cast<double>(cfg_.grad_accum * comm_.size());
+  if (!std::isfinite(s.loss)) {
+    throw std::runtime_error("step " + std::to_string(s.step) + ": the loss is not finite; lower optimizer.params.lr");
+  }
+  s.lr = optimizer_step(step, &s.grad_norm);
+  const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum) / seconds;
+  s.device_peak_bytes = device_->memory().peak;
+  return s;
+}
+
+double Trainer::evaluate() {
+  const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
+  const Tensor tokens = Tensor::empty(*device_, DType::i32, {B * T});
+  const Tensor targets = Tensor::empty(*device_, DType::i32, {B * T});
+  double sum = 0;
+  for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+    const Batch batch = sampler_.val_batch(i);
+    device_->copy_from_host(tokens, batch.inputs.data());
+    device_->copy_from_host(targets, batch.targets.data());
+    sum += model_->forward(*units_, tokens, targets, B, T);
+  }
+  model_->free_activations();
+  return sum / static_cast<double>(cfg_.train.eval_batches);
+}
+
+std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
+  // Prompt: the first line's worth of the validation split (up to 32 tokens).
+  std::vector<uint16_t> seq(data_.val().begin(), data_.val().begin() + std::min<size_t>(32, data_.val().size()));
+  nn::Rng rng(seed);
+  const int64_t V = cfg_.model.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), cfg_.model.block_size);
+    std::vector<int32_t> ctx(seq.end() - T, seq.end());
+    const Tensor tokens = Tensor::empty(*device_, DType::i32, {T});
+    device_->copy_from_host(tokens, ctx.data());
+    model_->forward(*units_, tokens, Tensor{}, 1, T);
+    const Tensor last = model_->logits().view((T - 1) * V, {V});
+    device_->copy_to_host(logits.data(), last);
+    double mx = logits[0];
+    for (float l : logits) mx = std::max<double>(mx, l);
+    std::vector<double> p(static_cast<size_t>(V));
+    double z = 0;
+    for (size_t v = 0; v < p.size(); ++v) z += p[v] = std::exp((logits[v] - mx) / temperature);
+    double r = rng.uniform() * z;
+    size_t pick = 0;
+    while (pick + 1 < p.size() && r >= p[pick]) r -= p[pick++];
+    seq.push_back(static_cast<uint16_t>(pick));
+  }
+  model_->free_activations();
+  return ByteTokenizer::decode(seq);
+}
+
+TrainReport Trainer::run() {
+  TrainReport report;
+  describe_placement();
+  report.unigram_baseline = unigram_baseline(data_, cfg_.model.vocab_size);
+  out_ << "unigram baseline (validation bytes scored by training byte frequencies): "
+       << fmt("%.4f", report.unigram_baseline) << " nats/token\n";
+  auto eval = [&](int64_t step) {
+    const double v = evaluate();
+    report.val_losses.emplace_back(step, v);
+    out_ << "eval  step " << step << " | val loss " << fmt("%.4f", v) << "\n";
+    metrics_.write({{"step", step}, {"val_loss", v}});
+  };
+  for (int64_t step = 0; step < cfg_.train.steps; ++step) {
+    const StepStats s = train_step(step);
+    report.steps.push_back(s);
+    report.device_peak_bytes = std::max(report.device_peak_bytes, s.device_peak_bytes);
+    metrics_.write({{"step", s.step},
+                    {"loss", s.loss},
+                    {"lr", s.lr},
+                    {"grad_norm", s.grad_norm},
+                    {"tokens_per_s", s.tokens_per_s},
+                    {"device_peak_bytes", s.device_peak_bytes}});
+    if (s.step % cfg_.log.every == 0 || s.step == 1 || s.step == cfg_.train.steps) {
+      out_ << "step " << s.step << "/" << cfg_.train.steps << " | loss " << fmt("%.4f", s.loss) << " | lr "
+           << fmt("%.3e", s.lr) << " | grad norm " << fmt("%.3f", s.grad_norm) << " | "
+           << fmt("%.0f", s.tokens_per_s) << " tok/s | device peak " << nn::format_bytes(s.device_peak_bytes)
+           << "\n";
+      out_.flush();
+    }
+    if (cfg_.train.eval_every > 0 && s.step % cfg_.train.eval_every == 0 && s.step != cfg_.train.steps) eval(s.step);
+  }
+  eval(cfg_.train.steps);
+  const double final_val = report.val_losses.back().second;
+  out_ << "final validation loss " << fmt("%.4f", final_val) << " nats/token vs unigram baseline "
+       << fmt("%.4f", report.unigram_baseline) << " ("
+       << fmt("%.1f", 100.0 * (report.unigram_baseline - final_val) / report.unigram_baseline) << "% below)\n";
+  if (cfg_.train.sample_tokens > 0) {
+    report.sample = sample(cfg_.train.sample_tokens, cfg_.train.sample_temperature, cfg_.data.seed);
+    out_ << "sample (prompt: the first 32 validation bytes; temperature " << cfg_.train.sample_temperature
+         << "):\n---\n" << report.sample << "\n---\n";
+  }
+  return report;
+}
+
+}  // namespace ferry::runtime

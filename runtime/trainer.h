@@ -1,0 +1,75 @@
+// The training loop on one rank: micro-batches with gradient accumulation, global-norm
+// clipping, AdamW (offload::CpuAdam), the learning-rate schedule, periodic validation,
+// metrics, and a sample generated at the end.
+//
+// State placement in this release: parameters, gradients and Adam m/v all live in the
+// device arena (DeepSpeed's offload "none"); activations are allocated there per
+// micro-batch. The CPU Adam updates them in place, which needs a host-accessible device.
+// Errors: ConfigError-style problems surface as std::runtime_error naming the key or
+// file; a non-finite loss or gradient norm stops the run naming the step.
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "nn/cpu_device.h"
+#include "nn/gpt.h"
+#include "offload/cpu_adam.h"
+#include "runtime/config.h"
+#include "runtime/data.h"
+#include "runtime/metrics.h"
+
+namespace ferry::runtime {
+
+struct StepStats {
+  int64_t step = 0;  // 1-based
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
+  size_t device_peak_bytes = 0;
+};
+
+struct TrainReport {
+  std::vector<StepStats> steps;
+  std::vector<std::pair<int64_t, double>> val_losses;  // (step, loss)
+  double unigram_baseline = 0;
+  std::string sample;
+  size_t device_peak_bytes = 0;
+};
+
+class Trainer {
+ public:
+  // Loads the data and allocates every model state on the device: a model that does not
+  // fit throws nn::OutOfDeviceMemory here, before any step.
+  Trainer(const Config& config, comm::Communicator& comm, std::ostream& out);
+  ~Trainer();
+
+  TrainReport run();
+
+  StepStats train_step(int64_t step);  // step is 0-based
+  double evaluate();
+  std::string sample(int64_t n_tokens, double temperature, uint64_t seed);
+
+  nn::GPT& model() { return *model_; }
+  nn::ResidentUnits& units() { return *units_; }
+  nn::Device& device() { return *device_; }
+
+ private:
+  void describe_placement();
+  double optimizer_step(int64_t step, double* grad_norm_out);
+
+  Config cfg_;
+  comm::Communicator& comm_;
+  std::ostream& out_;
+  std::unique_ptr<nn::CpuDevice> device_;
+  std::unique_ptr<nn::GPT> model_;
+  std::unique_ptr<nn::ResidentUnits> units_;
+  std::vector<nn::Tensor> adam_m_, adam_v_;
+  offload::CpuAdam adam_;
+  TokenData data_;
+  BatchSampler sampler_;
+  MetricsWriter metrics_;
+};
+
+}  // namespace ferry::runtime

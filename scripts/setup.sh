@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs, from Debian's packages, what ferry needs to build, run and test.
+# Skips what is present, says what it does, works as root or through sudo.
+# CUDA (nvcc, cuBLAS, NCCL) is never installed here: CMake detects it under
+# /usr/local/cuda and builds the CUDA parts only when it is found.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  mpich libmpich-dev
+  liburing-dev
+  libmimalloc-dev
+  libeigen3-dev
+  libboost-test-dev
+  nlohmann-json3-dev
+  fio
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    continue
+  fi
+  missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "[setup] all ${#packages[@]} Debian packages ferry needs are present"
+  exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ]; then
+  sudo_cmd=()
+elif command -v sudo >/dev/null 2>&1; then
+  sudo_cmd=(sudo)
+else
+  echo "[setup] missing packages: ${missing[*]}" >&2
+  echo "[setup] not root and no sudo: install them as root, then run again" >&2
+  exit 1
+fi
+
+echo "[setup] installing from Debian's packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "[setup] done"
