@@ -19,6 +19,9 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
   const double bc1 = 1.0 - std::pow(params_.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(params_.beta2, static_cast<double>(step));
   const float b1 = static_cast<float>(params_.beta1), b2 = static_cast<float>(params_.beta2);
+  // 1 - beta in double, then rounded: 1.0f - 0.999f would carry float(0.999)'s error (1e-5).
+  const float one_minus_b1 = static_cast<float>(1.0 - params_.beta1);
+  const float one_minus_b2 = static_cast<float>(1.0 - params_.beta2);
   const float decay = static_cast<float>(1.0 - lr * weight_decay);
   const float step_size = static_cast<float>(lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
@@ -33,8 +36,8 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
     using ConstArr = Eigen::Map<const Eigen::ArrayXf>;
     Arr P(p + begin, len), M(m + begin, len), V(v + begin, len);
     ConstArr G(g + begin, len);
-    M = b1 * M + (1.0f - b1) * (G * scale);
-    V = b2 * V + (1.0f - b2) * (G * scale).square();
+    M = b1 * M + one_minus_b1 * (G * scale);
+    V = b2 * V + one_minus_b2 * (G * scale).square();
     P = P * decay - step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
   }
 }

@@ -182,7 +182,8 @@ void resolve_scheduler(json& resolved, Config& c, const std::string& source) {
   const json* type = get_path(resolved, "scheduler.type");
   const json* params = get_path(resolved, "scheduler.params");
   if (!type || type->is_null()) {
-    if (params && !params->empty()) {
+    const bool any = params && std::any_of(params->begin(), params->end(), [](const json& v) { return !v.is_null(); });
+    if (any) {
       fail(source, "scheduler.params given without scheduler.type (one of WarmupLR, WarmupDecayLR, WarmupCosineLR)");
     }
     return;

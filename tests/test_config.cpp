@@ -1,0 +1,173 @@
+// Configuration: defaults, overrides, and every kind of error naming the file and the key.
+#define BOOST_TEST_MODULE config
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/config.h"
+#include "runtime/lr_schedule.h"
+
+using namespace ferry::runtime;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const json kMinimal = {{"data", {{"path", "corpus.txt"}}}};
+
+// The message of the ConfigError `f` throws; fails the test when it does not throw.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  BOOST_FAIL("no ConfigError");
+  return "";
+}
+
+Config from(json doc, std::vector<std::string> sets = {}) {
+  return config_from_json(doc, "cfg.json", "/base", sets);
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(defaults_fill_everything) {
+  Config c = from(kMinimal);
+  BOOST_TEST(c.model.n_layer == 4);
+  BOOST_TEST(c.model.vocab_size == 256);
+  BOOST_TEST(c.micro_batch == 16);
+  BOOST_TEST(c.grad_accum == 1);
+  BOOST_TEST(c.optimizer.beta2 == 0.999);
+  BOOST_TEST(c.device.memory == 4ull << 30);
+  BOOST_TEST(c.data.path == "/base/corpus.txt");  // relative to the config file's folder
+  BOOST_TEST(c.scheduler.type.empty());
+  BOOST_TEST(c.resolved["train_batch_size"] == 16);
+  BOOST_TEST(!c.resolved.contains("scheduler"));
+}
+
+BOOST_AUTO_TEST_CASE(overrides_are_checked_like_the_file) {
+  Config c = from(kMinimal, {"model.n_layer=2", "device.memory=512MiB", "optimizer.params.betas=[0.8,0.9]"});
+  BOOST_TEST(c.model.n_layer == 2);
+  BOOST_TEST(c.device.memory == 512ull << 20);
+  BOOST_TEST(c.optimizer.beta1 == 0.8);
+  std::string e = error_of([] { from(kMinimal, {"model.n_layers=2"}); });
+  BOOST_TEST(has(e, "--set model.n_layers=2"), e);
+  BOOST_TEST(has(e, "did you mean 'model.n_layer'"), e);
+  e = error_of([] { from(kMinimal, {"model.n_layer=two"}); });
+  BOOST_TEST(has(e, "'model.n_layer' must be an integer"), e);
+  e = error_of([] { from(kMinimal, {"model=3"}); });
+  BOOST_TEST(has(e, "is a section"), e);
+  e = error_of([] { from(kMinimal, {"no_equals_sign"}); });
+  BOOST_TEST(has(e, "key.path=value"), e);
+}
+
+BOOST_AUTO_TEST_CASE(unknown_keys_suggest_the_closest) {
+  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embed", 64}}}}); });
+  BOOST_TEST(has(e, "cfg.json: unknown key 'model.n_embed' (did you mean 'model.n_embd'?)"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"gradient_acumulation_steps", 2}}); });
+  BOOST_TEST(has(e, "did you mean 'gradient_accumulation_steps'"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"zzzzzzzz", 1}}); });
+  BOOST_TEST(has(e, "unknown key 'zzzzzzzz'"), e);
+  BOOST_TEST(!has(e, "did you mean"), e);
+}
+
+BOOST_AUTO_TEST_CASE(wrong_types_and_ranges_name_the_key) {
+  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_head", "4"}}}}); });
+  BOOST_TEST(has(e, "key 'model.n_head' must be an integer, got \"4\""), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_layer", 0}}}}); });
+  BOOST_TEST(has(e, "key 'model.n_layer' must be >= 1, got 0"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"lr", 0}}}}}}); });
+  BOOST_TEST(has(e, "'optimizer.params.lr' must be > 0"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"betas", {0.9, 1.0}}}}}}}); });
+  BOOST_TEST(has(e, "betas in [0, 1)"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}, {"format", "csv"}}}}); });
+  BOOST_TEST(has(e, "'data.format' must be one of text, uint16"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"device", {{"type", "cuda"}}}}); });
+  BOOST_TEST(has(e, "not part of this release"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"device", {{"memory", "12 parsecs"}}}}); });
+  BOOST_TEST(has(e, "device.memory"), e);
+  e = error_of([] { from({{"data", 5}}); });
+  BOOST_TEST(has(e, "'data' is a section and must be an object"), e);
+  e = error_of([] { from(json::object()); });
+  BOOST_TEST(has(e, "'data.path' is required"), e);
+}
+
+BOOST_AUTO_TEST_CASE(cross_key_checks) {
+  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", 100}, {"n_head", 3}}}}); });
+  BOOST_TEST(has(e, "model.n_embd (100) must be a multiple of model.n_head (3)"), e);
+  e = error_of([] {
+    from({{"data", {{"path", "x"}}}, {"train_batch_size", 64}, {"train_micro_batch_size_per_gpu", 8},
+          {"gradient_accumulation_steps", 2}});
+  });
+  BOOST_TEST(has(e, "train_batch_size (64) must equal"), e);
+  BOOST_TEST(has(e, "= 16"), e);
+  Config ok = from({{"data", {{"path", "x"}}}, {"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 8},
+                    {"gradient_accumulation_steps", 2}});
+  BOOST_TEST(ok.global_batch() == 16);
+  e = error_of([] {
+    from({{"data", {{"path", "x"}}}, {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_max_lr", 0.1}}}}}});
+  });
+  BOOST_TEST(has(e, "'scheduler.params.warmup_max_lr' is not a parameter of WarmupCosineLR"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"scheduler", {{"params", {{"warmup_num_steps", 3}}}}}}); });
+  BOOST_TEST(has(e, "without scheduler.type"), e);
+}
+
+BOOST_AUTO_TEST_CASE(files_bad_json_and_missing) {
+  const fs::path dir = fs::temp_directory_path() / "ferry_test_config";
+  fs::create_directories(dir);
+  {
+    std::ofstream(dir / "bad.json") << "{\"model\": {\"n_layer\": 2,}}";
+  }
+  std::string e = error_of([&] { load_config((dir / "bad.json").string(), {}); });
+  BOOST_TEST(has(e, "bad.json: not valid JSON"), e);
+  e = error_of([&] { load_config((dir / "absent.json").string(), {}); });
+  BOOST_TEST(has(e, "absent.json: cannot open"), e);
+  {
+    std::ofstream(dir / "typo.json") << R"({"data": {"path": "c.txt"}, "train": {"stpes": 3}})";
+  }
+  e = error_of([&] { load_config((dir / "typo.json").string(), {}); });
+  BOOST_TEST(has(e, "typo.json: unknown key 'train.stpes' (did you mean 'train.steps'?)"), e);
+  fs::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(byte_sizes) {
+  BOOST_TEST(parse_bytes(json(1000), "x") == 1000u);
+  BOOST_TEST(parse_bytes(json("2GiB"), "x") == 2ull << 30);
+  BOOST_TEST(parse_bytes(json("1.5GB"), "x") == 1500000000ull);
+  BOOST_TEST(parse_bytes(json("64 KiB"), "x") == 65536u);
+  BOOST_CHECK_THROW(parse_bytes(json("3 lightyears"), "x"), ConfigError);
+  BOOST_CHECK_THROW(parse_bytes(json(-1), "x"), ConfigError);
+  BOOST_CHECK_THROW(parse_bytes(json(true), "x"), ConfigError);
+}
+
+BOOST_AUTO_TEST_CASE(deepspeed_schedules) {
+  SchedulerConfig s;
+  BOOST_TEST(learning_rate(s, 0.01, 123) == 0.01);  // no scheduler: constant
+  s.type = "WarmupLR";
+  s.warmup_min_lr = 0;
+  s.warmup_max_lr = 0.1;
+  s.warmup_num_steps = 100;
+  s.warmup_type = "linear";
+  BOOST_TEST(learning_rate(s, 1, 0) == 0.0);
+  BOOST_TEST(learning_rate(s, 1, 50) == 0.05, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(learning_rate(s, 1, 500) == 0.1);
+  s.warmup_type = "log";  // log(step + 1) / log(warmup)
+  BOOST_TEST(learning_rate(s, 1, 9) == 0.1 * std::log(10.0) / std::log(100.0), boost::test_tools::tolerance(1e-12));
+  s.type = "WarmupDecayLR";
+  s.total_num_steps = 300;
+  BOOST_TEST(learning_rate(s, 1, 200) == 0.1 * 100.0 / 200.0, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(learning_rate(s, 1, 300) == 0.0);
+  s.type = "WarmupCosineLR";
+  s.warmup_type = "linear";
+  s.warmup_min_ratio = 0.0;
+  s.cos_min_ratio = 0.1;
+  BOOST_TEST(learning_rate(s, 2.0, 50) == 1.0, boost::test_tools::tolerance(1e-12));
+  // Halfway through the decay: ratio = 0.1 + 0.9 * (1 + cos(pi/2)) / 2 = 0.55.
+  BOOST_TEST(learning_rate(s, 2.0, 199) == 2.0 * 0.55, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(learning_rate(s, 2.0, 299) == 2.0 * 0.1, boost::test_tools::tolerance(1e-12));
+}

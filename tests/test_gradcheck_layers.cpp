@@ -1,0 +1,152 @@
+// Every layer's backward against central finite differences, in double precision on the
+// CPU device, on small odd shapes. Each test builds a scalar L = sum(out * R) for a fixed
+// random R, so dL/dout = R is what the backward op receives.
+#define BOOST_TEST_MODULE gradcheck_layers
+#include <boost/test/unit_test.hpp>
+
+#include "nn/cpu_device.h"
+#include "test_util.h"
+
+using namespace ferry;
+using nn::DType;
+using nn::Tensor;
+using test::max_grad_error;
+using test::random_tensor;
+using test::zeros;
+
+namespace {
+constexpr double kTol = 1e-6;  // see test_util.h: max_grad_error
+constexpr DType F = DType::f64;
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(linear_with_bias) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 5, C = 7, OC = 3;
+  Tensor x = random_tensor(dev, F, {N, C}, 1), w = random_tensor(dev, F, {OC, C}, 2);
+  Tensor b = random_tensor(dev, F, {OC}, 3), R = random_tensor(dev, F, {N, OC}, 4);
+  Tensor out = zeros(dev, F, {N, OC});
+  auto loss = [&] {
+    dev.gemm(out, x, false, w, true, 1.0, 0.0);
+    dev.add_bias(out, b);
+    return test::dot(out, R);
+  };
+  Tensor dx = zeros(dev, F, {N, C}), dw = zeros(dev, F, {OC, C}), db = zeros(dev, F, {OC});
+  dev.gemm(dx, R, false, w, false, 1.0, 1.0);
+  dev.gemm(dw, R, true, x, false, 1.0, 1.0);
+  dev.bias_backward(db, R);
+  BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
+  BOOST_TEST(max_grad_error(loss, w, dw) < kTol);
+  BOOST_TEST(max_grad_error(loss, b, db) < kTol);
+}
+
+BOOST_AUTO_TEST_CASE(layernorm) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 6, C = 11;
+  Tensor x = random_tensor(dev, F, {N, C}, 5), w = random_tensor(dev, F, {C}, 6), b = random_tensor(dev, F, {C}, 7);
+  Tensor R = random_tensor(dev, F, {N, C}, 8);
+  Tensor out = zeros(dev, F, {N, C}), mean = zeros(dev, F, {N}), rstd = zeros(dev, F, {N});
+  auto loss = [&] {
+    dev.layernorm_forward(out, mean, rstd, x, w, b);
+    return test::dot(out, R);
+  };
+  loss();
+  Tensor dx = zeros(dev, F, {N, C}), dw = zeros(dev, F, {C}), db = zeros(dev, F, {C});
+  dev.layernorm_backward(dx, dw, db, R, x, w, mean, rstd);
+  BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
+  BOOST_TEST(max_grad_error(loss, w, dw) < kTol);
+  BOOST_TEST(max_grad_error(loss, b, db) < kTol);
+  // Output rows are normalised: mean b, and (out-b)/w has unit variance.
+  loss();
+  double m = 0;
+  for (int64_t c = 0; c < C; ++c) m += (out.data_as<double>()[c] - b.data_as<double>()[c]) / w.data_as<double>()[c];
+  BOOST_TEST(std::abs(m) < 1e-9);
+}
+
+BOOST_AUTO_TEST_CASE(causal_attention) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t B = 2, T = 5, NH = 3, C = 6;
+  Tensor qkv = random_tensor(dev, F, {B, T, 3 * C}, 9), R = random_tensor(dev, F, {B, T, C}, 10);
+  Tensor out = zeros(dev, F, {B, T, C}), att = zeros(dev, F, {B, NH, T, T});
+  auto loss = [&] {
+    dev.attention_forward(out, att, qkv, NH);
+    return test::dot(out, R);
+  };
+  loss();
+  Tensor dqkv = zeros(dev, F, {B, T, 3 * C});
+  dev.attention_backward(dqkv, R, qkv, att, NH);
+  BOOST_TEST(max_grad_error(loss, qkv, dqkv) < kTol);
+  // Causality: position t's output does not depend on later positions.
+  loss();
+  std::vector<double> before(out.data_as<double>(), out.data_as<double>() + out.numel());
+  qkv.data_as<double>()[(T - 1) * 3 * C + 2 * C] += 1.0;  // batch 0, last position's v
+  qkv.data_as<double>()[(T - 1) * 3 * C + C] += 1.0;      // and its k
+  loss();
+  for (int64_t t = 0; t < T - 1; ++t)
+    for (int64_t c = 0; c < C; ++c) BOOST_TEST(out.data_as<double>()[t * C + c] == before[static_cast<size_t>(t * C + c)]);
+}
+
+BOOST_AUTO_TEST_CASE(gelu) {
+  nn::CpuDevice dev(1 << 26);
+  Tensor x = random_tensor(dev, F, {3, 13}, 11, 2.0), R = random_tensor(dev, F, {3, 13}, 12);
+  Tensor out = zeros(dev, F, {3, 13});
+  auto loss = [&] {
+    dev.gelu_forward(out, x);
+    return test::dot(out, R);
+  };
+  Tensor dx = zeros(dev, F, {3, 13});
+  dev.gelu_backward(dx, x, R);
+  BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
+}
+
+BOOST_AUTO_TEST_CASE(softmax_cross_entropy) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 7, V = 9;
+  Tensor logits = random_tensor(dev, F, {N, V}, 13, 3.0);
+  Tensor targets = Tensor::empty(dev, DType::i32, {N});
+  for (int64_t n = 0; n < N; ++n) targets.data_as<int32_t>()[n] = static_cast<int32_t>((n * 5) % V);
+  Tensor probs = zeros(dev, F, {N, V}), losses = zeros(dev, F, {N});
+  auto loss = [&] {
+    dev.softmax_cross_entropy_forward(losses, probs, logits, targets);
+    double s = 0;
+    for (int64_t n = 0; n < N; ++n) s += losses.data_as<double>()[n];
+    return s / static_cast<double>(N);
+  };
+  loss();
+  Tensor dlogits = zeros(dev, F, {N, V});
+  dev.softmax_cross_entropy_backward(dlogits, probs, targets, 1.0 / static_cast<double>(N));
+  BOOST_TEST(max_grad_error(loss, logits, dlogits) < kTol);
+  targets.data_as<int32_t>()[3] = static_cast<int32_t>(V);
+  BOOST_CHECK_THROW(loss(), std::out_of_range);
+}
+
+BOOST_AUTO_TEST_CASE(embedding) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t B = 2, T = 3, C = 5, V = 4;
+  Tensor wte = random_tensor(dev, F, {V, C}, 14), wpe = random_tensor(dev, F, {T + 2, C}, 15);
+  Tensor tokens = Tensor::empty(dev, DType::i32, {B * T});
+  const int32_t ids[] = {1, 3, 1, 0, 1, 2};  // a repeated token: gradients must add up
+  dev.copy_from_host(tokens, ids);
+  Tensor R = random_tensor(dev, F, {B * T, C}, 16), out = zeros(dev, F, {B * T, C});
+  auto loss = [&] {
+    dev.embedding_forward(out, tokens, wte, wpe, T);
+    return test::dot(out, R);
+  };
+  Tensor dwte = zeros(dev, F, {V, C}), dwpe = zeros(dev, F, {T + 2, C});
+  dev.embedding_backward(dwte, dwpe, R, tokens, T);
+  BOOST_TEST(max_grad_error(loss, wte, dwte) < kTol);
+  BOOST_TEST(max_grad_error(loss, wpe, dwpe) < kTol);
+}
+
+BOOST_AUTO_TEST_CASE(residual_add) {
+  nn::CpuDevice dev(1 << 26);
+  Tensor a = random_tensor(dev, F, {4, 3}, 17), b = random_tensor(dev, F, {4, 3}, 18);
+  Tensor R = random_tensor(dev, F, {4, 3}, 19), out = zeros(dev, F, {4, 3});
+  auto loss = [&] {
+    dev.add(out, a, b);
+    return test::dot(out, R);
+  };
+  Tensor da = zeros(dev, F, {4, 3});
+  dev.accumulate(da, R);  // d(a+b)/da = identity: the backward of a residual add
+  BOOST_TEST(max_grad_error(loss, a, da) < kTol);
+  BOOST_TEST(max_grad_error(loss, b, da) < kTol);
+}

@@ -1,0 +1,82 @@
+// The whole GPT's gradient against central finite differences, in double precision, on a
+// small odd configuration: every parameter of every unit is checked (the tied embedding
+// gets gradient from both the head and the input).
+#define BOOST_TEST_MODULE gradcheck_model
+#include <boost/test/unit_test.hpp>
+
+#include "nn/cpu_device.h"
+#include "nn/gpt.h"
+#include "test_util.h"
+
+using namespace ferry;
+using nn::DType;
+using nn::Tensor;
+
+BOOST_AUTO_TEST_CASE(full_model_gradient_matches_finite_differences) {
+  nn::CpuDevice dev(1 << 28);
+  nn::GPTConfig cfg{/*n_layer=*/2, /*n_head=*/3, /*n_embd=*/9, /*vocab_size=*/11, /*block_size=*/7};
+  nn::GPT model(cfg, dev, DType::f64);
+  nn::ResidentUnits units(dev, DType::f64, model.units());
+  for (int u = 0; u < model.num_units(); ++u) model.init_unit(u, units.weights[static_cast<size_t>(u)], 7);
+  // Larger weights than GPT-2's 0.02 so that every path (attention mixing, GELU curvature)
+  // carries gradient of order one.
+  for (Tensor& w : units.weights) {
+    nn::Tensor noise = test::random_tensor(dev, DType::f64, w.shape(), 99, 0.3);
+    dev.accumulate(w, noise);
+  }
+  const int64_t B = 2, T = 5;
+  Tensor tokens = Tensor::empty(dev, DType::i32, {B * T}), targets = Tensor::empty(dev, DType::i32, {B * T});
+  nn::Rng rng(3);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+    targets.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+  }
+  auto loss = [&] { return model.forward(units, tokens, targets, B, T); };
+  const double l0 = loss();
+  BOOST_TEST(std::isfinite(l0));
+  model.backward(units);
+  double worst = 0;
+  int64_t checked = 0;
+  for (size_t u = 0; u < units.weights.size(); ++u) {
+    for (const nn::TensorSpec& t : model.units()[u].tensors) {
+      const Tensor w = units.weights[u].view(t.offset, {t.numel()});
+      const Tensor g = units.grads[u].view(t.offset, {t.numel()});
+      const double err = test::max_grad_error(loss, w, g, 60);
+      BOOST_TEST_INFO("tensor " << t.name);
+      BOOST_TEST(err < 1e-6);
+      worst = std::max(worst, err);
+      checked += std::min<int64_t>(t.numel(), 60);
+    }
+  }
+  BOOST_TEST_MESSAGE("checked ~" << checked << " parameters, worst relative error " << worst);
+}
+
+BOOST_AUTO_TEST_CASE(gradients_accumulate_over_micro_batches) {
+  // backward() adds: two backward passes of the same batch give twice the gradient.
+  nn::CpuDevice dev(1 << 28);
+  nn::GPTConfig cfg{1, 2, 8, 13, 6};
+  nn::GPT model(cfg, dev, DType::f64);
+  nn::ResidentUnits units(dev, DType::f64, model.units());
+  for (int u = 0; u < model.num_units(); ++u) model.init_unit(u, units.weights[static_cast<size_t>(u)], 1);
+  Tensor tokens = Tensor::empty(dev, DType::i32, {6}), targets = Tensor::empty(dev, DType::i32, {6});
+  for (int i = 0; i < 6; ++i) tokens.data_as<int32_t>()[i] = i, targets.data_as<int32_t>()[i] = (i * 7) % 13;
+  model.forward(units, tokens, targets, 1, 6);
+  model.backward(units);
+  std::vector<double> once(units.grads[1].data_as<double>(), units.grads[1].data_as<double>() + units.grads[1].numel());
+  model.forward(units, tokens, targets, 1, 6);
+  model.backward(units);
+  // Not bit-exact: a GEMM with beta = 1 accumulates inside its kernel, in another order.
+  for (size_t i = 0; i < once.size(); ++i) {
+    BOOST_TEST(std::abs(units.grads[1].data_as<double>()[i] - 2 * once[i]) <= 1e-14 + 1e-12 * std::abs(once[i]));
+  }
+  BOOST_TEST(dev.memory().in_use > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(forward_rejects_bad_shapes) {
+  nn::CpuDevice dev(1 << 24);
+  nn::GPT model({1, 2, 8, 13, 6}, dev, DType::f32);
+  nn::ResidentUnits units(dev, DType::f32, model.units());
+  Tensor tokens = Tensor::empty(dev, DType::i32, {7});
+  BOOST_CHECK_THROW(model.forward(units, tokens, Tensor{}, 1, 7), std::invalid_argument);  // T > block_size
+  BOOST_CHECK_THROW(nn::GPT({1, 3, 8, 13, 6}, dev), std::invalid_argument);                // 8 % 3 != 0
+}
