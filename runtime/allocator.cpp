@@ -19,8 +19,9 @@ std::string allocator_name() {
 
 bool malloc_is_mimalloc() {
 #ifdef FERRY_WITH_MIMALLOC
-  void* p = std::malloc(64);
-  const bool ours = mi_is_in_heap_region(p);
+  // volatile: keeps the compiler from eliding the malloc/free pair this question is about.
+  void* volatile p = std::malloc(64);
+  const bool ours = p != nullptr && mi_is_in_heap_region(p);
   std::free(p);
   return ours;
 #else

@@ -1,0 +1,49 @@
+# ferry's front door. CMake is the real build; this file names the jobs.
+#   make run     install what is missing, build, train the tiny GPT on the bundled corpus
+#   make test    install what is missing, build, run every test (release build, then ASan+UBSan build)
+#   make bench   run the benchmarks, JSON results under out/
+#   make clean   remove build folders and outputs
+JOBS    ?= $(shell nproc)
+BUILD   ?= build
+ASAN    ?= build-asan
+CMAKE_FLAGS ?=
+CONFIG  ?= examples/configs/tiny.json
+
+.PHONY: all setup build build-asan run test test-release test-asan bench clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+build: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS)
+
+$(ASAN)/CMakeCache.txt:
+	cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=ON $(CMAKE_FLAGS)
+
+build-asan: setup $(ASAN)/CMakeCache.txt
+	cmake --build $(ASAN) -j $(JOBS)
+
+run: build
+	@mkdir -p out
+	$(BUILD)/examples/ferry-train --config $(CONFIG) --set log.metrics=out/tiny-metrics.jsonl
+
+test-release: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan: build-asan
+	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --output-on-failure -j $(JOBS)
+
+test: test-release test-asan
+
+bench: build
+	@mkdir -p out
+	$(BUILD)/benchmarks/ferry-bench model --json out/bench-model.json
+
+clean:
+	rm -rf $(BUILD) $(ASAN) out
