@@ -1,0 +1,18 @@
+#pragma once
+
+#include <cstddef>
+
+#include "benchmarks/bench_report.h"
+
+namespace ferry::bench {
+
+struct ModelBenchOptions {
+  int threads = 0;                 // 0 = all cores
+  size_t device_memory = 8ull << 30;
+  bool quick = false;              // fewer repetitions (smoke test)
+};
+
+// Fills `report` (the headline is the last, largest config). Returns the exit status.
+int run_model_bench(const ModelBenchOptions& opt, Report& report);
+
+}  // namespace ferry::bench

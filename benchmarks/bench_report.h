@@ -1,0 +1,35 @@
+// What every ferry-bench subcommand prints and writes: a table on stdout and, with
+// --json PATH, one object {"bench", "headline", "machine", "rows"} as described in
+// ARCHITECTURE.md (Benchmarks).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ferry::bench {
+
+struct Headline {
+  std::string metric;
+  double value = 0;
+  std::string reference;
+  double reference_value = 0;
+  double goal = 0;  // on the ratio value / reference_value
+};
+
+struct Report {
+  std::string bench;
+  Headline headline;
+  int threads = 0;
+  std::vector<std::string> columns;
+  std::vector<std::vector<std::string>> table;  // printed
+  nlohmann::json rows = nlohmann::json::array();  // written
+};
+
+void print_table(const Report& r);
+// Throws std::runtime_error naming the path when it cannot be written.
+void write_json(const Report& r, const std::string& path);
+std::string fixed(double v, int digits);
+
+}  // namespace ferry::bench

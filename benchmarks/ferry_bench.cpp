@@ -1,0 +1,62 @@
+// ferry-bench <name> [--json PATH] [--threads T] [--quick]
+// Each benchmark measures ferry against a reference taken in the same run on the same
+// machine, prints a table and a headline ratio, and with --json writes the result.
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "benchmarks/bench_model.h"
+#include "benchmarks/bench_report.h"
+
+namespace {
+
+void usage(std::ostream& os) {
+  os << "usage: ferry-bench model [--json PATH] [--threads T] [--quick]\n"
+        "  model   forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT\n"
+        "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace ferry::bench;
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    usage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  std::string json_path;
+  ModelBenchOptions opt;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (a == "--threads" && i + 1 < argc) {
+      opt.threads = std::atoi(argv[++i]);
+    } else if (a == "--quick") {
+      opt.quick = true;
+    } else {
+      std::cerr << "ferry-bench: unknown argument '" << a << "'\n";
+      usage(std::cerr);
+      return 2;
+    }
+  }
+  if (name != "model") {
+    std::cerr << "ferry-bench: unknown benchmark '" << name << "'\n";
+    usage(std::cerr);
+    return 2;
+  }
+  try {
+    Report report;
+    const int rc = run_model_bench(opt, report);
+    print_table(report);
+    if (!json_path.empty()) {
+      write_json(report, json_path);
+      std::cout << "wrote " << json_path << "\n";
+    }
+    return rc;
+  } catch (const std::exception& e) {
+    std::cerr << "ferry-bench: error: " << e.what() << "\n";
+    return 1;
+  }
+}
