@@ -95,6 +95,7 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
       {"gpt-50m", {7, 12, 768, 256, 256}, 4, opt.quick ? 1 : 3},
   };
   for (const Case& k : cases) {
+    if (!opt.only.empty() && opt.only != k.name) continue;
     nn::GPT model(k.cfg, dev, nn::DType::f32);
     nn::ResidentUnits units(dev, nn::DType::f32, model.units());
     for (int u = 0; u < model.num_units(); ++u) model.init_unit(u, units.weights[static_cast<size_t>(u)], 1);

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "benchmarks/bench_report.h"
 
@@ -10,6 +11,7 @@ struct ModelBenchOptions {
   int threads = 0;                 // 0 = all cores
   size_t device_memory = 8ull << 30;
   bool quick = false;              // fewer repetitions (smoke test)
+  std::string only;                // one config by name; "" = all
 };
 
 // Fills `report` (the headline is the last, largest config). Returns the exit status.

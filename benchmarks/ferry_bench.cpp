@@ -11,7 +11,7 @@
 namespace {
 
 void usage(std::ostream& os) {
-  os << "usage: ferry-bench model [--json PATH] [--threads T] [--quick]\n"
+  os << "usage: ferry-bench model [--json PATH] [--threads T] [--quick] [--only tiny|gpt-50m]\n"
         "  model   forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT\n"
         "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n";
 }
@@ -33,6 +33,8 @@ int main(int argc, char** argv) {
       json_path = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       opt.threads = std::atoi(argv[++i]);
+    } else if (a == "--only" && i + 1 < argc) {
+      opt.only = argv[++i];
     } else if (a == "--quick") {
       opt.quick = true;
     } else {

@@ -1,15 +1,18 @@
 // ferry-train: trains the model a configuration describes.
 //   ferry-train --config FILE [--set key.path=value ...]
 //   ferry-train --help-config
+//   mpiexec -n N ferry-train --config FILE ...      (data parallel, ZeRO stage from the config)
 // Exit status: 0 done; 1 the run failed (out of device memory, bad data, non-finite loss);
-// 2 the configuration or the command line is wrong.
+// 2 the configuration or the command line is wrong. With several ranks a failure on one
+// rank is reported with its rank and ends the whole job (MPI_Abort).
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "comm/communicator.h"
+#include "comm/mpi_communicator.h"
 #include "nn/device.h"
 #include "runtime/allocator.h"
 #include "runtime/config.h"
@@ -51,26 +54,40 @@ int main(int argc, char** argv) {
     usage(std::cerr);
     return 2;
   }
+  // MPI first: the configuration's batch arithmetic depends on the world size.
+  std::unique_ptr<comm::MpiCommunicator> comm;
+  try {
+    comm = comm::MpiCommunicator::world(/*timeout_s=*/0);
+  } catch (const std::exception& e) {
+    std::cerr << "ferry-train: cannot start MPI: " << e.what() << "\n";
+    return 1;
+  }
+  const int rank = comm->rank();
   runtime::Config config;
   try {
-    config = runtime::load_config(config_path, overrides);
+    config = runtime::load_config(config_path, overrides, comm->size());
   } catch (const runtime::ConfigError& e) {
-    std::cerr << "ferry-train: config error: " << e.what() << "\n";
+    // Every rank reads the same file and finds the same error: rank 0 reports it.
+    if (rank == 0) std::cerr << "ferry-train: config error: " << e.what() << "\n";
     return 2;
   }
-  std::cout << "ferry " << kVersion << " | allocator " << runtime::allocator_name() << "\n"
-            << "resolved config (" << config_path << (overrides.empty() ? "" : " + --set") << "):\n"
-            << config.resolved.dump(2) << "\n";
+  comm->set_timeout(config.comm_timeout_s);
+  std::ostream discard(nullptr);  // no buffer: writes are dropped
+  std::ostream& out = rank == 0 ? std::cout : discard;  // rank 0 logs; others warn and fail only
+  out << "ferry " << kVersion << " | allocator " << runtime::allocator_name() << " | " << comm->size()
+      << " rank(s) over MPI\n"
+      << "resolved config (" << config_path << (overrides.empty() ? "" : " + --set") << "):\n"
+      << config.resolved.dump(2) << "\n";
+  std::string failure;
   try {
-    comm::SingleProcessCommunicator comm;
-    runtime::Trainer trainer(config, comm, std::cout);
+    runtime::Trainer trainer(config, *comm, out);
     trainer.run();
-  } catch (const nn::OutOfDeviceMemory& e) {
-    std::cerr << "ferry-train: " << e.what() << "\n";
-    return 1;
   } catch (const std::exception& e) {
-    std::cerr << "ferry-train: error: " << e.what() << "\n";
-    return 1;
+    failure = e.what();
   }
-  return 0;
+  if (failure.empty()) return 0;
+  const std::string message = "ferry-train: rank " + std::to_string(rank) + ": " + failure;
+  if (comm->size() > 1) comm::MpiCommunicator::abort_job(message, 1);
+  std::cerr << message << "\n";
+  return 1;
 }

@@ -305,6 +305,10 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.train.sample_temperature = at("train.sample_temperature").get<double>();
   c.log.metrics = at("log.metrics").is_null() ? "" : at("log.metrics").get<std::string>();
   c.log.every = at("log.every").get<int64_t>();
+  c.zero.stage = at("zero_optimization.stage").get<int>();
+  c.zero.reduce_bucket_size = static_cast<int64_t>(at("zero_optimization.reduce_bucket_size").get<double>());
+  c.zero.allgather_bucket_size = static_cast<int64_t>(at("zero_optimization.allgather_bucket_size").get<double>());
+  c.comm_timeout_s = at("comm.timeout_s").get<double>();
   c.micro_batch = at("train_micro_batch_size_per_gpu").get<int64_t>();
   c.grad_accum = at("gradient_accumulation_steps").get<int64_t>();
   c.grad_clip = at("gradient_clipping").get<double>();

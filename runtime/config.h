@@ -16,6 +16,7 @@
 
 #include "nn/gpt.h"
 #include "offload/cpu_adam.h"
+#include "runtime/sharded_units.h"
 
 namespace ferry::runtime {
 
@@ -54,6 +55,8 @@ struct Config {
     std::string metrics;  // "" = none
     int64_t every = 1;
   } log;
+  ZeroConfig zero;
+  double comm_timeout_s = 300;
   int64_t micro_batch = 0, grad_accum = 0;
   double grad_clip = 0;
   offload::AdamWParams optimizer;

@@ -39,11 +39,16 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
       data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,
                             config.data.val_fraction)),
       sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size) {
-  units_ = std::make_unique<nn::ResidentUnits>(*device_, DType::f32, model_->units());
+  if (cfg_.world_size != comm_.size()) {
+    throw std::invalid_argument("Trainer: the config was resolved for world size " + std::to_string(cfg_.world_size) +
+                                " but the communicator has " + std::to_string(comm_.size()) + " ranks");
+  }
+  units_ = std::make_unique<ShardedUnits>(*device_, comm_, model_->units(), cfg_.zero,
+                                          [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); });
   for (int u = 0; u < model_->num_units(); ++u) {
-    model_->init_unit(u, units_->weights[static_cast<size_t>(u)], cfg_.model_seed);
-    adam_m_.push_back(Tensor::empty(*device_, DType::f32, {model_->units()[static_cast<size_t>(u)].numel}));
-    adam_v_.push_back(Tensor::empty(*device_, DType::f32, {model_->units()[static_cast<size_t>(u)].numel}));
+    const int64_t n = units_->owned(u).length;
+    adam_m_.push_back(Tensor::empty(*device_, DType::f32, {n}));
+    adam_v_.push_back(Tensor::empty(*device_, DType::f32, {n}));
     device_->fill(adam_m_.back(), 0.0);
     device_->fill(adam_v_.back(), 0.0);
   }
@@ -54,29 +59,35 @@ Trainer::~Trainer() = default;
 
 void Trainer::describe_placement() {
   const int64_t params = model_->num_parameters();
-  const size_t w = state_bytes(units_->weights), g = state_bytes(units_->grads);
+  const StateBytes sb = units_->state_bytes();
   const size_t mv = state_bytes(adam_m_) + state_bytes(adam_v_);
+  static const char* kStage[] = {"0: everything replicated, gradients all-reduced (DDP)",
+                                 "1: Adam state sharded, weights and gradients replicated",
+                                 "2: Adam state and gradients sharded, weights replicated",
+                                 "3: Adam state, gradients and weights sharded; a unit's weights gathered only while it runs"};
   out_ << "model: GPT-2 style, " << cfg_.model.n_layer << " layers, " << cfg_.model.n_head << " heads, "
        << cfg_.model.n_embd << " channels, context " << cfg_.model.block_size << ", vocab "
        << cfg_.model.vocab_size << ": " << params << " parameters in " << model_->num_units() << " units\n";
-  out_ << "where the state lives (world size " << comm_.size() << ", nothing sharded or offloaded):\n"
-       << "  fp32 weights        " << nn::format_bytes(w) << "  on " << device_->name() << "\n"
-       << "  fp32 gradients      " << nn::format_bytes(g) << "  on the cpu device\n"
-       << "  Adam m and v (fp32) " << nn::format_bytes(mv) << "  on the cpu device\n"
-       << "  activations         allocated per micro-batch on the cpu device (see device peak)\n"
+  out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
+       << "; per rank, on " << device_->name() << ":\n"
+       << "  fp32 weights        " << nn::format_bytes(sb.weights) << "\n"
+       << "  fp32 gradients      " << nn::format_bytes(sb.gradients) << "\n"
+       << "  Adam m and v (fp32) " << nn::format_bytes(mv) << "\n"
+       << "  activations         allocated per micro-batch on the device (see device peak)\n"
        << "data: " << data_.source() << ": " << data_.train().size() << " training and " << data_.val().size()
        << " validation tokens; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
-       << " tokens\n";
+       << " tokens (" << cfg_.micro_batch << " per micro-batch x " << cfg_.grad_accum << " accumulation steps x "
+       << comm_.size() << " ranks)\n";
 }
 
 double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
-  // Gradients hold the sum over micro-batches of each micro-batch's mean-loss gradient.
-  double sumsq = 0;
-  for (const Tensor& g : units_->grads) sumsq += device_->sum_squares(g);
-  std::vector<double> reduce{sumsq};
-  comm_.all_reduce_sum(reduce);
+  // Gradients hold the sum over ranks and micro-batches of each micro-batch's mean-loss
+  // gradient; each rank's shard slices of them partition the whole.
+  std::vector<double> sumsq{0.0};
+  for (int u = 0; u < model_->num_units(); ++u) sumsq[0] += device_->sum_squares(units_->grad_shard(u));
+  comm_.all_reduce_sum(sumsq);
   const double accum = static_cast<double>(cfg_.grad_accum * comm_.size());
-  const double grad_norm = std::sqrt(reduce[0]) / accum;
+  const double grad_norm = std::sqrt(sumsq[0]) / accum;
   *grad_norm_out = grad_norm;
   if (!std::isfinite(grad_norm)) {
     throw std::runtime_error("step " + std::to_string(step + 1) + ": the gradient norm is not finite (" +
@@ -85,13 +96,20 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   // torch.nn.utils.clip_grad_norm_'s rule, folded into the Adam read of the gradient.
   const double clip = (cfg_.grad_clip > 0 && grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
   const double lr = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, step);
-  for (size_t u = 0; u < units_->weights.size(); ++u) {
-    for (const nn::TensorSpec& t : model_->units()[u].tensors) {
-      adam_.update(units_->weights[u].data_as<float>() + t.offset, units_->grads[u].data_as<float>() + t.offset,
-                   adam_m_[u].data_as<float>() + t.offset, adam_v_[u].data_as<float>() + t.offset, t.numel(),
-                   step + 1, lr, t.decay ? cfg_.optimizer.weight_decay : 0.0, clip / accum);
+  for (int u = 0; u < model_->num_units(); ++u) {
+    const ShardedUnits::Owned o = units_->owned(u);
+    const auto uu = static_cast<size_t>(u);
+    // Each tensor's part inside this rank's range, with its own weight decay.
+    for (const nn::TensorSpec& t : model_->units()[uu].tensors) {
+      const int64_t lo = std::max(t.offset, o.begin), hi = std::min(t.offset + t.numel(), o.begin + o.length);
+      if (lo >= hi) continue;
+      const int64_t at = lo - o.begin;
+      adam_.update(o.weights.data_as<float>() + at, o.grads.data_as<float>() + at, adam_m_[uu].data_as<float>() + at,
+                   adam_v_[uu].data_as<float>() + at, hi - lo, step + 1, lr,
+                   t.decay ? cfg_.optimizer.weight_decay : 0.0, clip / accum);
     }
   }
+  units_->publish_params();
   return lr;
 }
 
@@ -111,6 +129,7 @@ StepStats Trainer::train_step(int64_t step) {
     loss_sum += model_->forward(*units_, tokens, targets, B, T);
     model_->backward(*units_);
   }
+  units_->finish_gradients();
   std::vector<double> reduce{loss_sum};
   comm_.all_reduce_sum(reduce);
   StepStats s;
@@ -121,7 +140,7 @@ StepStats Trainer::train_step(int64_t step) {
   }
   s.lr = optimizer_step(step, &s.grad_norm);
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
-  s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum) / seconds;
+  s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
   s.device_peak_bytes = device_->memory().peak;
   return s;
 }

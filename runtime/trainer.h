@@ -2,9 +2,12 @@
 // clipping, AdamW (offload::CpuAdam), the learning-rate schedule, periodic validation,
 // metrics, and a sample generated at the end.
 //
-// State placement in this release: parameters, gradients and Adam m/v all live in the
-// device arena (DeepSpeed's offload "none"); activations are allocated there per
-// micro-batch. The CPU Adam updates them in place, which needs a host-accessible device.
+// Data parallel over comm's ranks with ZeRO stages 0-3 (ShardedUnits): each rank reads its
+// own slice of the global batch; the optimizer updates the range its stage gives it.
+// Every state lives in the device arena (DeepSpeed's offload "none"), activations too,
+// per micro-batch. The CPU Adam updates it in place, which needs a host-accessible device.
+// Only rank 0 writes to `out` and the metrics file; every rank must call the same methods
+// in the same order (they communicate).
 // Errors: ConfigError-style problems surface as std::runtime_error naming the key or
 // file; a non-finite loss or gradient norm stops the run naming the step.
 #pragma once
@@ -21,6 +24,7 @@
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/metrics.h"
+#include "runtime/sharded_units.h"
 
 namespace ferry::runtime {
 
@@ -52,7 +56,7 @@ class Trainer {
   std::string sample(int64_t n_tokens, double temperature, uint64_t seed);
 
   nn::GPT& model() { return *model_; }
-  nn::ResidentUnits& units() { return *units_; }
+  ShardedUnits& units() { return *units_; }
   nn::Device& device() { return *device_; }
 
  private:
@@ -64,7 +68,7 @@ class Trainer {
   std::ostream& out_;
   std::unique_ptr<nn::CpuDevice> device_;
   std::unique_ptr<nn::GPT> model_;
-  std::unique_ptr<nn::ResidentUnits> units_;
+  std::unique_ptr<ShardedUnits> units_;
   std::vector<nn::Tensor> adam_m_, adam_v_;
   offload::CpuAdam adam_;
   TokenData data_;

@@ -1,0 +1,192 @@
+#include "comm/communicator.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace ferry::comm {
+
+size_t data_type_size(DataType t) {
+  switch (t) {
+    case DataType::f32: return 4;
+    case DataType::f64: return 8;
+    case DataType::i32: return 4;
+    case DataType::u8: return 1;
+  }
+  return 0;
+}
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::all_gather: return "all_gather";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::barrier: return "barrier";
+  }
+  return "?";
+}
+
+namespace {
+const char* type_name(DataType t) {
+  switch (t) {
+    case DataType::f32: return "f32";
+    case DataType::f64: return "f64";
+    case DataType::i32: return "i32";
+    case DataType::u8: return "u8";
+  }
+  return "?";
+}
+}  // namespace
+
+size_t Op::bytes() const { return count * data_type_size(type); }
+
+std::string Op::describe() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%s #%llu (%zu x %s = %zu bytes per rank)", op_name(kind),
+                static_cast<unsigned long long>(seq), count, type_name(type), bytes());
+  return buf;
+}
+
+WorkPtr Communicator::all_gather(const void* send, void* recv, size_t count, DataType type) {
+  Op op;
+  op.kind = OpKind::all_gather;
+  op.send = send;
+  op.recv = recv;
+  op.count = count;
+  op.type = type;
+  return submit(op);
+}
+
+WorkPtr Communicator::reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp r) {
+  Op op;
+  op.kind = OpKind::reduce_scatter;
+  op.send = send;
+  op.recv = recv;
+  op.count = count;
+  op.type = type;
+  op.reduce = r;
+  return submit(op);
+}
+
+WorkPtr Communicator::all_reduce(void* buf, size_t count, DataType type, ReduceOp r) {
+  Op op;
+  op.kind = OpKind::all_reduce;
+  op.recv = buf;
+  op.count = count;
+  op.type = type;
+  op.reduce = r;
+  return submit(op);
+}
+
+WorkPtr Communicator::broadcast(void* buf, size_t count, DataType type, int root) {
+  Op op;
+  op.kind = OpKind::broadcast;
+  op.recv = buf;
+  op.count = count;
+  op.type = type;
+  op.root = root;
+  return submit(op);
+}
+
+WorkPtr Communicator::barrier() { return submit(Op{}); }
+
+void Communicator::all_reduce_sum(std::span<double> values) {
+  all_reduce(values.data(), values.size(), DataType::f64, ReduceOp::sum)->wait();
+}
+
+WorkPtr Communicator::submit(Op op) {
+  // Argument checks: programmer errors, reported with the operation.
+  const bool needs_data = op.kind != OpKind::barrier && op.count > 0;
+  if (needs_data && op.recv == nullptr) throw std::invalid_argument(std::string(op_name(op.kind)) + ": null buffer");
+  if (needs_data && (op.kind == OpKind::all_gather || op.kind == OpKind::reduce_scatter) && op.send == nullptr) {
+    throw std::invalid_argument(std::string(op_name(op.kind)) + ": null send buffer");
+  }
+  if (op.kind == OpKind::broadcast && (op.root < 0 || op.root >= size())) {
+    throw std::invalid_argument("broadcast: root " + std::to_string(op.root) + " outside [0, " + std::to_string(size()) + ")");
+  }
+  if ((op.type == DataType::u8 || op.type == DataType::i32) && op.reduce == ReduceOp::avg &&
+      (op.kind == OpKind::all_reduce || op.kind == OpKind::reduce_scatter)) {
+    throw std::invalid_argument(std::string(op_name(op.kind)) + ": avg needs a floating type");
+  }
+  op.seq = ++seq_;
+  {
+    std::lock_guard<std::mutex> lock(recent_mu_);
+    recent_[(op.seq - 1) % kRecent] = op;
+  }
+  auto work = std::make_shared<Work>("rank " + std::to_string(rank()) + ": " + op.describe());
+  if (fault_skip_rank_ == -2) {
+    // Test-only fault: FERRY_FAULT_SKIP_COLLECTIVE=RANK:SEQ makes RANK skip collective SEQ.
+    fault_skip_rank_ = -1;
+    if (const char* f = std::getenv("FERRY_FAULT_SKIP_COLLECTIVE")) {
+      unsigned long long s = 0;
+      int r = -1;
+      if (std::sscanf(f, "%d:%llu", &r, &s) == 2) fault_skip_rank_ = r, fault_skip_seq_ = s;
+    }
+  }
+  if (fault_skip_rank_ == rank() && fault_skip_seq_ == op.seq) {
+    std::fprintf(stderr, "[ferry r%d] FERRY_FAULT_SKIP_COLLECTIVE: skipping %s\n", rank(), op.describe().c_str());
+    work->complete();
+    return work;
+  }
+  execute(op, work);
+  return work;
+}
+
+std::string Communicator::recent_ops() const {
+  std::lock_guard<std::mutex> lock(recent_mu_);
+  std::string out;
+  const uint64_t first = seq_ > kRecent ? seq_ - kRecent + 1 : 1;
+  for (uint64_t s = first; s <= seq_; ++s) out += "  " + recent_[(s - 1) % kRecent].describe() + "\n";
+  return out;
+}
+
+void reduce_into(void* dst, const void* src, size_t n, DataType type) {
+  switch (type) {
+    case DataType::f32: {
+      float* d = static_cast<float*>(dst);
+      const float* s = static_cast<const float*>(src);
+      for (size_t i = 0; i < n; ++i) d[i] += s[i];
+      return;
+    }
+    case DataType::f64: {
+      double* d = static_cast<double*>(dst);
+      const double* s = static_cast<const double*>(src);
+      for (size_t i = 0; i < n; ++i) d[i] += s[i];
+      return;
+    }
+    case DataType::i32: {
+      int32_t* d = static_cast<int32_t*>(dst);
+      const int32_t* s = static_cast<const int32_t*>(src);
+      for (size_t i = 0; i < n; ++i) d[i] += s[i];
+      return;
+    }
+    case DataType::u8: {
+      uint8_t* d = static_cast<uint8_t*>(dst);
+      const uint8_t* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>(d[i] + s[i]);
+      return;
+    }
+  }
+}
+
+void scale_by(void* buf, size_t n, DataType type, double factor) {
+  if (type == DataType::f32) {
+    float* p = static_cast<float*>(buf);
+    for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>(p[i] * factor);
+  } else if (type == DataType::f64) {
+    double* p = static_cast<double*>(buf);
+    for (size_t i = 0; i < n; ++i) p[i] *= factor;
+  }
+}
+
+void SingleProcessCommunicator::execute(const Op& op, const WorkPtr& work) {
+  const size_t bytes = op.bytes();
+  if ((op.kind == OpKind::all_gather || op.kind == OpKind::reduce_scatter) && bytes > 0 && op.send != op.recv) {
+    std::memmove(op.recv, op.send, bytes);
+  }
+  work->complete();  // sums and averages over one rank are the values themselves
+}
+
+}  // namespace ferry::comm

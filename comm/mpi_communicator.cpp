@@ -1,0 +1,186 @@
+#include "comm/mpi_communicator.h"
+
+#include <climits>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <cstdio>
+#include <unistd.h>
+
+namespace ferry::comm {
+
+namespace {
+
+// One check for every MPI call: the call's text, file and line, and MPI's message.
+#define FERRY_MPI_CHECK(call)                                                                   \
+  do {                                                                                          \
+    const int ferry_mpi_rc_ = (call);                                                           \
+    if (ferry_mpi_rc_ != MPI_SUCCESS) {                                                         \
+      char ferry_mpi_msg_[MPI_MAX_ERROR_STRING];                                                \
+      int ferry_mpi_len_ = 0;                                                                   \
+      MPI_Error_string(ferry_mpi_rc_, ferry_mpi_msg_, &ferry_mpi_len_);                         \
+      throw CommError(std::string(#call) + " failed at " + __FILE__ + ":" +                     \
+                      std::to_string(__LINE__) + ": " + std::string(ferry_mpi_msg_, ferry_mpi_len_)); \
+    }                                                                                           \
+  } while (0)
+
+MPI_Datatype mpi_type(DataType t) {
+  switch (t) {
+    case DataType::f32: return MPI_FLOAT;
+    case DataType::f64: return MPI_DOUBLE;
+    case DataType::i32: return MPI_INT32_T;
+    case DataType::u8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+}  // namespace
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::world(double timeout_s) {
+  int initialized = 0;
+  FERRY_MPI_CHECK(MPI_Initialized(&initialized));
+  bool owns = false;
+  if (!initialized) {
+    int provided = 0;
+    FERRY_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    if (provided < MPI_THREAD_MULTIPLE) {
+      throw CommError("MPI provides thread level " + std::to_string(provided) +
+                      ", ferry needs MPI_THREAD_MULTIPLE (" + std::to_string(MPI_THREAD_MULTIPLE) + ")");
+    }
+    owns = true;
+  }
+  MPI_Comm dup;
+  FERRY_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, timeout_s, owns));
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi)
+    : comm_(comm), timeout_s_(timeout_s), owns_mpi_(owns_mpi) {
+  FERRY_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  FERRY_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  FERRY_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  MPI_Comm node;
+  FERRY_MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  FERRY_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
+  FERRY_MPI_CHECK(MPI_Comm_size(node, &local_size_));
+  FERRY_MPI_CHECK(MPI_Comm_free(&node));
+  const int r = rank_;
+  watchdog_ = std::make_unique<Watchdog>(timeout_s_, [this, r](const std::string& report) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    std::fprintf(stderr,
+                 "[ferry %s:%d r%d] watchdog: rank %d: %s; another rank did not reach this collective or "
+                 "died. Recent collectives on rank %d:\n%sAborting the job (MPI_Abort).\n",
+                 host, static_cast<int>(getpid()), r, r, report.c_str(), r, recent_ops().c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 70);
+  });
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  watchdog_.reset();
+  MPI_Comm_free(&comm_);
+  if (owns_mpi_) MPI_Finalize();
+}
+
+void MpiCommunicator::abort_job(const std::string& message, int code) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "[ferry r%d] %s\n[ferry r%d] ending the job (MPI_Abort)\n", rank, message.c_str(), rank);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) {
+  barrier()->wait();  // the split is collective: keep it ordered with queued collectives
+  MPI_Comm sub;
+  FERRY_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
+  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(sub, timeout_s_, false));
+}
+
+void MpiCommunicator::execute(const Op& op, const WorkPtr& work) {
+  const uint64_t id = watchdog_->begin("rank " + std::to_string(rank_) + ": " + op.describe());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(op, work, id);
+  }
+  cv_.notify_one();
+}
+
+void MpiCommunicator::worker_loop() {
+  while (true) {
+    std::tuple<Op, WorkPtr, uint64_t> item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ with nothing left
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    auto& [op, work, id] = item;
+    try {
+      run(op);
+      watchdog_->end(id);
+      work->complete();
+    } catch (const std::exception& e) {
+      watchdog_->end(id);
+      work->fail(e.what());
+    }
+  }
+}
+
+void MpiCommunicator::run(const Op& op) {
+  if (op.count > static_cast<size_t>(INT_MAX)) {
+    throw CommError(op.describe() + ": more than INT_MAX elements in one collective; lower the bucket size");
+  }
+  const int n = static_cast<int>(op.count);
+  const MPI_Datatype t = mpi_type(op.type);
+  MPI_Request req = MPI_REQUEST_NULL;
+  switch (op.kind) {
+    case OpKind::all_gather: {
+      const auto* slot = static_cast<const char*>(op.recv) + op.bytes() * static_cast<size_t>(rank_);
+      const void* send = op.send == slot ? MPI_IN_PLACE : op.send;
+      FERRY_MPI_CHECK(MPI_Iallgather(send, n, t, op.recv, n, t, comm_, &req));
+      break;
+    }
+    case OpKind::reduce_scatter:
+      FERRY_MPI_CHECK(MPI_Ireduce_scatter_block(op.send, op.recv, n, t, MPI_SUM, comm_, &req));
+      break;
+    case OpKind::all_reduce:
+      FERRY_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, op.recv, n, t, MPI_SUM, comm_, &req));
+      break;
+    case OpKind::broadcast:
+      FERRY_MPI_CHECK(MPI_Ibcast(op.recv, n, t, op.root, comm_, &req));
+      break;
+    case OpKind::barrier:
+      FERRY_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+      break;
+  }
+  // Poll instead of blocking: a blocking MPICH collective spins on a core for as long as
+  // it waits, which on a machine with few cores takes the core from this rank's compute
+  // threads or from another rank. Spin briefly (latency), then yield, then nap.
+  int done = 0;
+  for (int polls = 0; !done; ++polls) {
+    FERRY_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (polls < 64) continue;
+    if (polls < 1024) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  if (op.reduce == ReduceOp::avg && (op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce)) {
+    scale_by(op.recv, op.count, op.type, 1.0 / size_);
+  }
+}
+
+}  // namespace ferry::comm

@@ -1,0 +1,45 @@
+// Work: the handle of one collective in flight.
+// Thread safety: complete()/fail() are called by the backend (any thread), wait()/test()
+// by the issuing thread; all members are safe to call concurrently.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+namespace ferry::comm {
+
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Work {
+ public:
+  explicit Work(std::string what) : what_(std::move(what)) {}
+  // True once the collective has finished (successfully or not).
+  bool test() const;
+  // Waits at most `timeout`; returns test(). Does not throw on failure: see error().
+  bool wait_for(std::chrono::duration<double> timeout) const;
+  // Waits until finished; throws CommError with the backend's message if it failed.
+  void wait() const;
+  std::string error() const;  // "" while running or after success
+  const std::string& what() const { return what_; }
+
+  void complete();
+  void fail(const std::string& message);
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+  std::string what_;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace ferry::comm

@@ -1,0 +1,191 @@
+#include "runtime/sharded_units.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace ferry::runtime {
+
+using nn::DType;
+using nn::Tensor;
+
+namespace {
+
+float* f32(const Tensor& t) { return t.data_as<float>(); }
+
+Tensor zeroed(nn::Device& dev, int64_t n) {
+  Tensor t = Tensor::empty(dev, DType::f32, {n});
+  dev.fill(t, 0.0);
+  return t;
+}
+
+}  // namespace
+
+ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const std::vector<nn::UnitSpec>& units,
+                           const ZeroConfig& zero, const std::function<void(int, const Tensor&)>& init)
+    : dev_(device), comm_(comm), zero_(zero) {
+  if (zero.stage < 0 || zero.stage > 3) throw std::invalid_argument("ZeRO stage must be 0..3");
+  if (!device.host_accessible()) {
+    throw std::invalid_argument("ShardedUnits: the MPI communicator needs a host-accessible device");
+  }
+  const size_t n = units.size();
+  full_w_.resize(n);
+  shard_w_.resize(n);
+  full_g_.resize(n);
+  shard_g_.resize(n);
+  for (size_t u = 0; u < n; ++u) {
+    const Partition p = partition(units[u].numel, comm.size(), comm.rank());
+    parts_.push_back(p);
+    Tensor full = zeroed(dev_, p.padded);
+    init(static_cast<int>(u), full.view(0, {p.numel}));
+    if (zero_.stage < 3) {
+      full_w_[u] = full;
+    } else {
+      shard_w_[u] = Tensor::empty(dev_, DType::f32, {p.shard});
+      dev_.copy(shard_w_[u], full.view(p.begin(), {p.shard}));
+    }
+    if (zero_.stage < 2) full_g_[u] = zeroed(dev_, p.padded);
+    if (zero_.stage >= 1) shard_g_[u] = zeroed(dev_, p.shard);
+  }
+}
+
+Tensor ShardedUnits::acquire_weights(int unit) {
+  const Partition& p = partition_of(unit);
+  if (zero_.stage < 3) return full_w_[static_cast<size_t>(unit)].view(0, {p.numel});
+  Live& live = live_w_[unit];
+  if (live.refs++ == 0) {
+    live.full = Tensor::empty(dev_, DType::f32, {p.padded});
+    gather(shard_w_[static_cast<size_t>(unit)], live.full, p);
+  }
+  return live.full.view(0, {p.numel});
+}
+
+void ShardedUnits::release_weights(int unit) {
+  if (zero_.stage < 3) return;
+  auto it = live_w_.find(unit);
+  if (it == live_w_.end()) throw std::logic_error("release_weights of a unit not acquired: " + std::to_string(unit));
+  if (--it->second.refs == 0) live_w_.erase(it);  // frees the gathered weights
+}
+
+Tensor ShardedUnits::acquire_grads(int unit) {
+  const Partition& p = partition_of(unit);
+  if (zero_.stage < 2) return full_g_[static_cast<size_t>(unit)].view(0, {p.numel});
+  Live& live = live_g_[unit];
+  if (!live.full.defined()) live.full = zeroed(dev_, p.padded);
+  return live.full.view(0, {p.numel});
+}
+
+void ShardedUnits::release_grads(int unit, bool complete) {
+  if (zero_.stage < 2 || !complete) return;  // a tied unit keeps its buffer until its last use
+  auto it = live_g_.find(unit);
+  if (it == live_g_.end()) throw std::logic_error("release_grads of a unit not acquired: " + std::to_string(unit));
+  const Partition& p = partition_of(unit);
+  const Tensor reduced = Tensor::empty(dev_, DType::f32, {p.shard});
+  reduce_scatter(it->second.full, reduced, p);
+  live_g_.erase(it);  // the full gradient is gone; only the shard stays
+  dev_.accumulate(shard_g_[static_cast<size_t>(unit)], reduced);
+}
+
+ShardedUnits::Owned ShardedUnits::owned(int unit) const {
+  const auto u = static_cast<size_t>(unit);
+  const Partition& p = partition_of(unit);
+  switch (zero_.stage) {
+    case 0: return {0, p.padded, full_w_[u], full_g_[u]};
+    case 1:
+    case 2: return {p.begin(), p.shard, full_w_[u].view(p.begin(), {p.shard}), shard_g_[u]};
+    default: return {p.begin(), p.shard, shard_w_[u], shard_g_[u]};
+  }
+}
+
+Tensor ShardedUnits::grad_shard(int unit) const {
+  const Partition& p = partition_of(unit);
+  if (zero_.stage == 0) return full_g_[static_cast<size_t>(unit)].view(p.begin(), {p.shard});
+  return shard_g_[static_cast<size_t>(unit)];
+}
+
+void ShardedUnits::zero_grads() {
+  for (const Tensor& g : full_g_)
+    if (g.defined()) dev_.fill(g, 0.0);
+  for (const Tensor& g : shard_g_)
+    if (g.defined()) dev_.fill(g, 0.0);
+}
+
+void ShardedUnits::finish_gradients() {
+  if (!live_g_.empty()) throw std::logic_error("finish_gradients with unit gradients still in backward");
+  for (size_t u = 0; u < parts_.size(); ++u) {
+    if (zero_.stage == 0) all_reduce(full_g_[u]);
+    if (zero_.stage == 1) reduce_scatter(full_g_[u], shard_g_[u], parts_[u]);
+  }
+}
+
+void ShardedUnits::publish_params() {
+  if (zero_.stage != 1 && zero_.stage != 2) return;
+  for (size_t u = 0; u < parts_.size(); ++u) {
+    const Partition& p = parts_[u];
+    gather(full_w_[u].view(p.begin(), {p.shard}), full_w_[u], p);
+  }
+}
+
+std::vector<float> ShardedUnits::full_weights(int unit) {
+  const Partition& p = partition_of(unit);
+  std::vector<float> out(static_cast<size_t>(p.numel));
+  const Tensor w = acquire_weights(unit);
+  dev_.copy_to_host(out.data(), w);
+  release_weights(unit);
+  return out;
+}
+
+StateBytes ShardedUnits::state_bytes() const {
+  StateBytes s;
+  for (size_t u = 0; u < parts_.size(); ++u) {
+    s.weights += (full_w_[u].defined() ? full_w_[u].nbytes() : 0) + (shard_w_[u].defined() ? shard_w_[u].nbytes() : 0);
+    s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + (shard_g_[u].defined() ? shard_g_[u].nbytes() : 0);
+  }
+  return s;
+}
+
+// Bucketed collectives. A chunk of c elements per rank moves W * c elements in all; when a
+// unit's shard exceeds the bucket, the ranks' slices [r * S + c0, r * S + c0 + c) are packed
+// into one contiguous buffer so that each call stays a single MPI collective.
+void ShardedUnits::gather(const Tensor& shard, const Tensor& full, const Partition& p) {
+  const int64_t W = p.world, S = p.shard;
+  const int64_t len = std::clamp<int64_t>(zero_.allgather_bucket_size / W, 1, S);
+  if (len == S) {
+    comm_.all_gather(shard.data(), full.data(), static_cast<size_t>(S), comm::DataType::f32)->wait();
+    return;
+  }
+  const Tensor pack = Tensor::empty(dev_, DType::f32, {W * len});
+  for (int64_t c0 = 0; c0 < S; c0 += len) {
+    const int64_t c = std::min(len, S - c0);
+    comm_.all_gather(f32(shard) + c0, pack.data(), static_cast<size_t>(c), comm::DataType::f32)->wait();
+    for (int64_t r = 0; r < W; ++r) std::memcpy(f32(full) + r * S + c0, f32(pack) + r * c, static_cast<size_t>(c) * 4);
+  }
+}
+
+void ShardedUnits::reduce_scatter(const Tensor& full, const Tensor& shard, const Partition& p) {
+  const int64_t W = p.world, S = p.shard;
+  const int64_t len = std::clamp<int64_t>(zero_.reduce_bucket_size / W, 1, S);
+  if (len == S) {
+    comm_.reduce_scatter(full.data(), shard.data(), static_cast<size_t>(S), comm::DataType::f32, comm::ReduceOp::sum)
+        ->wait();
+    return;
+  }
+  const Tensor pack = Tensor::empty(dev_, DType::f32, {W * len});
+  for (int64_t c0 = 0; c0 < S; c0 += len) {
+    const int64_t c = std::min(len, S - c0);
+    for (int64_t r = 0; r < W; ++r) std::memcpy(f32(pack) + r * c, f32(full) + r * S + c0, static_cast<size_t>(c) * 4);
+    comm_.reduce_scatter(pack.data(), f32(shard) + c0, static_cast<size_t>(c), comm::DataType::f32, comm::ReduceOp::sum)
+        ->wait();
+  }
+}
+
+void ShardedUnits::all_reduce(const Tensor& full) {
+  const int64_t n = full.numel();
+  const int64_t len = std::clamp<int64_t>(zero_.reduce_bucket_size, 1, n);
+  for (int64_t c0 = 0; c0 < n; c0 += len) {
+    const int64_t c = std::min(len, n - c0);
+    comm_.all_reduce(f32(full) + c0, static_cast<size_t>(c), comm::DataType::f32, comm::ReduceOp::sum)->wait();
+  }
+}
+
+}  // namespace ferry::runtime

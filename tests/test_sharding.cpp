@@ -1,0 +1,185 @@
+// Sharding logic in one process: the partition arithmetic, and ShardedUnits' collectives
+// (bucketed or not) at world sizes 1, 2, 3 and 7 with the fake communicator (threads as
+// ranks), plus the fake communicator's own collectives.
+#define BOOST_TEST_MODULE sharding
+#include <boost/test/unit_test.hpp>
+
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "comm/fake_communicator.h"
+#include "nn/cpu_device.h"
+#include "runtime/partition.h"
+#include "runtime/sharded_units.h"
+
+using namespace ferry;
+using nn::Tensor;
+
+namespace {
+
+// Runs fn(rank, comm) on `world` threads, one fake rank each; rethrows the first failure.
+void run_ranks(int world, const std::function<void(int, comm::Communicator&)>& fn) {
+  comm::FakeGroup group(world);
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::string failure;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = group.communicator(r);
+      try {
+        fn(r, *c);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failure += "rank " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!failure.empty()) throw std::runtime_error(failure);
+}
+
+// Value of element i of unit u: distinct everywhere, so a misplaced element shows.
+float pattern(int u, int64_t i) { return static_cast<float>(u * 100000 + i + 1); }
+
+std::vector<nn::UnitSpec> odd_units() {
+  std::vector<nn::UnitSpec> units(3);
+  units[0].add("a", {37, 5}, true);  // 185 elements
+  units[1].add("b", {3}, false);     // a unit smaller than most world sizes' quantum
+  units[1].add("c", {2, 7}, true);
+  units[2].add("d", {1000}, true);
+  return units;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(partition_arithmetic) {
+  for (int world : {1, 2, 3, 7}) {
+    for (int64_t numel : {1, 3, 15, 16, 17, 100, 1000, 4099}) {
+      int64_t real = 0, next = 0;
+      for (int r = 0; r < world; ++r) {
+        const runtime::Partition p = runtime::partition(numel, world, r);
+        BOOST_TEST(p.padded % (world * runtime::kShardAlign) == 0);
+        BOOST_TEST(p.padded >= numel);
+        BOOST_TEST(p.padded - numel < world * runtime::kShardAlign + 0 + (numel == 0));
+        BOOST_TEST(p.shard * world == p.padded);
+        BOOST_TEST(p.begin() == next);  // shards tile [0, padded) in rank order
+        BOOST_TEST(p.begin() % runtime::kShardAlign == 0);
+        next = p.end();
+        real += p.owned_real();
+      }
+      BOOST_TEST(next == runtime::partition(numel, world, 0).padded);
+      BOOST_TEST(real == numel);  // the real elements are owned exactly once
+    }
+  }
+  BOOST_TEST(runtime::partition(3, 7, 6).owned_real() == 0);  // a rank with only padding
+  BOOST_CHECK_THROW(runtime::partition(10, 3, 3), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(fake_collectives_compute_real_results) {
+  run_ranks(3, [](int r, comm::Communicator& c) {
+    std::vector<double> mine{1.0 + r, 10.0 * r};
+    std::vector<double> all(6);
+    c.all_gather(mine.data(), all.data(), 2, comm::DataType::f64)->wait();
+    if (all != std::vector<double>{1, 0, 2, 10, 3, 20}) throw std::runtime_error("all_gather");
+    std::vector<double> send{1.0 * r, 1, 2, 3, 4, 5}, recv(2);
+    c.reduce_scatter(send.data(), recv.data(), 2, comm::DataType::f64, comm::ReduceOp::avg)->wait();
+    const std::vector<std::vector<double>> want = {{1, 1}, {2, 3}, {4, 5}};
+    if (recv != want[static_cast<size_t>(r)]) throw std::runtime_error("reduce_scatter avg");
+    double x = r == 2 ? 42 : 0;
+    c.broadcast(&x, 1, comm::DataType::f64, 2)->wait();
+    if (x != 42) throw std::runtime_error("broadcast");
+    if (c.sequence() != 3) throw std::runtime_error("sequence numbers");
+  });
+  // A rank that issues a different collective gets an error naming both, not a hang.
+  BOOST_CHECK_THROW(run_ranks(2,
+                              [](int r, comm::Communicator& c) {
+                                double v = 1;
+                                if (r == 0) c.all_reduce(&v, 1, comm::DataType::f64, comm::ReduceOp::sum)->wait();
+                                if (r == 1) c.broadcast(&v, 1, comm::DataType::f64, 0)->wait();
+                              }),
+                    std::runtime_error);
+}
+
+BOOST_AUTO_TEST_CASE(sharded_units_gather_and_reduce_at_every_stage) {
+  const auto units = odd_units();
+  for (int world : {1, 2, 3, 7}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int64_t bucket : {int64_t{500000000}, int64_t{5} * world}) {  // whole units, and tiny packed buckets
+        BOOST_TEST_CONTEXT("world " << world << " stage " << stage << " bucket " << bucket) {
+          run_ranks(world, [&](int rank, comm::Communicator& c) {
+            nn::CpuDevice dev(64 << 20, 1);
+            runtime::ZeroConfig z{stage, bucket, bucket};
+            runtime::ShardedUnits su(dev, c, units, z, [&](int u, const Tensor& full) {
+              for (int64_t i = 0; i < full.numel(); ++i) full.data_as<float>()[i] = pattern(u, i);
+            });
+            // Weights: every rank sees the full initial unit, whatever it stores.
+            for (int u = 0; u < 3; ++u) {
+              const auto w = su.full_weights(u);
+              for (int64_t i = 0; i < static_cast<int64_t>(w.size()); ++i) {
+                if (w[static_cast<size_t>(i)] != pattern(u, i)) throw std::runtime_error("weights differ at " + std::to_string(i));
+              }
+            }
+            // Gradients: rank r adds (r + 1) * pattern, twice (two micro-batches); the unit
+            // with the tied-weight pattern is released incomplete first.
+            su.zero_grads();
+            for (int micro = 0; micro < 2; ++micro) {
+              for (int u = 2; u >= 0; --u) {
+                const Tensor g = su.acquire_grads(u);
+                for (int64_t i = 0; i < g.numel(); ++i) g.data_as<float>()[i] += static_cast<float>(rank + 1) * pattern(u, i);
+                su.release_grads(u, /*complete=*/u != 0);
+              }
+              const Tensor g0 = su.acquire_grads(0);
+              su.release_grads(0, true);
+              (void)g0;
+            }
+            su.finish_gradients();
+            const float ranks_sum = static_cast<float>(world * (world + 1) / 2);
+            for (int u = 0; u < 3; ++u) {
+              const runtime::Partition& p = su.partition_of(u);
+              const Tensor g = su.grad_shard(u);
+              for (int64_t k = 0; k < p.shard; ++k) {
+                const int64_t i = p.begin() + k;
+                const float want = i < p.numel ? 2 * ranks_sum * pattern(u, i) : 0.0f;
+                if (g.data_as<float>()[k] != want) {
+                  throw std::runtime_error("gradient of unit " + std::to_string(u) + " element " + std::to_string(i) +
+                                           ": " + std::to_string(g.data_as<float>()[k]) + " != " + std::to_string(want));
+                }
+              }
+              // The optimizer's range: an update there reaches every rank after publish.
+              const auto o = su.owned(u);
+              for (int64_t k = 0; k < o.length; ++k) o.weights.data_as<float>()[k] += 0.5f;
+            }
+            su.publish_params();
+            for (int u = 0; u < 3; ++u) {
+              const auto w = su.full_weights(u);
+              for (int64_t i = 0; i < static_cast<int64_t>(w.size()); ++i) {
+                if (w[static_cast<size_t>(i)] != pattern(u, i) + 0.5f) throw std::runtime_error("published weights");
+              }
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(stage3_keeps_only_a_shard_between_uses) {
+  const auto units = odd_units();
+  run_ranks(4, [&](int, comm::Communicator& c) {
+    nn::CpuDevice dev(64 << 20, 1);
+    runtime::ShardedUnits su(dev, c, units, {3, 500000000, 500000000}, [](int, const Tensor&) {});
+    const size_t resting = dev.memory().in_use;
+    {
+      const Tensor w = su.acquire_weights(2);
+      const size_t gathered = dev.memory().in_use - resting;
+      if (gathered != static_cast<size_t>(su.partition_of(2).padded) * 4) throw std::runtime_error("gathered size");
+      su.release_weights(2);
+    }  // the model drops its view of the weights, as GPT does after each unit
+    if (dev.memory().in_use != resting) throw std::runtime_error("the gathered unit was not freed");
+    // Persistent state: weights and gradient shards, 1/4 of the padded units each.
+    int64_t padded = 0;
+    for (int u = 0; u < 3; ++u) padded += su.partition_of(u).padded;
+    if (su.state_bytes().weights != static_cast<size_t>(padded)) throw std::runtime_error("weights are not 1/4");
+  });
+}
