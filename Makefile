@@ -3,6 +3,8 @@
 #   make test    install what is missing, build, run every test (release build, then ASan+UBSan build)
 #   make bench   run the benchmarks, JSON results under out/
 #   make clean   remove build folders and outputs
+# Tests run one at a time: OpenMP's spin-waiting threads of two test processes sharing two
+# cores slow each other down a hundredfold.
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
 ASAN    ?= build-asan
@@ -33,17 +35,18 @@ run: build
 	$(BUILD)/examples/ferry-train --config $(CONFIG) --set log.metrics=out/tiny-metrics.jsonl
 
 test-release: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure
 
 test-asan: build-asan
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure -j $(JOBS)
+	  ctest --output-on-failure
 
 test: test-release test-asan
 
 bench: build
 	@mkdir -p out
 	$(BUILD)/benchmarks/ferry-bench model --json out/bench-model.json
+	mpiexec -n 2 $(BUILD)/benchmarks/ferry-bench comm --json out/bench-comm.json
 
 clean:
 	rm -rf $(BUILD) $(ASAN) out

@@ -5,6 +5,7 @@
 #include <iostream>
 #include <string>
 
+#include "benchmarks/bench_comm.h"
 #include "benchmarks/bench_model.h"
 #include "benchmarks/bench_report.h"
 
@@ -12,8 +13,11 @@ namespace {
 
 void usage(std::ostream& os) {
   os << "usage: ferry-bench model [--json PATH] [--threads T] [--quick] [--only tiny|gpt-50m]\n"
+        "       mpiexec -n N ferry-bench comm [--json PATH] [--quick]\n"
         "  model   forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT\n"
-        "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n";
+        "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n"
+        "  comm    all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB,\n"
+        "          as a fraction of the same MPI collective called directly\n";
 }
 
 }  // namespace
@@ -43,14 +47,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (name != "model") {
+  if (name != "model" && name != "comm") {
     std::cerr << "ferry-bench: unknown benchmark '" << name << "'\n";
     usage(std::cerr);
     return 2;
   }
   try {
     Report report;
-    const int rc = run_model_bench(opt, report);
+    bool is_root = true;
+    int rc = 0;
+    if (name == "model") {
+      rc = run_model_bench(opt, report);
+    } else {
+      rc = run_comm_bench(CommBenchOptions{opt.quick}, report, is_root);
+    }
+    if (!is_root) return rc;
     print_table(report);
     if (!json_path.empty()) {
       write_json(report, json_path);

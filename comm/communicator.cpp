@@ -1,7 +1,6 @@
 #include "comm/communicator.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -116,20 +115,6 @@ WorkPtr Communicator::submit(Op op) {
     recent_[(op.seq - 1) % kRecent] = op;
   }
   auto work = std::make_shared<Work>("rank " + std::to_string(rank()) + ": " + op.describe());
-  if (fault_skip_rank_ == -2) {
-    // Test-only fault: FERRY_FAULT_SKIP_COLLECTIVE=RANK:SEQ makes RANK skip collective SEQ.
-    fault_skip_rank_ = -1;
-    if (const char* f = std::getenv("FERRY_FAULT_SKIP_COLLECTIVE")) {
-      unsigned long long s = 0;
-      int r = -1;
-      if (std::sscanf(f, "%d:%llu", &r, &s) == 2) fault_skip_rank_ = r, fault_skip_seq_ = s;
-    }
-  }
-  if (fault_skip_rank_ == rank() && fault_skip_seq_ == op.seq) {
-    std::fprintf(stderr, "[ferry r%d] FERRY_FAULT_SKIP_COLLECTIVE: skipping %s\n", rank(), op.describe().c_str());
-    work->complete();
-    return work;
-  }
   execute(op, work);
   return work;
 }

@@ -79,8 +79,6 @@ class Communicator {
   uint64_t seq_ = 0;
   std::array<Op, kRecent> recent_{};
   mutable std::mutex recent_mu_;
-  int fault_skip_rank_ = -2;  // FERRY_FAULT_SKIP_COLLECTIVE, read on first use
-  uint64_t fault_skip_seq_ = 0;
 };
 
 // World size 1: every collective is a local copy.

@@ -51,7 +51,17 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::world(double timeout_s) {
   }
   MPI_Comm dup;
   FERRY_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, timeout_s, owns));
+  auto world = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, timeout_s, owns));
+  if (const char* f = std::getenv("FERRY_FAULT_SKIP_COLLECTIVE")) {
+    unsigned long long seq = 0;
+    int rank = -1;
+    if (std::sscanf(f, "%d:%llu", &rank, &seq) != 2) {
+      throw CommError(std::string("FERRY_FAULT_SKIP_COLLECTIVE='") + f + "': expected RANK:SEQ");
+    }
+    world->fault_rank_ = rank;
+    world->fault_seq_ = seq;
+  }
+  return world;
 }
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi)
@@ -108,6 +118,11 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) {
 
 void MpiCommunicator::execute(const Op& op, const WorkPtr& work) {
   const uint64_t id = watchdog_->begin("rank " + std::to_string(rank_) + ": " + op.describe());
+  if (rank_ == fault_rank_ && op.seq == fault_seq_) {
+    std::fprintf(stderr, "[ferry r%d] FERRY_FAULT_SKIP_COLLECTIVE: not taking part in %s\n", rank_,
+                 op.describe().c_str());
+    return;  // `work` never completes; the watchdog (id) stays armed
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.emplace_back(op, work, id);

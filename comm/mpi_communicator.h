@@ -12,6 +12,9 @@
 // Watchdog: a collective not completed comm.timeout_s after it was issued is reported
 // on stderr (rank, operation, sequence number, bytes, how long, the recent collectives)
 // and the job ends with MPI_Abort: mpiexec then stops every rank.
+// Test-only fault: FERRY_FAULT_SKIP_COLLECTIVE=RANK:SEQ makes RANK never take part in
+// collective number SEQ of the world communicator, as a rank stuck elsewhere would: its
+// Work stays pending, the other ranks wait for it, and every rank's watchdog reports.
 // Errors: MPI errors are returned (MPI_ERRORS_RETURN) and fail the Work with MPI's text.
 // Lifetime: the world communicator finalises MPI when destroyed (on the thread that
 // created it); sub-communicators must be destroyed first.
@@ -68,6 +71,8 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable cv_;
   std::deque<std::tuple<Op, WorkPtr, uint64_t>> queue_;
   bool stop_ = false;
+  int fault_rank_ = -1;
+  uint64_t fault_seq_ = 0;
   std::unique_ptr<Watchdog> watchdog_;
   std::thread worker_;
 };

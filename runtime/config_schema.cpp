@@ -55,7 +55,7 @@ const std::vector<Knob>& config_knobs() {
       {"device.type", KnobType::string, "cpu",
        "where compute runs; the CUDA device is not in this release", {}, {}, false, {"cpu"}},
       {"device.memory", KnobType::bytes, "4GiB", "cap of the device arena: parameters, gradients, optimizer state, activations", 1, {}},
-      {"device.threads", KnobType::integer, 0, "CPU threads for the cpu device; 0 = all cores", 0, 4096},
+      {"device.threads", KnobType::integer, 0, "CPU threads for the cpu device; 0 = the node's cores divided among the ranks on it", 0, 4096},
       {"train.steps", KnobType::integer, 500, "optimizer steps", 1, {}},
       {"train.eval_every", KnobType::integer, 100, "validate every this many steps; 0 = only at the end", 0, {}},
       {"train.eval_batches", KnobType::integer, 8, "micro-batches per validation", 1, {}},

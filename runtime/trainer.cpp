@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+#include <thread>
 
 #include "nn/rng.h"
 #include "runtime/lr_schedule.h"
@@ -27,13 +28,21 @@ size_t state_bytes(const std::vector<Tensor>& ts) {
   return b;
 }
 
+// device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
+// launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
+int compute_threads(const Config& c, const comm::Communicator& comm) {
+  if (c.device.threads > 0) return c.device.threads;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, comm.local_size()));
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& out)
     : cfg_(config),
       comm_(comm),
       out_(out),
-      device_(std::make_unique<nn::CpuDevice>(config.device.memory, config.device.threads)),
+      device_(std::make_unique<nn::CpuDevice>(config.device.memory, compute_threads(config, comm))),
       model_(std::make_unique<nn::GPT>(config.model, *device_, DType::f32)),
       adam_(config.optimizer),
       data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One rank skips a collective (FERRY_FAULT_SKIP_COLLECTIVE, a test-only fault): the job
+# must end non-zero, well within a bound, with the watchdog's report; never hang.
+# usage: watchdog_fault.sh MPIEXEC FERRY_TRAIN CONFIG
+set -u
+mpiexec=$1 train=$2 config=$3
+start=$(date +%s)
+out=$(FERRY_FAULT_SKIP_COLLECTIVE=1:9 timeout 120 "$mpiexec" -n 2 "$train" --config "$config" \
+  --set comm.timeout_s=5 --set train.steps=3 --set zero_optimization.stage=3 --set train.sample_tokens=0 \
+  --set device.threads=1 --set train.eval_batches=1 --set scheduler.params.warmup_num_steps=1 2>&1)
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out" | grep -E "watchdog|FAULT|Abort" | head -5
+if [ "$rc" -eq 0 ]; then echo "FAIL: the job exited 0"; exit 1; fi
+if [ "$rc" -eq 124 ]; then echo "FAIL: the job hung until timeout(1) killed it"; exit 1; fi
+if ! echo "$out" | grep -q "watchdog: rank [0-9]*: .* #[0-9]* (.* bytes per rank) has not completed after"; then
+  echo "FAIL: no watchdog report naming rank, operation, sequence number and bytes"; exit 1
+fi
+if [ "$elapsed" -gt 60 ]; then echo "FAIL: took ${elapsed}s"; exit 1; fi
+echo "PASS: the job ended with status $rc after ${elapsed}s, with the watchdog's report"
