@@ -134,3 +134,28 @@ BOOST_AUTO_TEST_CASE(stage3_peak_is_a_shard_plus_one_unit) {
   BOOST_TEST(s3.peak >= states3);
   if (W > 1) BOOST_TEST(s3.peak < s0.peak);
 }
+
+BOOST_AUTO_TEST_CASE(node_grouping_and_sub_groups) {
+  comm::MpiCommunicator& world = *Mpi::world;
+  const int W = world.size(), r = world.rank();
+  // One machine: every rank shares the node (MPI_COMM_TYPE_SHARED).
+  BOOST_TEST(world.local_size() == W);
+  BOOST_TEST(world.local_rank() == r);
+  // Even and odd ranks form two groups; a sum inside each covers only its members.
+  auto group = world.split(r % 2, r);
+  BOOST_TEST(group->size() == (W + 1 - r % 2) / 2);
+  BOOST_TEST(group->rank() == r / 2);
+  double v = r;
+  group->all_reduce(&v, 1, comm::DataType::f64, comm::ReduceOp::sum)->wait();
+  double want = 0;
+  for (int k = r % 2; k < W; k += 2) want += k;
+  BOOST_TEST(v == want);
+  // Work handles: test() and wait_for() see completion; the world still works afterwards.
+  double x = 1;
+  auto work = world.all_reduce(&x, 1, comm::DataType::f64, comm::ReduceOp::avg);
+  BOOST_TEST(work->wait_for(std::chrono::seconds(60)));
+  BOOST_TEST(work->test());
+  BOOST_TEST(work->error().empty());
+  BOOST_TEST(x == 1.0);
+  group.reset();
+}
