@@ -1,0 +1,138 @@
+#include "offload/io_uring_storage.h"
+
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+
+#include "offload/posix_storage.h"
+
+namespace ferry::offload {
+
+IoUringStorage::IoUringStorage(std::unique_ptr<StripedFiles> files, bool direct, const AioConfig& aio,
+                               FaultHook fault)
+    : files_(std::move(files)), direct_(direct), aio_(aio), fault_(std::move(fault)) {
+  const unsigned entries = static_cast<unsigned>(std::max(1, aio_.queue_depth));
+  const int rc = io_uring_queue_init(entries, &ring_, 0);
+  if (rc < 0) throw StorageError(files_->path(0), 0, 0, -rc, "io_uring_queue_init refused for");
+}
+
+IoUringStorage::~IoUringStorage() { io_uring_queue_exit(&ring_); }
+
+std::string IoUringStorage::describe() const {
+  std::string s = "io_uring";
+  s += direct_ ? " O_DIRECT" : " buffered";
+  s += " on " + files_->path(0);
+  if (files_->count() > 1) s += " (+" + std::to_string(files_->count() - 1) + " striped)";
+  return s;
+}
+
+void IoUringStorage::register_buffers(const std::vector<std::pair<void*, size_t>>& buffers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!fixed_.empty()) io_uring_unregister_buffers(&ring_), fixed_.clear();
+  std::vector<iovec> iov;
+  for (const auto& [p, n] : buffers) iov.push_back({p, n});
+  const int rc = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
+  if (rc < 0) {
+    throw StorageError(files_->path(0), 0, 0, -rc,
+                       "io_uring_register_buffers (pinned pool as fixed buffers; RLIMIT_MEMLOCK?) for");
+  }
+  for (const auto& [p, n] : buffers) fixed_.emplace_back(static_cast<char*>(p), n);
+}
+
+int IoUringStorage::fixed_index(const char* p, size_t len) const {
+  for (size_t i = 0; i < fixed_.size(); ++i) {
+    if (p >= fixed_[i].first && p + len <= fixed_[i].first + fixed_[i].second) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void IoUringStorage::write(uint64_t offset, const void* buf, size_t len) {
+  check_request(*this, "write", offset, buf, len);
+  transfer(true, offset, static_cast<char*>(const_cast<void*>(buf)), len);
+}
+
+void IoUringStorage::read(uint64_t offset, void* buf, size_t len) {
+  check_request(*this, "read", offset, buf, len);
+  transfer(false, offset, static_cast<char*>(buf), len);
+}
+
+void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t len) {
+  struct Request {
+    size_t file;
+    uint64_t foff;
+    char* ptr;
+    size_t len;
+    size_t done = 0;
+    int retries = 0;
+  };
+  std::vector<Request> reqs;
+  files_->for_each_segment(offset, len, [&](size_t f, uint64_t foff, size_t boff, size_t n) {
+    for (size_t k = 0; k < n; k += aio_.block_size) reqs.push_back({f, foff + k, buf + boff + k, std::min(aio_.block_size, n - k)});
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  std::deque<size_t> ready;
+  for (size_t i = 0; i < reqs.size(); ++i) ready.push_back(i);
+  const size_t depth = static_cast<size_t>(std::max(1, aio_.queue_depth));
+  size_t inflight = 0;
+  std::string error_path;
+  int error = 0;
+  uint64_t error_off = 0;
+  size_t error_len = 0;
+  auto prep = [&](size_t i) {
+    Request& r = reqs[i];
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    char* p = r.ptr + r.done;
+    const unsigned n = static_cast<unsigned>(r.len - r.done);
+    const uint64_t off = r.foff + r.done;
+    const int idx = fixed_index(p, n);
+    const int fd = files_->fd(r.file);
+    if (is_write) {
+      idx >= 0 ? io_uring_prep_write_fixed(sqe, fd, p, n, off, idx) : io_uring_prep_write(sqe, fd, p, n, off);
+    } else {
+      idx >= 0 ? io_uring_prep_read_fixed(sqe, fd, p, n, off, idx) : io_uring_prep_read(sqe, fd, p, n, off);
+    }
+    io_uring_sqe_set_data64(sqe, i);
+    ++inflight;
+    if (aio_.single_submit) io_uring_submit(&ring_);
+  };
+  while (!ready.empty() || inflight > 0) {
+    // Fill the queue (after an error, only drain what is in flight).
+    if (error == 0 && (aio_.overlap_events || inflight == 0)) {
+      while (!ready.empty() && inflight < depth) {
+        prep(ready.front());
+        ready.pop_front();
+      }
+      if (!aio_.single_submit) io_uring_submit(&ring_);
+    }
+    if (inflight == 0) break;
+    io_uring_cqe* cqe = nullptr;
+    int rc = io_uring_wait_cqe(&ring_, &cqe);
+    if (rc == -EINTR) continue;
+    if (rc < 0) throw StorageError(files_->path(0), offset, len, -rc, "io_uring_wait_cqe");
+    const size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
+    int64_t result = cqe->res;
+    io_uring_cqe_seen(&ring_, cqe);
+    --inflight;
+    Request& r = reqs[i];
+    if (fault_) fault_(files_->path(r.file), r.foff + r.done, r.len - r.done, result);
+    if ((result == -EINTR || result == -EAGAIN) && ++r.retries < 1000) {
+      ready.push_front(i);  // retried as is
+    } else if (result <= 0) {
+      if (error == 0) {
+        error = result < 0 ? static_cast<int>(-result) : EIO;
+        error_path = files_->path(r.file);
+        error_off = r.foff + r.done;
+        error_len = r.len - r.done;
+      }
+      ready.clear();
+    } else {
+      r.done += static_cast<size_t>(result);
+      if (r.done < r.len) ready.push_front(i);  // short: the rest goes again
+    }
+  }
+  if (error) throw StorageError(error_path, error_off, error_len, error, is_write ? "write" : "read");
+}
+
+}  // namespace ferry::offload

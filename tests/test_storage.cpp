@@ -1,0 +1,273 @@
+// Storage: offset-derived patterns verified byte for byte after random writes and reads,
+// through io_uring (fixed buffers too), pread/pwrite with O_DIRECT and buffered, striped
+// over two folders; injected faults (EIO, ENOSPC, short transfers, EINTR, EAGAIN); bad
+// folders. Skips, saying why, where the system refuses O_DIRECT or io_uring.
+#define BOOST_TEST_MODULE storage
+#include <boost/test/unit_test.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "nn/rng.h"
+#include "offload/io_uring_storage.h"
+#include "offload/storage.h"
+
+using namespace ferry;
+using offload::StorageError;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDirs {
+  fs::path root = fs::temp_directory_path() / ("ferry_storage_" + std::to_string(getpid()));
+  std::vector<std::string> two;
+  TempDirs() {
+    fs::create_directories(root / "a");
+    fs::create_directories(root / "b");
+    two = {(root / "a").string(), (root / "b").string()};
+  }
+  ~TempDirs() { fs::remove_all(root); }
+};
+
+// The byte every storage must hold at logical offset o after write_pattern.
+uint8_t pattern(uint64_t o, uint64_t salt) { return static_cast<uint8_t>((o * 2654435761u) >> 13 ^ salt); }
+
+struct AlignedBuffer {
+  uint8_t* p;
+  size_t n;
+  explicit AlignedBuffer(size_t bytes) : p(static_cast<uint8_t*>(std::aligned_alloc(4096, bytes))), n(bytes) {}
+  ~AlignedBuffer() { std::free(p); }
+};
+
+void fill(uint8_t* p, uint64_t offset, size_t len, uint64_t salt) {
+  for (size_t i = 0; i < len; ++i) p[i] = pattern(offset + i, salt);
+}
+
+// Index of the first byte of `p` (covering [offset, offset + len)) that breaks the pattern, or -1.
+int64_t first_bad(const uint8_t* p, uint64_t offset, size_t len, uint64_t salt) {
+  for (size_t i = 0; i < len; ++i)
+    if (p[i] != pattern(offset + i, salt)) return static_cast<int64_t>(i);
+  return -1;
+}
+
+bool direct_supported(const std::string& folder, std::string* why) {
+  const std::string probe = folder + "/probe";
+  const int fd = open(probe.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
+  if (fd < 0) {
+    *why = "O_DIRECT refused on " + folder + ": " + std::strerror(errno);
+    return false;
+  }
+  close(fd);
+  unlink(probe.c_str());
+  return true;
+}
+
+offload::StorageOptions options(const std::vector<std::string>& paths, bool uring, bool direct) {
+  offload::StorageOptions o;
+  o.paths = paths;
+  o.capacity = 8 << 20;
+  o.aio.block_size = 64 << 10;  // small blocks: requests split and stripes alternate often
+  o.aio.queue_depth = 4;
+  o.allow_io_uring = uring;
+  o.allow_direct = direct;
+  return o;
+}
+
+// Random aligned writes over the whole store, then reads of random ranges, all checked.
+void random_round_trips(offload::Storage& s, uint64_t salt) {
+  const size_t a = std::max<size_t>(s.alignment(), 4096);
+  const uint64_t cap = s.capacity();
+  AlignedBuffer all(cap);
+  fill(all.p, 0, cap, salt);
+  s.write(0, all.p, cap);
+  nn::Rng rng(salt);
+  AlignedBuffer buf(1 << 20);
+  for (int i = 0; i < 40; ++i) {
+    const uint64_t off = rng.below(cap / a) * a;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>((1 + rng.below((1 << 20) / a)) * a, cap - off));
+    if (i % 2 == 0) {  // rewrite a range with another salt, and mirror it in `all`
+      fill(buf.p, off, len, salt + 1);
+      s.write(off, buf.p, len);
+      fill(all.p + off, off, len, salt + 1);
+    }
+    std::memset(buf.p, 0xee, len);
+    s.read(off, buf.p, len);
+    BOOST_REQUIRE_MESSAGE(std::memcmp(buf.p, all.p + off, len) == 0,
+                          s.describe() << ": range at " << off << " (" << len << " bytes) differs");
+  }
+  std::memset(all.p, 0, cap);
+  AlignedBuffer back(cap);
+  s.read(0, back.p, cap);
+  s.sync();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(io_uring_direct_striped) {
+  TempDirs d;
+  std::string why;
+  if (!direct_supported(d.two[0], &why)) {
+    BOOST_TEST_MESSAGE("skipped: " + why);
+    return;
+  }
+  std::string warning;
+  auto s = offload::make_storage(options(d.two, true, true), &warning);
+  if (!dynamic_cast<offload::IoUringStorage*>(s.get())) {
+    BOOST_TEST_MESSAGE("skipped: " + warning);
+    return;
+  }
+  BOOST_TEST(warning.empty(), warning);
+  BOOST_TEST(s->alignment() == 4096u);
+  BOOST_TEST(s->describe().find("io_uring O_DIRECT") != std::string::npos);
+  random_round_trips(*s, 7);
+}
+
+BOOST_AUTO_TEST_CASE(io_uring_with_registered_buffers) {
+  TempDirs d;
+  std::string warning;
+  auto s = offload::make_storage(options({d.two[0]}, true, true), &warning);
+  auto* u = dynamic_cast<offload::IoUringStorage*>(s.get());
+  if (!u) {
+    BOOST_TEST_MESSAGE("skipped: " + warning);
+    return;
+  }
+  AlignedBuffer pool(2 << 20);
+  try {
+    s->register_buffers({{pool.p, pool.n}});
+  } catch (const StorageError& e) {
+    BOOST_TEST_MESSAGE("skipped: " << e.what());
+    return;
+  }
+  BOOST_TEST(u->has_fixed_buffers());
+  fill(pool.p, 4096 * 3, 1 << 20, 11);
+  s->write(4096 * 3, pool.p, 1 << 20);  // from inside the registered region: fixed writes
+  std::memset(pool.p + (1 << 20), 0, 1 << 20);
+  s->read(4096 * 3, pool.p + (1 << 20), 1 << 20);
+  BOOST_TEST(first_bad(pool.p + (1 << 20), 4096 * 3, 1 << 20, 11) == -1);
+}
+
+BOOST_AUTO_TEST_CASE(pread_fallback_direct_and_buffered) {
+  TempDirs d;
+  for (bool direct : {true, false}) {
+    std::string warning;
+    auto s = offload::make_storage(options(d.two, /*uring=*/false, direct), &warning);
+    BOOST_TEST(s->describe().find("pread/pwrite") != std::string::npos);
+    random_round_trips(*s, direct ? 3 : 5);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(parallel_pread_path) {
+  TempDirs d;
+  auto o = options(d.two, false, true);
+  o.aio.intra_op_parallelism = 3;
+  auto s = offload::make_storage(o, nullptr);
+  random_round_trips(*s, 9);
+}
+
+BOOST_AUTO_TEST_CASE(io_uring_options_single_submit_and_batches) {
+  TempDirs d;
+  for (bool single : {true, false}) {
+    for (bool overlap : {true, false}) {
+      auto o = options(d.two, true, true);
+      o.aio.single_submit = single;
+      o.aio.overlap_events = overlap;
+      auto s = offload::make_storage(o, nullptr);
+      random_round_trips(*s, 13);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(short_transfers_and_retries_complete_correctly) {
+  TempDirs d;
+  for (bool uring : {true, false}) {
+    int injected_short = 0, injected_retry = 0;
+    auto o = options(d.two, uring, true);
+    o.fault = [&](const std::string&, uint64_t, size_t len, int64_t& result) {
+      if (result <= 0) return;
+      static thread_local int n = 0;
+      ++n;
+      if (n % 3 == 0 && len > 4096) {  // short, by whole 4 KiB blocks as O_DIRECT allows
+        result = static_cast<int64_t>(std::max<size_t>(4096, len / 2 / 4096 * 4096));
+        ++injected_short;
+      } else if (n % 7 == 0) {
+        result = n % 2 ? -EINTR : -EAGAIN;  // the request is retried whole
+        ++injected_retry;
+      }
+    };
+    auto s = offload::make_storage(o, nullptr);
+    random_round_trips(*s, 17);
+    BOOST_TEST(injected_short > 10);
+    BOOST_TEST(injected_retry > 5);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(eio_and_enospc_name_the_path_and_spare_other_data) {
+  TempDirs d;
+  for (bool uring : {true, false}) {
+    for (int err : {EIO, ENOSPC}) {
+      bool armed = false;
+      auto o = options(d.two, uring, true);
+      o.fault = [&](const std::string&, uint64_t, size_t, int64_t& result) {
+        if (armed) result = -err;
+      };
+      auto s = offload::make_storage(o, nullptr);
+      AlignedBuffer good(1 << 20), bad(1 << 20);
+      fill(good.p, 0, 1 << 20, 21);
+      s->write(0, good.p, 1 << 20);  // the state before the failure
+      fill(bad.p, 2 << 20, 1 << 20, 22);
+      armed = true;
+      try {
+        s->write(2 << 20, bad.p, 1 << 20);
+        BOOST_FAIL("an injected error was not reported");
+      } catch (const StorageError& e) {
+        BOOST_TEST(e.err == err);
+        BOOST_TEST((e.path == d.two[0] + "/ferry.swp" || e.path == d.two[1] + "/ferry.swp"), e.path);
+        BOOST_TEST(std::string(e.what()).find(std::strerror(err)) != std::string::npos, e.what());
+        BOOST_TEST(e.offset < (8u << 20));
+      }
+      armed = false;
+      std::memset(good.p, 0, 1 << 20);
+      s->read(0, good.p, 1 << 20);
+      BOOST_TEST(first_bad(good.p, 0, 1 << 20, 21) == -1);  // earlier data intact
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(bad_folders_and_requests_are_refused_with_the_path) {
+  TempDirs d;
+  const std::string missing = (d.root / "no_such_folder").string();
+  try {
+    offload::make_storage(options({missing}, true, true), nullptr);
+    BOOST_FAIL("missing folder accepted");
+  } catch (const StorageError& e) {
+    BOOST_TEST(std::string(e.what()).find(missing) != std::string::npos, e.what());
+  }
+  auto o = options({d.two[0]}, true, true);
+  o.capacity = uint64_t{1} << 60;  // an exabyte: no disk has room
+  try {
+    offload::make_storage(o, nullptr);
+    BOOST_FAIL("too small a disk accepted");
+  } catch (const StorageError& e) {
+    BOOST_TEST(std::string(e.what()).find("too small") != std::string::npos, e.what());
+    BOOST_TEST(e.err == ENOSPC);
+  }
+  auto s = offload::make_storage(options({d.two[0]}, true, true), nullptr);
+  AlignedBuffer b(8192);
+  BOOST_CHECK_THROW(s->write(100, b.p, 4096), StorageError);             // unaligned offset
+  BOOST_CHECK_THROW(s->write(0, b.p + 1, 4096), StorageError);           // unaligned buffer
+  BOOST_CHECK_THROW(s->read(s->capacity(), b.p, 4096), StorageError);    // past the end
+  if (geteuid() == 0) {
+    BOOST_TEST_MESSAGE("running as root: the unwritable-folder case cannot be made (root writes anywhere)");
+  } else {
+    const fs::path ro = d.root / "readonly";
+    fs::create_directories(ro);
+    fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
+    BOOST_CHECK_THROW(offload::make_storage(options({ro.string()}, true, true), nullptr), StorageError);
+  }
+}
