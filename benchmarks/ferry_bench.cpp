@@ -5,7 +5,9 @@
 #include <iostream>
 #include <string>
 
+#include "benchmarks/bench_adam.h"
 #include "benchmarks/bench_comm.h"
+#include "benchmarks/bench_io.h"
 #include "benchmarks/bench_model.h"
 #include "benchmarks/bench_report.h"
 
@@ -14,10 +16,16 @@ namespace {
 void usage(std::ostream& os) {
   os << "usage: ferry-bench model [--json PATH] [--threads T] [--quick] [--only tiny|gpt-50m]\n"
         "       mpiexec -n N ferry-bench comm [--json PATH] [--quick]\n"
+        "       ferry-bench adam [--json PATH] [--threads T] [--quick]\n"
+        "       ferry-bench io --path DIR [--json PATH] [--quick]\n"
         "  model   forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT\n"
         "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n"
         "  comm    all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB,\n"
-        "          as a fraction of the same MPI collective called directly\n";
+        "          as a fraction of the same MPI collective called directly\n"
+        "  adam    CPU AdamW params/s on 100M fp32 params at 1 and all threads, against a\n"
+        "          STREAM-style triad measured in the same run\n"
+        "  io      sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio\n"
+        "          on the same file, block size and queue depth\n";
 }
 
 }  // namespace
@@ -29,7 +37,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string name = argv[1];
-  std::string json_path;
+  std::string json_path, io_path;
   ModelBenchOptions opt;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -37,6 +45,8 @@ int main(int argc, char** argv) {
       json_path = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       opt.threads = std::atoi(argv[++i]);
+    } else if (a == "--path" && i + 1 < argc) {
+      io_path = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
       opt.only = argv[++i];
     } else if (a == "--quick") {
@@ -47,7 +57,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (name != "model" && name != "comm") {
+  if (name != "model" && name != "comm" && name != "adam" && name != "io") {
     std::cerr << "ferry-bench: unknown benchmark '" << name << "'\n";
     usage(std::cerr);
     return 2;
@@ -58,6 +68,10 @@ int main(int argc, char** argv) {
     int rc = 0;
     if (name == "model") {
       rc = run_model_bench(opt, report);
+    } else if (name == "io") {
+      rc = run_io_bench(IoBenchOptions{io_path, opt.quick}, report);
+    } else if (name == "adam") {
+      rc = run_adam_bench(AdamBenchOptions{opt.threads, 100'000'000, opt.quick}, report);
     } else {
       rc = run_comm_bench(CommBenchOptions{opt.quick}, report, is_root);
     }

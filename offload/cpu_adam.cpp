@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
 
 #include <Eigen/Core>
@@ -9,12 +10,22 @@
 namespace ferry::offload {
 
 namespace {
-// 16K floats per array = 64 KiB; four arrays of a tile stay within L2.
-constexpr int64_t kTile = 1 << 14;
+
+// f32 -> bf16, round to nearest even, NaN kept NaN; branch-free so the loop vectorizes.
+inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, 4);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    dst[i] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+  }
+}
+
 }  // namespace
 
 void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
-                     double lr, double weight_decay, double grad_scale) const {
+                     double lr, double weight_decay, double grad_scale, uint16_t* bf16_out) const {
   if (step < 1) throw std::invalid_argument("CpuAdam::update: step must be >= 1");
   const double bc1 = 1.0 - std::pow(params_.beta1, static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(params_.beta2, static_cast<double>(step));
@@ -39,6 +50,7 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
     M = b1 * M + one_minus_b1 * (G * scale);
     V = b2 * V + one_minus_b2 * (G * scale).square();
     P = P * decay - step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
+    if (bf16_out) to_bf16(p + begin, bf16_out + begin, len);  // while the tile is in cache
   }
 }
 

@@ -4,7 +4,10 @@
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p = p (1 - lr wd) - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // grad_scale folds gradient averaging and clipping into the update, so the gradient buffer
-// is read once and never rewritten.
+// is read once and never rewritten. With `bf16_out`, the updated weights are also written
+// as bf16 (round to nearest even) in the same pass: the compute copy for the next forward.
+// Tiling: the range is processed in kTile-element tiles; a caller overlapping I/O calls
+// update() on one tile range while the next tile's reads are in flight.
 //
 // Threads: update() splits the range into fixed tiles spread over OpenMP threads; each
 // element is computed by the same expression whatever the thread count, so results are
@@ -34,7 +37,9 @@ class CpuAdam {
   // `lr` is this step's learning rate (the scheduler's), `weight_decay` this range's decay
   // (0 for biases and norms).
   void update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, double lr,
-              double weight_decay, double grad_scale) const;
+              double weight_decay, double grad_scale, uint16_t* bf16_out = nullptr) const;
+
+  static constexpr int64_t kTile = 1 << 14;  // elements: 4 arrays x 64 KiB stay in L2
 
  private:
   AdamWParams params_;
