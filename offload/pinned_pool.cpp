@@ -1,0 +1,104 @@
+#include "offload/pinned_pool.h"
+
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+
+namespace ferry::offload {
+
+namespace {
+
+bool may_exceed_memlock() {
+  if (geteuid() == 0) return true;
+  // CAP_IPC_LOCK in the effective set lifts the limit. Read it from /proc to avoid libcap.
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return false;
+  char line[256];
+  unsigned long long caps = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "CapEff: %llx", &caps) == 1) break;
+  }
+  std::fclose(f);
+  return (caps >> 14) & 1ull;  // CAP_IPC_LOCK = 14
+}
+
+}  // namespace
+
+std::string memlock_problem(size_t bytes, size_t limit, bool privileged) {
+  if (privileged || bytes <= limit) return "";
+  return "pinning the " + std::to_string(bytes) + "-byte host pool needs RLIMIT_MEMLOCK >= that, but it is " +
+         std::to_string(limit) +
+         " bytes. Raise it: `ulimit -l unlimited` in the launching shell, `* - memlock unlimited` in "
+         "/etc/security/limits.conf, `--ulimit memlock=-1` for docker, or `#SBATCH --propagate=MEMLOCK` under "
+         "Slurm; or set zero_optimization.offload_optimizer.pin_memory: false to run unpinned (slower transfers)";
+}
+
+PinnedPool::PinnedPool(const PinnedPoolOptions& options) : options_(options) {
+  if (options_.buffer_count < 1 || options_.buffer_size == 0) {
+    throw std::invalid_argument("PinnedPool: buffer_count and buffer_size must be positive");
+  }
+  options_.buffer_size = (options_.buffer_size + 4095) / 4096 * 4096;
+  bytes_ = options_.buffer_size * static_cast<size_t>(options_.buffer_count);
+  if (options_.pin) {
+    struct rlimit rl{};
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    const size_t limit = rl.rlim_cur == RLIM_INFINITY ? SIZE_MAX : static_cast<size_t>(rl.rlim_cur);
+    const std::string problem = memlock_problem(bytes_, limit, may_exceed_memlock());
+    if (!problem.empty() && !options_.allow_unpinned) throw PinnedMemoryError(problem);
+    warning_ = problem;
+  }
+  slab_ = static_cast<char*>(std::aligned_alloc(4096, bytes_));
+  if (!slab_) throw std::bad_alloc();
+  std::memset(slab_, 0, bytes_);  // touch every page now: the cost is paid before the run
+  if (options_.pin && warning_.empty()) {
+    if (mlock(slab_, bytes_) == 0) {
+      pinned_ = true;
+    } else {
+      const std::string why = "mlock of " + std::to_string(bytes_) + " bytes failed: " + std::strerror(errno);
+      if (!options_.allow_unpinned) {
+        std::free(slab_);
+        throw PinnedMemoryError(why + "; raise RLIMIT_MEMLOCK or set pin_memory: false");
+      }
+      warning_ = why + "; continuing unpinned";
+    }
+  }
+  for (int i = options_.buffer_count - 1; i >= 0; --i) free_.push_back(slab_ + static_cast<size_t>(i) * options_.buffer_size);
+}
+
+PinnedPool::~PinnedPool() {
+  if (pinned_) munlock(slab_, bytes_);
+  std::free(slab_);
+}
+
+void* PinnedPool::acquire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !free_.empty(); });
+  char* p = free_.back();
+  free_.pop_back();
+  return p;
+}
+
+void PinnedPool::release(void* buffer) {
+  char* p = static_cast<char*>(buffer);
+  if (p < slab_ || p >= slab_ + bytes_ || (p - slab_) % static_cast<std::ptrdiff_t>(options_.buffer_size) != 0) {
+    throw std::invalid_argument("PinnedPool::release of a pointer that is not one of its buffers");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(p);
+  }
+  cv_.notify_one();
+}
+
+int PinnedPool::in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.buffer_count - static_cast<int>(free_.size());
+}
+
+}  // namespace ferry::offload

@@ -1,0 +1,71 @@
+// PinnedPool: the host memory that shards pass through on their way between tiers, all
+// allocated up front (buffer_count x buffer_size, 4 KiB aligned, one slab), so the
+// host memory a run uses is known before it starts, and page-locked (mlock) so that DMA
+// (GPU copies, O_DIRECT) never waits on paging.
+//
+// Pinning needs RLIMIT_MEMLOCK >= the pool (or CAP_IPC_LOCK). When it is too low the pool
+// says so, with the limit and how to raise it, and either fails (PinnedMemoryError) or,
+// when allow_unpinned, continues with ordinary pages and keeps the message in warning().
+// Registration with io_uring is the Storage's (register_buffers(regions())); with CUDA,
+// the CUDA device's (not in this release).
+// Threads: acquire()/release() are thread safe; acquire() blocks while every buffer is
+// in use, which bounds the transfers in flight.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ferry::offload {
+
+class PinnedMemoryError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct PinnedPoolOptions {
+  size_t buffer_size = 16 << 20;
+  int buffer_count = 4;
+  bool pin = true;             // DeepSpeed's pin_memory
+  bool allow_unpinned = false; // continue unpinned when the limit is too low
+};
+
+// The problem with pinning `bytes` under soft limit `limit` ("" if none); `privileged`:
+// the process may exceed the limit (CAP_IPC_LOCK, root).
+std::string memlock_problem(size_t bytes, size_t limit, bool privileged);
+
+class PinnedPool {
+ public:
+  explicit PinnedPool(const PinnedPoolOptions& options);
+  ~PinnedPool();
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  bool pinned() const { return pinned_; }
+  const std::string& warning() const { return warning_; }
+  size_t buffer_size() const { return options_.buffer_size; }
+  int buffer_count() const { return options_.buffer_count; }
+  size_t bytes() const { return bytes_; }
+  std::vector<std::pair<void*, size_t>> regions() const { return {{slab_, bytes_}}; }
+
+  // A buffer of buffer_size() bytes, 4 KiB aligned; blocks until one is free.
+  void* acquire();
+  void release(void* buffer);
+  int in_use() const;
+
+ private:
+  PinnedPoolOptions options_;
+  size_t bytes_ = 0;
+  char* slab_ = nullptr;
+  bool pinned_ = false;
+  std::string warning_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<char*> free_;
+};
+
+}  // namespace ferry::offload
