@@ -88,10 +88,17 @@ json check_value(const Knob& k, const json& v, const std::string& source, const 
       }
       return v;
     case KnobType::path: {
+      // One path, or several separated by commas (striped NVMe folders).
       if (!v.is_string() || v.get<std::string>().empty()) type_error();
-      fs::path p(v.get<std::string>());
-      if (p.is_relative() && !base_dir.empty()) p = fs::path(base_dir) / p;
-      return p.lexically_normal().string();
+      std::string out, item;
+      std::stringstream list(v.get<std::string>());
+      while (std::getline(list, item, ',')) {
+        if (item.empty()) fail(source, "key '" + k.path + "' has an empty path in " + v.dump());
+        fs::path p(item);
+        if (p.is_relative() && !base_dir.empty()) p = fs::path(base_dir) / p;
+        out += (out.empty() ? "" : ",") + p.lexically_normal().string();
+      }
+      return out;
     }
     case KnobType::bytes: {
       const size_t bytes = parse_bytes(v, source + ": key '" + k.path + "'");
@@ -232,6 +239,58 @@ void resolve_scheduler(json& resolved, Config& c, const std::string& source) {
   resolved["scheduler"]["params"] = filled;
 }
 
+std::vector<std::string> split_paths(const json* v) {
+  std::vector<std::string> out;
+  if (!v || v->is_null()) return out;
+  std::string item;
+  std::stringstream list(v->get<std::string>());
+  while (std::getline(list, item, ',')) out.push_back(item);
+  return out;
+}
+
+// DeepSpeed's placement rules: parameters move off the device only at stage 3 (they are
+// sharded only there); the optimizer state from stage 1 on; nvme needs a folder.
+void resolve_offload(const json& resolved, Config& c, const std::string& source) {
+  auto at = [&](const std::string& path) -> const json& { return *get_path(resolved, path); };
+  OffloadConfig& o = c.offload;
+  o.optimizer_device = at("zero_optimization.offload_optimizer.device").get<std::string>();
+  o.param_device = at("zero_optimization.offload_param.device").get<std::string>();
+  o.optimizer_paths = split_paths(get_path(resolved, "zero_optimization.offload_optimizer.nvme_path"));
+  o.param_paths = split_paths(get_path(resolved, "zero_optimization.offload_param.nvme_path"));
+  o.optimizer_pin = at("zero_optimization.offload_optimizer.pin_memory").get<bool>();
+  o.param_pin = at("zero_optimization.offload_param.pin_memory").get<bool>();
+  o.optimizer_buffers = at("zero_optimization.offload_optimizer.buffer_count").get<int>();
+  o.param_buffers = at("zero_optimization.offload_param.buffer_count").get<int>();
+  o.param_buffer_size = static_cast<int64_t>(at("zero_optimization.offload_param.buffer_size").get<double>());
+  o.max_in_cpu = static_cast<int64_t>(at("zero_optimization.offload_param.max_in_cpu").get<double>());
+  o.aio.block_size = parse_bytes(at("aio.block_size"), source + ": key 'aio.block_size'");
+  if (o.aio.block_size % 4096 != 0) fail(source, "key 'aio.block_size' must be a multiple of 4096 (O_DIRECT)");
+  o.aio.queue_depth = at("aio.queue_depth").get<int>();
+  o.aio.intra_op_parallelism = at("aio.intra_op_parallelism").get<int>();
+  o.aio.single_submit = at("aio.single_submit").get<bool>();
+  o.aio.overlap_events = at("aio.overlap_events").get<bool>();
+  const int stage = c.zero.stage;
+  if (o.param_device != "none" && stage != 3) {
+    fail(source, "zero_optimization.offload_param.device '" + o.param_device +
+                     "' needs zero_optimization.stage 3 (parameters are sharded only there), got stage " +
+                     std::to_string(stage));
+  }
+  if (o.optimizer_device != "none" && stage == 0) {
+    fail(source, "zero_optimization.offload_optimizer.device '" + o.optimizer_device +
+                     "' needs zero_optimization.stage 1, 2 or 3 (the optimizer state is sharded from stage 1)");
+  }
+  if (o.optimizer_device == "nvme" && o.optimizer_paths.empty()) {
+    fail(source, "zero_optimization.offload_optimizer.device 'nvme' needs zero_optimization.offload_optimizer.nvme_path");
+  }
+  if (o.param_device == "nvme" && o.param_paths.empty()) {
+    fail(source, "zero_optimization.offload_param.device 'nvme' needs zero_optimization.offload_param.nvme_path");
+  }
+  if (o.optimizer_device == "nvme" && o.optimizer_buffers < 3) {
+    fail(source, "zero_optimization.offload_optimizer.buffer_count must be >= 3 with nvme (a tile's master, m and v), got " +
+                     std::to_string(o.optimizer_buffers));
+  }
+}
+
 }  // namespace
 
 size_t parse_bytes(const json& value, const std::string& what) {
@@ -309,6 +368,7 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.zero.reduce_bucket_size = static_cast<int64_t>(at("zero_optimization.reduce_bucket_size").get<double>());
   c.zero.allgather_bucket_size = static_cast<int64_t>(at("zero_optimization.allgather_bucket_size").get<double>());
   c.comm_timeout_s = at("comm.timeout_s").get<double>();
+  resolve_offload(resolved, c, source);
   c.micro_batch = at("train_micro_batch_size_per_gpu").get<int64_t>();
   c.grad_accum = at("gradient_accumulation_steps").get<int64_t>();
   c.grad_clip = at("gradient_clipping").get<double>();

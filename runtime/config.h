@@ -16,6 +16,7 @@
 
 #include "nn/gpt.h"
 #include "offload/cpu_adam.h"
+#include "offload/storage.h"
 #include "runtime/sharded_units.h"
 
 namespace ferry::runtime {
@@ -32,6 +33,15 @@ struct SchedulerConfig {
   std::string warmup_type = "log";
   int64_t total_num_steps = 0;
   double warmup_min_ratio = 0, cos_min_ratio = 1e-4;
+};
+
+struct OffloadConfig {
+  std::string optimizer_device = "none", param_device = "none";  // none | cpu | nvme
+  std::vector<std::string> optimizer_paths, param_paths;
+  bool optimizer_pin = true, param_pin = true;
+  int optimizer_buffers = 4, param_buffers = 5;
+  int64_t param_buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
+  offload::AioConfig aio;
 };
 
 struct Config {
@@ -56,6 +66,7 @@ struct Config {
     int64_t every = 1;
   } log;
   ZeroConfig zero;
+  OffloadConfig offload;
   double comm_timeout_s = 300;
   int64_t micro_batch = 0, grad_accum = 0;
   double grad_clip = 0;

@@ -1,6 +1,7 @@
 #include "runtime/sharded_units.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -22,31 +23,94 @@ Tensor zeroed(nn::Device& dev, int64_t n) {
 }  // namespace
 
 ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const std::vector<nn::UnitSpec>& units,
-                           const ZeroConfig& zero, const std::function<void(int, const Tensor&)>& init)
-    : dev_(device), comm_(comm), zero_(zero) {
+                           const ZeroConfig& zero, const std::function<void(int, const Tensor&)>& init,
+                           const Placement& placement)
+    : dev_(device), comm_(comm), zero_(zero), place_(placement) {
   if (zero.stage < 0 || zero.stage > 3) throw std::invalid_argument("ZeRO stage must be 0..3");
   if (!device.host_accessible()) {
     throw std::invalid_argument("ShardedUnits: the MPI communicator needs a host-accessible device");
   }
+  if (place_.params != Tier::device && zero.stage != 3) {
+    throw std::invalid_argument("ShardedUnits: parameters move off the device only at stage 3");
+  }
+  if ((place_.params != Tier::device || place_.grads_on_host) && place_.host == nullptr) {
+    throw std::invalid_argument("ShardedUnits: off-device placement needs a host allocator");
+  }
+  if (place_.params == Tier::nvme && place_.pool == nullptr) {
+    throw std::invalid_argument("ShardedUnits: nvme parameters need a pinned pool");
+  }
+  nn::Device& grad_home = place_.grads_on_host ? *place_.host : dev_;
   const size_t n = units.size();
   full_w_.resize(n);
-  shard_w_.resize(n);
   full_g_.resize(n);
   shard_g_.resize(n);
+  std::vector<int64_t> shard_sizes;
   for (size_t u = 0; u < n; ++u) {
-    const Partition p = partition(units[u].numel, comm.size(), comm.rank());
-    parts_.push_back(p);
+    parts_.push_back(partition(units[u].numel, comm.size(), comm.rank()));
+    shard_sizes.push_back(parts_.back().shard);
+  }
+  if (zero_.stage == 3) {
+    std::string warning;
+    params_ = std::make_unique<ShardStore>(place_.params, dev_, place_.host ? *place_.host : dev_, shard_sizes,
+                                           place_.param_paths, "ferry-params-rank" + std::to_string(comm.rank()),
+                                           place_.aio, &warning);
+    if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", comm.rank(), warning.c_str());
+  }
+  for (size_t u = 0; u < n; ++u) {
+    const Partition& p = parts_[u];
     Tensor full = zeroed(dev_, p.padded);
     init(static_cast<int>(u), full.view(0, {p.numel}));
     if (zero_.stage < 3) {
       full_w_[u] = full;
     } else {
-      shard_w_[u] = Tensor::empty(dev_, DType::f32, {p.shard});
-      dev_.copy(shard_w_[u], full.view(p.begin(), {p.shard}));
+      // The shard goes to its tier in pool-sized pieces (aligned, as O_DIRECT wants).
+      const int64_t piece = place_.pool ? static_cast<int64_t>(place_.pool->buffer_size() / 4) : p.shard;
+      float* staging = place_.pool ? static_cast<float*>(place_.pool->acquire()) : nullptr;
+      for (int64_t k = 0; k < p.shard; k += piece) {
+        const int64_t len = std::min(piece, p.shard - k);
+        const float* src = full.data_as<float>() + p.begin() + k;
+        if (staging) std::memcpy(staging, src, static_cast<size_t>(len) * 4), src = staging;
+        params_->write(static_cast<int>(u), k, len, src);
+      }
+      if (staging) place_.pool->release(staging);
     }
     if (zero_.stage < 2) full_g_[u] = zeroed(dev_, p.padded);
-    if (zero_.stage >= 1) shard_g_[u] = zeroed(dev_, p.shard);
+    if (zero_.stage >= 1) shard_g_[u] = zeroed(grad_home, p.shard);
   }
+}
+
+Tensor ShardedUnits::fetch_shard(int unit) {
+  const Partition& p = partition_of(unit);
+  if (params_->tier() != Tier::nvme) return params_->tensor(unit);
+  Tensor shard = Tensor::empty(dev_, DType::f32, {p.shard});
+  const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
+  float* staging = static_cast<float*>(place_.pool->acquire());
+  try {
+    for (int64_t k = 0; k < p.shard; k += piece) {
+      const int64_t len = std::min(piece, p.shard - k);
+      params_->read(unit, k, len, staging);
+      std::memcpy(shard.data_as<float>() + k, staging, static_cast<size_t>(len) * 4);
+    }
+  } catch (...) {
+    place_.pool->release(staging);
+    throw;
+  }
+  place_.pool->release(staging);
+  return shard;
+}
+
+void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float* buf) {
+  const Owned o = owned(unit);
+  if (offset < 0 || offset + n > o.length) throw std::out_of_range("read_owned_weights outside the owned range");
+  if (zero_.stage == 3) return params_->read(unit, offset, n, buf);
+  std::memcpy(buf, o.weights.data_as<float>() + offset, static_cast<size_t>(n) * 4);
+}
+
+void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf) {
+  const Owned o = owned(unit);
+  if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_weights outside the owned range");
+  if (zero_.stage == 3) return params_->write(unit, offset, n, buf);
+  std::memcpy(o.weights.data_as<float>() + offset, buf, static_cast<size_t>(n) * 4);
 }
 
 Tensor ShardedUnits::acquire_weights(int unit) {
@@ -55,7 +119,7 @@ Tensor ShardedUnits::acquire_weights(int unit) {
   Live& live = live_w_[unit];
   if (live.refs++ == 0) {
     live.full = Tensor::empty(dev_, DType::f32, {p.padded});
-    gather(shard_w_[static_cast<size_t>(unit)], live.full, p);
+    gather(fetch_shard(unit), live.full, p);
   }
   return live.full.view(0, {p.numel});
 }
@@ -93,7 +157,7 @@ ShardedUnits::Owned ShardedUnits::owned(int unit) const {
     case 0: return {0, p.padded, full_w_[u], full_g_[u]};
     case 1:
     case 2: return {p.begin(), p.shard, full_w_[u].view(p.begin(), {p.shard}), shard_g_[u]};
-    default: return {p.begin(), p.shard, shard_w_[u], shard_g_[u]};
+    default: return {p.begin(), p.shard, params_->tensor(unit), shard_g_[u]};
   }
 }
 
@@ -137,8 +201,9 @@ std::vector<float> ShardedUnits::full_weights(int unit) {
 
 StateBytes ShardedUnits::state_bytes() const {
   StateBytes s;
+  if (params_) s.weights += params_->bytes();
   for (size_t u = 0; u < parts_.size(); ++u) {
-    s.weights += (full_w_[u].defined() ? full_w_[u].nbytes() : 0) + (shard_w_[u].defined() ? shard_w_[u].nbytes() : 0);
+    s.weights += full_w_[u].defined() ? full_w_[u].nbytes() : 0;
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + (shard_g_[u].defined() ? shard_g_[u].nbytes() : 0);
   }
   return s;

@@ -25,7 +25,9 @@
 #include "comm/communicator.h"
 #include "nn/device.h"
 #include "nn/unit.h"
+#include "offload/pinned_pool.h"
 #include "runtime/partition.h"
+#include "runtime/shard_store.h"
 
 namespace ferry::runtime {
 
@@ -33,6 +35,17 @@ struct ZeroConfig {
   int stage = 0;
   int64_t reduce_bucket_size = 500'000'000;     // elements
   int64_t allgather_bucket_size = 500'000'000;  // elements
+};
+
+// Where the persistent shards live besides the device (DeepSpeed's offload_param and the
+// gradient half of offload_optimizer).
+struct Placement {
+  Tier params = Tier::device;   // stage 3's weight shards between uses
+  bool grads_on_host = false;   // gradient shards in host memory (optimizer offloaded)
+  nn::Device* host = nullptr;   // allocator for host-memory tensors (required if either is off-device)
+  std::vector<std::string> param_paths;
+  offload::AioConfig aio;
+  offload::PinnedPool* pool = nullptr;  // staging for nvme reads and writes
 };
 
 struct StateBytes {
@@ -45,7 +58,8 @@ class ShardedUnits final : public nn::UnitAccess {
   // unit u's full weights into `full` (every rank computes the same values; each keeps
   // what its stage keeps), so the initial model does not depend on the world size.
   ShardedUnits(nn::Device& device, comm::Communicator& comm, const std::vector<nn::UnitSpec>& units,
-               const ZeroConfig& zero, const std::function<void(int, const nn::Tensor&)>& init);
+               const ZeroConfig& zero, const std::function<void(int, const nn::Tensor&)>& init,
+               const Placement& placement = {});
 
   nn::Tensor acquire_weights(int unit) override;
   void release_weights(int unit) override;
@@ -53,13 +67,19 @@ class ShardedUnits final : public nn::UnitAccess {
   void release_grads(int unit, bool complete) override;
 
   int stage() const { return zero_.stage; }
+  int num_units() const { return static_cast<int>(parts_.size()); }
   const Partition& partition_of(int unit) const { return parts_.at(static_cast<size_t>(unit)); }
   // The element range [begin, begin + length) of the unit's flat buffer this rank's
   // optimizer updates, its weights and (reduced) gradients.
   struct Owned {
     int64_t begin = 0, length = 0;
-    nn::Tensor weights, grads;  // f32 [length]
+    nn::Tensor weights, grads;  // f32 [length]; weights undefined when they live on nvme
   };
+  // Copies of [offset, offset + n) of the owned compute weights, through host memory. For
+  // nvme parameters `buf` must be a PinnedPool buffer and `offset` a multiple of 1024.
+  void read_owned_weights(int unit, int64_t offset, int64_t n, float* buf);
+  void write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf);
+  const Placement& placement() const { return place_; }
   Owned owned(int unit) const;
   // This rank's shard [begin, begin + shard) of the reduced gradient, whatever the stage:
   // the squared norms of these slices summed over ranks give the global gradient norm.
@@ -77,11 +97,15 @@ class ShardedUnits final : public nn::UnitAccess {
   void reduce_scatter(const nn::Tensor& full, const nn::Tensor& shard, const Partition& p);
   void all_reduce(const nn::Tensor& full);
 
+  nn::Tensor fetch_shard(int unit);  // stage 3: this rank's weight shard, readable on the device
+
   nn::Device& dev_;
   comm::Communicator& comm_;
   ZeroConfig zero_;
+  Placement place_;
+  std::unique_ptr<ShardStore> params_;  // stage 3 weight shards
   std::vector<Partition> parts_;
-  std::vector<nn::Tensor> full_w_, shard_w_, full_g_, shard_g_;
+  std::vector<nn::Tensor> full_w_, full_g_, shard_g_;
   struct Live {
     nn::Tensor full;
     int refs = 0;

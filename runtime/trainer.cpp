@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "nn/rng.h"
+#include "runtime/partition.h"
 #include "runtime/lr_schedule.h"
 
 namespace ferry::runtime {
@@ -22,11 +23,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-size_t state_bytes(const std::vector<Tensor>& ts) {
-  size_t b = 0;
-  for (const Tensor& t : ts) b += t.nbytes();
-  return b;
-}
 
 // device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
 // launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
@@ -52,14 +48,43 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     throw std::invalid_argument("Trainer: the config was resolved for world size " + std::to_string(cfg_.world_size) +
                                 " but the communicator has " + std::to_string(comm_.size()) + " ranks");
   }
-  units_ = std::make_unique<ShardedUnits>(*device_, comm_, model_->units(), cfg_.zero,
-                                          [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); });
+  const OffloadConfig& off = cfg_.offload;
+  const Tier opt_tier = parse_tier(off.optimizer_device), param_tier = parse_tier(off.param_device);
+  host_ = std::make_unique<nn::CpuDevice>(SIZE_MAX, device_->threads());
+  const auto layout = model_->units();
+  if (opt_tier == Tier::nvme || param_tier == Tier::nvme) {
+    // Pinned staging: no larger than the largest shard or offload_param.buffer_size.
+    int64_t largest = 0;
+    for (const auto& u : layout) largest = std::max(largest, partition(u.numel, comm_.size(), comm_.rank()).shard);
+    const int64_t elems = std::min<int64_t>(off.param_buffer_size, (largest + kNvmeQuantum - 1) / kNvmeQuantum * kNvmeQuantum);
+    offload::PinnedPoolOptions po;
+    po.buffer_size = static_cast<size_t>(std::max<int64_t>(elems, kNvmeQuantum)) * 4;
+    po.buffer_count = std::max(off.optimizer_buffers, off.param_buffers);
+    po.pin = off.optimizer_pin && off.param_pin;
+    pool_ = std::make_unique<offload::PinnedPool>(po);
+  }
+  Placement place;
+  place.params = param_tier;
+  place.grads_on_host = opt_tier != Tier::device;
+  place.host = host_.get();
+  place.param_paths = off.param_paths;
+  place.aio = off.aio;
+  place.pool = pool_.get();
+  units_ = std::make_unique<ShardedUnits>(*device_, comm_, layout, cfg_.zero,
+                                          [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); },
+                                          place);
+  std::string warning;
+  opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, *device_, *host_, adam_, off, pool_.get(), comm_.rank(),
+                                          &warning);
+  if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: optimizer state: %s\n", comm_.rank(), warning.c_str());
   for (int u = 0; u < model_->num_units(); ++u) {
-    const int64_t n = units_->owned(u).length;
-    adam_m_.push_back(Tensor::empty(*device_, DType::f32, {n}));
-    adam_v_.push_back(Tensor::empty(*device_, DType::f32, {n}));
-    device_->fill(adam_m_.back(), 0.0);
-    device_->fill(adam_v_.back(), 0.0);
+    const ShardedUnits::Owned o = units_->owned(u);
+    std::vector<DecayRange> ranges;
+    for (const nn::TensorSpec& t : layout[static_cast<size_t>(u)].tensors) {
+      const int64_t lo = std::max(t.offset, o.begin), hi = std::min(t.offset + t.numel(), o.begin + o.length);
+      if (lo < hi) ranges.push_back({lo - o.begin, hi - o.begin, t.decay ? cfg_.optimizer.weight_decay : 0.0});
+    }
+    decay_.push_back(std::move(ranges));
   }
   if (!cfg_.log.metrics.empty() && comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.log.metrics);
 }
@@ -69,20 +94,30 @@ Trainer::~Trainer() = default;
 void Trainer::describe_placement() {
   const int64_t params = model_->num_parameters();
   const StateBytes sb = units_->state_bytes();
-  const size_t mv = state_bytes(adam_m_) + state_bytes(adam_v_);
   static const char* kStage[] = {"0: everything replicated, gradients all-reduced (DDP)",
                                  "1: Adam state sharded, weights and gradients replicated",
                                  "2: Adam state and gradients sharded, weights replicated",
                                  "3: Adam state, gradients and weights sharded; a unit's weights gathered only while it runs"};
+  const auto& off = cfg_.offload;
+  const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")"
+                                 : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
+                                                                                     : std::string("the device arena");
   out_ << "model: GPT-2 style, " << cfg_.model.n_layer << " layers, " << cfg_.model.n_head << " heads, "
        << cfg_.model.n_embd << " channels, context " << cfg_.model.block_size << ", vocab "
        << cfg_.model.vocab_size << ": " << params << " parameters in " << model_->num_units() << " units\n";
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
-       << "; per rank, on " << device_->name() << ":\n"
-       << "  fp32 weights        " << nn::format_bytes(sb.weights) << "\n"
-       << "  fp32 gradients      " << nn::format_bytes(sb.gradients) << "\n"
-       << "  Adam m and v (fp32) " << nn::format_bytes(mv) << "\n"
-       << "  activations         allocated per micro-batch on the device (see device peak)\n"
+       << "; per rank (device: " << device_->name() << "):\n"
+       << "  fp32 weights                 " << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
+       << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
+       << (units_->placement().grads_on_host ? "host memory (shards)" : "the device arena") << "\n"
+       << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
+       << nn::format_bytes(opt_->bytes()) << "  in " << opt_->where() << "\n";
+  if (pool_) {
+    out_ << "  pinned staging pool          " << nn::format_bytes(pool_->bytes()) << "  (" << pool_->buffer_count()
+         << " x " << nn::format_bytes(pool_->buffer_size()) << (pool_->pinned() ? ", page-locked)" : ", NOT page-locked)")
+         << "\n";
+  }
+  out_ << "  activations                  allocated per micro-batch in the device arena (see device peak)\n"
        << "data: " << data_.source() << ": " << data_.train().size() << " training and " << data_.val().size()
        << " validation tokens; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
        << " tokens (" << cfg_.micro_batch << " per micro-batch x " << cfg_.grad_accum << " accumulation steps x "
@@ -106,17 +141,7 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   const double clip = (cfg_.grad_clip > 0 && grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
   const double lr = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, step);
   for (int u = 0; u < model_->num_units(); ++u) {
-    const ShardedUnits::Owned o = units_->owned(u);
-    const auto uu = static_cast<size_t>(u);
-    // Each tensor's part inside this rank's range, with its own weight decay.
-    for (const nn::TensorSpec& t : model_->units()[uu].tensors) {
-      const int64_t lo = std::max(t.offset, o.begin), hi = std::min(t.offset + t.numel(), o.begin + o.length);
-      if (lo >= hi) continue;
-      const int64_t at = lo - o.begin;
-      adam_.update(o.weights.data_as<float>() + at, o.grads.data_as<float>() + at, adam_m_[uu].data_as<float>() + at,
-                   adam_v_[uu].data_as<float>() + at, hi - lo, step + 1, lr,
-                   t.decay ? cfg_.optimizer.weight_decay : 0.0, clip / accum);
-    }
+    opt_->step(u, units_->owned(u).grads, decay_[static_cast<size_t>(u)], step + 1, lr, clip / accum);
   }
   units_->publish_params();
   return lr;

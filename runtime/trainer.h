@@ -4,8 +4,9 @@
 //
 // Data parallel over comm's ranks with ZeRO stages 0-3 (ShardedUnits): each rank reads its
 // own slice of the global batch; the optimizer updates the range its stage gives it.
-// Every state lives in the device arena (DeepSpeed's offload "none"), activations too,
-// per micro-batch. The CPU Adam updates it in place, which needs a host-accessible device.
+// Placement follows zero_optimization.offload_optimizer / offload_param: by default every
+// state lives in the device arena; offloaded states live in host memory or on NVMe
+// (staged through a pinned pool). Activations are allocated in the arena per micro-batch.
 // Only rank 0 writes to `out` and the metrics file; every rank must call the same methods
 // in the same order (they communicate).
 // Errors: ConfigError-style problems surface as std::runtime_error naming the key or
@@ -24,6 +25,7 @@
 #include "runtime/config.h"
 #include "runtime/data.h"
 #include "runtime/metrics.h"
+#include "runtime/optimizer_state.h"
 #include "runtime/sharded_units.h"
 
 namespace ferry::runtime {
@@ -68,9 +70,12 @@ class Trainer {
   std::ostream& out_;
   std::unique_ptr<nn::CpuDevice> device_;
   std::unique_ptr<nn::GPT> model_;
+  std::unique_ptr<nn::CpuDevice> host_;  // host memory outside the device arena (offload "cpu")
+  std::unique_ptr<offload::PinnedPool> pool_;
   std::unique_ptr<ShardedUnits> units_;
-  std::vector<nn::Tensor> adam_m_, adam_v_;
   offload::CpuAdam adam_;
+  std::unique_ptr<OptimizerState> opt_;
+  std::vector<std::vector<DecayRange>> decay_;  // per unit, within its owned range
   TokenData data_;
   BatchSampler sampler_;
   MetricsWriter metrics_;

@@ -1,0 +1,99 @@
+#include "runtime/optimizer_state.h"
+
+#include <cstring>
+#include <stdexcept>
+
+namespace ferry::runtime {
+
+namespace {
+enum Which { kMaster = 0, kM = 1, kV = 2 };
+}
+
+OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& device, nn::Device& host,
+                               const offload::CpuAdam& adam, const OffloadConfig& offload, offload::PinnedPool* pool,
+                               int rank, std::string* warning)
+    : tier_(tier), units_(units), adam_(adam), pool_(pool) {
+  std::vector<int64_t> lengths;
+  for (int u = 0; u < units.num_units(); ++u) lengths.push_back(units.owned(u).length);
+  // The default placement updates the device-resident compute weights in place.
+  alias_ = tier_ == Tier::device && units.owned(0).weights.defined();
+  per_unit_ = alias_ ? 2 : 3;
+  if (tier_ == Tier::nvme && pool_ == nullptr) throw std::invalid_argument("OptimizerState: nvme needs a pinned pool");
+  std::vector<int64_t> sizes;
+  for (int64_t len : lengths)
+    for (int k = 0; k < per_unit_; ++k) sizes.push_back(len);
+  store_ = std::make_unique<ShardStore>(tier_, device, host, sizes, offload.optimizer_paths,
+                                        "ferry-optimizer-rank" + std::to_string(rank), offload.aio, warning);
+  if (alias_) return;
+  // Master weights start as the compute weights.
+  const int64_t tile = pool_ ? static_cast<int64_t>(pool_->buffer_size() / 4) : 0;
+  for (size_t u = 0; u < lengths.size(); ++u) {
+    const int unit = static_cast<int>(u);
+    if (tier_ != Tier::nvme && units.placement().params != Tier::nvme) {
+      units.read_owned_weights(unit, 0, lengths[u], store_->tensor(region(unit, kMaster)).data_as<float>());
+      continue;
+    }
+    float* buf = static_cast<float*>(pool_->acquire());
+    for (int64_t k = 0; k < lengths[u]; k += tile) {
+      const int64_t len = std::min(tile, lengths[u] - k);
+      units.read_owned_weights(unit, k, len, buf);
+      store_->write(region(unit, kMaster), k, len, buf);
+    }
+    pool_->release(buf);
+  }
+}
+
+void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<DecayRange>& ranges, int64_t step,
+                          double lr, double grad_scale) {
+  const float* g = grads.data_as<float>();
+  auto adam_over = [&](float* p, float* m, float* v, int64_t t0, int64_t n) {
+    // Parts of [t0, t0 + n) that hold parameters, each with its own weight decay.
+    for (const DecayRange& r : ranges) {
+      const int64_t lo = std::max(r.begin, t0), hi = std::min(r.end, t0 + n);
+      if (lo < hi) adam_.update(p + (lo - t0), g + lo, m + (lo - t0), v + (lo - t0), hi - lo, step, lr, r.weight_decay, grad_scale);
+    }
+  };
+  const ShardedUnits::Owned o = units_.owned(unit);
+  if (tier_ != Tier::nvme) {
+    float* m = store_->tensor(region(unit, kM)).data_as<float>();
+    float* v = store_->tensor(region(unit, kV)).data_as<float>();
+    float* p = alias_ ? o.weights.data_as<float>() : store_->tensor(region(unit, kMaster)).data_as<float>();
+    adam_over(p, m, v, 0, o.length);
+    if (alias_) return;
+    if (units_.placement().params != Tier::nvme) return units_.write_owned_weights(unit, 0, o.length, p);
+    // nvme parameters want aligned pinned buffers: copy through one, tile by tile.
+    const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+    float* buf = static_cast<float*>(pool_->acquire());
+    for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
+      const int64_t n = std::min(tile, o.length - t0);
+      std::memcpy(buf, p + t0, static_cast<size_t>(n) * 4);
+      units_.write_owned_weights(unit, t0, n, buf);
+    }
+    pool_->release(buf);
+    return;
+  }
+  // nvme: stream tiles of master, m, v through three pinned buffers.
+  const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+  float* p = static_cast<float*>(pool_->acquire());
+  float* m = static_cast<float*>(pool_->acquire());
+  float* v = static_cast<float*>(pool_->acquire());
+  try {
+    for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
+      const int64_t n = std::min(tile, o.length - t0);
+      store_->read(region(unit, kMaster), t0, n, p);
+      store_->read(region(unit, kM), t0, n, m);
+      store_->read(region(unit, kV), t0, n, v);
+      adam_over(p, m, v, t0, n);
+      store_->write(region(unit, kMaster), t0, n, p);
+      store_->write(region(unit, kM), t0, n, m);
+      store_->write(region(unit, kV), t0, n, v);
+      units_.write_owned_weights(unit, t0, n, p);
+    }
+  } catch (...) {
+    pool_->release(p), pool_->release(m), pool_->release(v);
+    throw;
+  }
+  pool_->release(p), pool_->release(m), pool_->release(v);
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,57 @@
+// OptimizerState: AdamW's fp32 master weights and m, v for the range each rank updates,
+// kept where zero_optimization.offload_optimizer.device says:
+//   none  the device arena; when the compute weights are there too (the default), the
+//         master weights ARE the compute weights (no copy)
+//   cpu   host memory; Adam runs in place, then the updated master range is copied to
+//         the compute weights
+//   nvme  an NVMe file; each tile of master, m and v is read into pinned buffers, updated,
+//         written back, and copied to the compute weights
+// Every placement computes the same fp32 arithmetic in the same order, so losses are
+// identical across placements (a test checks it bit for bit).
+// Threads: the training thread. Errors: StorageError naming the file on nvme.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "offload/cpu_adam.h"
+#include "offload/pinned_pool.h"
+#include "runtime/config.h"
+#include "runtime/shard_store.h"
+#include "runtime/sharded_units.h"
+
+namespace ferry::runtime {
+
+struct DecayRange {
+  int64_t begin, end;  // within the owned range
+  double weight_decay;
+};
+
+class OptimizerState {
+ public:
+  // Initialises the master weights from the units' owned compute weights, m = v = 0.
+  OptimizerState(Tier tier, ShardedUnits& units, nn::Device& device, nn::Device& host, const offload::CpuAdam& adam,
+                 const OffloadConfig& offload, offload::PinnedPool* pool, int rank, std::string* warning);
+
+  // One AdamW step over unit u's owned range with its reduced gradient shard `grads`
+  // (host-accessible, owned length); `ranges` are the parts that hold parameters.
+  void step(int unit, const nn::Tensor& grads, const std::vector<DecayRange>& ranges, int64_t step, double lr,
+            double grad_scale);
+
+  Tier tier() const { return tier_; }
+  bool aliased() const { return alias_; }
+  std::string where() const { return store_->where(); }
+  size_t bytes() const { return store_->bytes(); }  // master (unless aliased), m and v
+
+ private:
+  int region(int unit, int which) const { return unit * per_unit_ + which - (alias_ ? 1 : 0); }
+  Tier tier_;
+  bool alias_;
+  int per_unit_;
+  ShardedUnits& units_;
+  const offload::CpuAdam& adam_;
+  offload::PinnedPool* pool_;
+  std::unique_ptr<ShardStore> store_;
+};
+
+}  // namespace ferry::runtime
