@@ -85,6 +85,7 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi)
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 70);
   });
+  set_progress(Progress::automatic);
   worker_ = std::thread([this] { worker_loop(); });
 }
 
@@ -109,11 +110,18 @@ void MpiCommunicator::abort_job(const std::string& message, int code) {
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
 
+void MpiCommunicator::set_progress(Progress p) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  blocking_ = p == Progress::blocking || (p == Progress::automatic && static_cast<unsigned>(local_size_) <= cores);
+}
+
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) {
   barrier()->wait();  // the split is collective: keep it ordered with queued collectives
   MPI_Comm sub;
   FERRY_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(sub, timeout_s_, false));
+  auto child = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(sub, timeout_s_, false));
+  child->blocking_ = blocking_;
+  return child;
 }
 
 void MpiCommunicator::execute(const Op& op, const WorkPtr& work) {
@@ -158,6 +166,31 @@ void MpiCommunicator::run(const Op& op) {
   }
   const int n = static_cast<int>(op.count);
   const MPI_Datatype t = mpi_type(op.type);
+  if (blocking_) {
+    switch (op.kind) {
+      case OpKind::all_gather: {
+        const auto* slot = static_cast<const char*>(op.recv) + op.bytes() * static_cast<size_t>(rank_);
+        FERRY_MPI_CHECK(MPI_Allgather(op.send == slot ? MPI_IN_PLACE : op.send, n, t, op.recv, n, t, comm_));
+        break;
+      }
+      case OpKind::reduce_scatter:
+        FERRY_MPI_CHECK(MPI_Reduce_scatter_block(op.send, op.recv, n, t, MPI_SUM, comm_));
+        break;
+      case OpKind::all_reduce:
+        FERRY_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, op.recv, n, t, MPI_SUM, comm_));
+        break;
+      case OpKind::broadcast:
+        FERRY_MPI_CHECK(MPI_Bcast(op.recv, n, t, op.root, comm_));
+        break;
+      case OpKind::barrier:
+        FERRY_MPI_CHECK(MPI_Barrier(comm_));
+        break;
+    }
+    if (op.reduce == ReduceOp::avg && (op.kind == OpKind::reduce_scatter || op.kind == OpKind::all_reduce)) {
+      scale_by(op.recv, op.count, op.type, 1.0 / size_);
+    }
+    return;
+  }
   MPI_Request req = MPI_REQUEST_NULL;
   switch (op.kind) {
     case OpKind::all_gather: {

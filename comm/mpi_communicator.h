@@ -2,16 +2,18 @@
 //
 // Thread level and progress: MPI is initialised with MPI_THREAD_MULTIPLE. Each
 // communicator owns one worker thread that runs its collectives one at a time in issue
-// order: it starts the non-blocking MPI call and drives it with MPI_Test until done; the
-// issuing thread only queues the collective and later waits on the Work. So collectives
-// progress while the rank computes, although MPICH progresses non-blocking calls only
-// inside MPI calls (MPICH_ASYNC_PROGRESS unset). The worker polls with a backoff (spin,
-// then yield, then 50 us naps) instead of blocking: MPICH's blocking collectives spin,
-// which on a machine with few cores takes a core from compute or from another rank.
+// order; the issuing thread only queues a collective and later waits on its Work, so
+// collectives progress while the rank computes. How the worker drives MPI (comm.progress):
+//   blocking  the blocking collective (MPI_Allgather...). MPICH's blocking algorithms were
+//             the fastest measured here (ferry-bench comm, 2 ranks: 0.97-1.03 of a direct
+//             call, against 0.86-0.96 for the non-blocking ones), but they spin a core
+//             while they wait.
+//   polling   the non-blocking collective driven by MPI_Test with a backoff (64 spins,
+//             1024 yields, then 50 us naps): slower alone, but it leaves the core to other
+//             ranks and to compute threads. With 4 ranks on 2 cores the MPI test took 80 s
+//             with spinning calls and 7 s polling.
+//   automatic blocking unless the ranks on this node outnumber its cores.
 // MULTIPLE is needed because the watchdog may call MPI_Abort while the worker is in MPI.
-// Watchdog: a collective not completed comm.timeout_s after it was issued is reported
-// on stderr (rank, operation, sequence number, bytes, how long, the recent collectives)
-// and the job ends with MPI_Abort: mpiexec then stops every rank.
 // Test-only fault: FERRY_FAULT_SKIP_COLLECTIVE=RANK:SEQ makes RANK never take part in
 // collective number SEQ of the world communicator, as a rank stuck elsewhere would: its
 // Work stays pending, the other ranks wait for it, and every rank's watchdog reports.
@@ -47,6 +49,10 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
   void set_timeout(double timeout_s) { watchdog_->set_timeout(timeout_s); }
+  enum class Progress { automatic, blocking, polling };
+  // Call before issuing collectives (the worker reads it without a lock).
+  void set_progress(Progress p);
+  bool blocking() const { return blocking_; }
   // Ends every rank of the job (MPI_Abort) after `message` is printed: for fatal errors on
   // one rank, which would otherwise leave the others waiting in a collective.
   [[noreturn]] static void abort_job(const std::string& message, int code);
@@ -71,6 +77,7 @@ class MpiCommunicator final : public Communicator {
   std::condition_variable cv_;
   std::deque<std::tuple<Op, WorkPtr, uint64_t>> queue_;
   bool stop_ = false;
+  bool blocking_ = false;
   int fault_rank_ = -1;
   uint64_t fault_seq_ = 0;
   std::unique_ptr<Watchdog> watchdog_;

@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   comm->set_timeout(config.comm_timeout_s);
+  comm->set_progress(config.comm_progress == "blocking"  ? comm::MpiCommunicator::Progress::blocking
+                     : config.comm_progress == "polling" ? comm::MpiCommunicator::Progress::polling
+                                                         : comm::MpiCommunicator::Progress::automatic);
   std::ostream discard(nullptr);  // no buffer: writes are dropped
   std::ostream& out = rank == 0 ? std::cout : discard;  // rank 0 logs; others warn and fail only
   out << "ferry " << kVersion << " | allocator " << runtime::allocator_name() << " | " << comm->size()

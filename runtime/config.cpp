@@ -368,6 +368,7 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.zero.reduce_bucket_size = static_cast<int64_t>(at("zero_optimization.reduce_bucket_size").get<double>());
   c.zero.allgather_bucket_size = static_cast<int64_t>(at("zero_optimization.allgather_bucket_size").get<double>());
   c.comm_timeout_s = at("comm.timeout_s").get<double>();
+  c.comm_progress = at("comm.progress").get<std::string>();
   resolve_offload(resolved, c, source);
   c.micro_batch = at("train_micro_batch_size_per_gpu").get<int64_t>();
   c.grad_accum = at("gradient_accumulation_steps").get<int64_t>();

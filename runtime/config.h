@@ -68,6 +68,7 @@ struct Config {
   ZeroConfig zero;
   OffloadConfig offload;
   double comm_timeout_s = 300;
+  std::string comm_progress = "auto";
   int64_t micro_batch = 0, grad_accum = 0;
   double grad_clip = 0;
   offload::AdamWParams optimizer;

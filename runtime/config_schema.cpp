@@ -65,6 +65,10 @@ const std::vector<Knob>& config_knobs() {
       {"aio.single_submit", KnobType::boolean, false, "submit NVMe requests one at a time"},
       {"aio.overlap_events", KnobType::boolean, true, "refill the queue as each request completes"},
       // ferry's own sections.
+      {"comm.progress", KnobType::string, "auto",
+       "how MPI collectives are driven: blocking calls (fastest, spin a core), polling non-blocking calls "
+       "(leave the core to others), or auto: blocking unless the node's ranks outnumber its cores",
+       {}, {}, false, {"auto", "blocking", "polling"}},
       {"comm.timeout_s", KnobType::number, 300.0,
        "a collective not finished this long after it was issued ends the job with a report", 0, {}, true},
       {"model.n_layer", KnobType::integer, 4, "transformer blocks", 1, {}},
