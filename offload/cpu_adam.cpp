@@ -43,14 +43,35 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
 #pragma omp parallel for schedule(static) if (tiles > 1)
   for (int64_t t = 0; t < tiles; ++t) {
     const int64_t begin = t * kTile, len = std::min(kTile, n - begin);
-    using Arr = Eigen::Map<Eigen::ArrayXf>;
-    using ConstArr = Eigen::Map<const Eigen::ArrayXf>;
-    Arr P(p + begin, len), M(m + begin, len), V(v + begin, len);
-    ConstArr G(g + begin, len);
-    M = b1 * M + one_minus_b1 * (G * scale);
-    V = b2 * V + one_minus_b2 * (G * scale).square();
-    P = P * decay - step_size * M / (V.sqrt() * inv_sqrt_bc2 + eps);
-    if (bf16_out) to_bf16(p + begin, bf16_out + begin, len);  // while the tile is in cache
+    // One pass per element: load p, g, m, v once, store p, m, v once. Three Eigen array
+    // statements (one per state) measured 0.61 G params/s on 1 thread here against the
+    // fused loop's rate; see docs/design.md.
+    using namespace Eigen::internal;
+    using Packet = packet_traits<float>::type;
+    constexpr int64_t kLanes = packet_traits<float>::size;
+    const Packet vb1 = pset1<Packet>(b1), vb2 = pset1<Packet>(b2), v1b1 = pset1<Packet>(one_minus_b1),
+                 v1b2 = pset1<Packet>(one_minus_b2), vscale = pset1<Packet>(scale), vdecay = pset1<Packet>(decay),
+                 vstep = pset1<Packet>(step_size), vinv = pset1<Packet>(inv_sqrt_bc2), veps = pset1<Packet>(eps);
+    float *P = p + begin, *M = m + begin, *V = v + begin;
+    const float* G = g + begin;
+    int64_t i = 0;
+    for (; i + kLanes <= len; i += kLanes) {
+      const Packet gi = pmul(ploadu<Packet>(G + i), vscale);
+      const Packet mi = padd(pmul(vb1, ploadu<Packet>(M + i)), pmul(v1b1, gi));
+      const Packet vi = padd(pmul(vb2, ploadu<Packet>(V + i)), pmul(v1b2, pmul(gi, gi)));
+      const Packet denom = padd(pmul(psqrt(vi), vinv), veps);
+      const Packet pi = psub(pmul(ploadu<Packet>(P + i), vdecay), pdiv(pmul(vstep, mi), denom));
+      pstoreu(M + i, mi);
+      pstoreu(V + i, vi);
+      pstoreu(P + i, pi);
+    }
+    for (; i < len; ++i) {  // the tail, same formula
+      const float gi = G[i] * scale;
+      M[i] = b1 * M[i] + one_minus_b1 * gi;
+      V[i] = b2 * V[i] + one_minus_b2 * (gi * gi);
+      P[i] = P[i] * decay - step_size * M[i] / (std::sqrt(V[i]) * inv_sqrt_bc2 + eps);
+    }
+    if (bf16_out) to_bf16(P, bf16_out + begin, len);  // while the tile is in cache
   }
 }
 
