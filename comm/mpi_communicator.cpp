@@ -83,6 +83,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi)
                  "died. Recent collectives on rank %d:\n%sAborting the job (MPI_Abort).\n",
                  host, static_cast<int>(getpid()), r, r, report.c_str(), r, recent_ops().c_str());
     std::fflush(stderr);
+    // mpiexec tears the job down on MPI_Abort, and lines still in its stderr forwarding
+    // are lost (seen in CI): give the forwarder a moment first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     MPI_Abort(MPI_COMM_WORLD, 70);
   });
   set_progress(Progress::automatic);
@@ -106,6 +109,7 @@ void MpiCommunicator::abort_job(const std::string& message, int code) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::fprintf(stderr, "[ferry r%d] %s\n[ferry r%d] ending the job (MPI_Abort)\n", rank, message.c_str(), rank);
   std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // see the watchdog's abort
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }

@@ -285,10 +285,6 @@ void resolve_offload(const json& resolved, Config& c, const std::string& source)
   if (o.param_device == "nvme" && o.param_paths.empty()) {
     fail(source, "zero_optimization.offload_param.device 'nvme' needs zero_optimization.offload_param.nvme_path");
   }
-  if (o.optimizer_device == "nvme" && o.optimizer_buffers < 3) {
-    fail(source, "zero_optimization.offload_optimizer.buffer_count must be >= 3 with nvme (a tile's master, m and v), got " +
-                     std::to_string(o.optimizer_buffers));
-  }
 }
 
 }  // namespace

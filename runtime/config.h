@@ -39,7 +39,7 @@ struct OffloadConfig {
   std::string optimizer_device = "none", param_device = "none";  // none | cpu | nvme
   std::vector<std::string> optimizer_paths, param_paths;
   bool optimizer_pin = true, param_pin = true;
-  int optimizer_buffers = 4, param_buffers = 5;
+  int optimizer_buffers = 6, param_buffers = 5;
   int64_t param_buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
   offload::AioConfig aio;
 };

@@ -1,6 +1,8 @@
 #include "runtime/optimizer_state.h"
 
+#include <array>
 #include <cstring>
+#include <deque>
 #include <stdexcept>
 
 namespace ferry::runtime {
@@ -24,6 +26,7 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
     for (int k = 0; k < per_unit_; ++k) sizes.push_back(len);
   store_ = std::make_unique<ShardStore>(tier_, device, host, sizes, offload.optimizer_paths,
                                         "ferry-optimizer-rank" + std::to_string(rank), offload.aio, warning);
+  if (tier_ == Tier::nvme) swapper_ = std::make_unique<offload::Swapper>(*pool_, pool_->buffer_count());
   if (alias_) return;
   // Master weights start as the compute weights.
   const int64_t tile = pool_ ? static_cast<int64_t>(pool_->buffer_size() / 4) : 0;
@@ -72,28 +75,45 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     pool_->release(buf);
     return;
   }
-  // nvme: stream tiles of master, m, v through three pinned buffers.
+  // nvme: stream tiles of master, m, v through pinned buffers. The swapper reads the next
+  // tiles' three arrays while Adam updates this one; the pool bounds how far ahead.
   const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
-  float* p = static_cast<float*>(pool_->acquire());
-  float* m = static_cast<float*>(pool_->acquire());
-  float* v = static_cast<float*>(pool_->acquire());
+  const int64_t tiles = (o.length + tile - 1) / tile;
+  const int64_t ahead = std::max(0, pool_->buffer_count() / 3 - 1);
+  std::deque<std::array<offload::Swapper::Ticket, 3>> queued;
+  int64_t next = 0;
+  auto enqueue = [&] {
+    const int64_t t0 = next++ * tile, n = std::min(tile, o.length - t0);
+    std::array<offload::Swapper::Ticket, 3> tickets{};
+    for (int which = 0; which < 3; ++which) {
+      const int r = region(unit, which);
+      tickets[static_cast<size_t>(which)] =
+          swapper_->submit([this, r, t0, n](void* buf) { store_->read(r, t0, n, static_cast<float*>(buf)); });
+    }
+    queued.push_back(tickets);
+  };
   try {
-    for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
-      const int64_t n = std::min(tile, o.length - t0);
-      store_->read(region(unit, kMaster), t0, n, p);
-      store_->read(region(unit, kM), t0, n, m);
-      store_->read(region(unit, kV), t0, n, v);
+    while (next < tiles && next <= ahead) enqueue();
+    for (int64_t k = 0; k < tiles; ++k) {
+      const int64_t t0 = k * tile, n = std::min(tile, o.length - t0);
+      const auto tickets = queued.front();
+      queued.pop_front();
+      float* p = static_cast<float*>(swapper_->wait(tickets[0]));
+      float* m = static_cast<float*>(swapper_->wait(tickets[1]));
+      float* v = static_cast<float*>(swapper_->wait(tickets[2]));
       adam_over(p, m, v, t0, n);
       store_->write(region(unit, kMaster), t0, n, p);
       store_->write(region(unit, kM), t0, n, m);
       store_->write(region(unit, kV), t0, n, v);
       units_.write_owned_weights(unit, t0, n, p);
+      swapper_->release(p), swapper_->release(m), swapper_->release(v);
+      if (next < tiles) enqueue();
     }
   } catch (...) {
-    pool_->release(p), pool_->release(m), pool_->release(v);
+    for (const auto& tickets : queued)
+      for (auto t : tickets) swapper_->cancel(t);
     throw;
   }
-  pool_->release(p), pool_->release(m), pool_->release(v);
 }
 
 }  // namespace ferry::runtime

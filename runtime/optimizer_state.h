@@ -5,7 +5,8 @@
 //   cpu   host memory; Adam runs in place, then the updated master range is copied to
 //         the compute weights
 //   nvme  an NVMe file; each tile of master, m and v is read into pinned buffers, updated,
-//         written back, and copied to the compute weights
+//         written back, and copied to the compute weights; the swapper reads the next
+//         tiles while Adam updates this one (buffer_count / 3 - 1 tiles ahead)
 // Every placement computes the same fp32 arithmetic in the same order, so losses are
 // identical across placements (a test checks it bit for bit).
 // Threads: the training thread. Errors: StorageError naming the file on nvme.
@@ -16,6 +17,7 @@
 
 #include "offload/cpu_adam.h"
 #include "offload/pinned_pool.h"
+#include "offload/swapper.h"
 #include "runtime/config.h"
 #include "runtime/shard_store.h"
 #include "runtime/sharded_units.h"
@@ -52,6 +54,7 @@ class OptimizerState {
   const offload::CpuAdam& adam_;
   offload::PinnedPool* pool_;
   std::unique_ptr<ShardStore> store_;
+  std::unique_ptr<offload::Swapper> swapper_;  // nvme: tile reads ahead of the update
 };
 
 }  // namespace ferry::runtime

@@ -55,6 +55,9 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
                                            place_.param_paths, "ferry-params-rank" + std::to_string(comm.rank()),
                                            place_.aio, &warning);
     if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", comm.rank(), warning.c_str());
+    if (place_.params == Tier::nvme && place_.prefetch_depth > 0) {
+      swapper_ = std::make_unique<offload::Swapper>(*place_.pool, place_.prefetch_depth);
+    }
   }
   for (size_t u = 0; u < n; ++u) {
     const Partition& p = parts_[u];
@@ -84,19 +87,53 @@ Tensor ShardedUnits::fetch_shard(int unit) {
   if (params_->tier() != Tier::nvme) return params_->tensor(unit);
   Tensor shard = Tensor::empty(dev_, DType::f32, {p.shard});
   const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
-  float* staging = static_cast<float*>(place_.pool->acquire());
-  try {
-    for (int64_t k = 0; k < p.shard; k += piece) {
-      const int64_t len = std::min(piece, p.shard - k);
-      params_->read(unit, k, len, staging);
-      std::memcpy(shard.data_as<float>() + k, staging, static_cast<size_t>(len) * 4);
+  if (auto it = prefetched_.find(unit); it != prefetched_.end()) {
+    const offload::Swapper::Ticket t = it->second;
+    prefetched_.erase(it);
+    void* buf = swapper_->wait(t);
+    std::memcpy(shard.data(), buf, static_cast<size_t>(p.shard) * 4);
+    swapper_->release(buf);
+    ++prefetch_hits_;
+  } else {
+    float* staging = static_cast<float*>(place_.pool->acquire());
+    try {
+      for (int64_t k = 0; k < p.shard; k += piece) {
+        const int64_t len = std::min(piece, p.shard - k);
+        params_->read(unit, k, len, staging);
+        std::memcpy(shard.data_as<float>() + k, staging, static_cast<size_t>(len) * 4);
+      }
+    } catch (...) {
+      place_.pool->release(staging);
+      throw;
     }
-  } catch (...) {
     place_.pool->release(staging);
-    throw;
   }
-  place_.pool->release(staging);
+  // Keep the recorded order; from the second step on, start the next units' reads.
+  if (recording_) {
+    order_.push_back(unit);
+  } else if (position_ < order_.size() && order_[position_] == unit) {
+    prefetch_from(++position_);
+  } else {
+    cancel_prefetches();  // another sequence (evaluation, sampling): no guesses
+    position_ = order_.size();
+  }
   return shard;
+}
+
+void ShardedUnits::prefetch_from(size_t position) {
+  if (!swapper_) return;
+  const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
+  for (size_t k = position; k < std::min(order_.size(), position + static_cast<size_t>(place_.prefetch_depth)); ++k) {
+    const int u = order_[k];
+    const int64_t n = partition_of(u).shard;
+    if (prefetched_.count(u) || n > piece) continue;  // already coming, or larger than a buffer
+    prefetched_[u] = swapper_->submit([this, u, n](void* buf) { params_->read(u, 0, n, static_cast<float*>(buf)); });
+  }
+}
+
+void ShardedUnits::cancel_prefetches() {
+  for (const auto& [u, t] : prefetched_) swapper_->cancel(t);
+  prefetched_.clear();
 }
 
 void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float* buf) {
@@ -107,6 +144,10 @@ void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float
 }
 
 void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf) {
+  if (auto it = prefetched_.find(unit); it != prefetched_.end()) {  // stale now
+    swapper_->cancel(it->second);
+    prefetched_.erase(it);
+  }
   const Owned o = owned(unit);
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_weights outside the owned range");
   if (zero_.stage == 3) return params_->write(unit, offset, n, buf);
@@ -168,6 +209,13 @@ Tensor ShardedUnits::grad_shard(int unit) const {
 }
 
 void ShardedUnits::zero_grads() {
+  if (swapper_) {
+    // Step boundary: weights changed in the optimizer step, so nothing read before is kept.
+    cancel_prefetches();
+    recording_ = order_.empty();
+    position_ = 0;
+    if (!recording_) prefetch_from(0);
+  }
   for (const Tensor& g : full_g_)
     if (g.defined()) dev_.fill(g, 0.0);
   for (const Tensor& g : shard_g_)

@@ -26,6 +26,7 @@
 #include "nn/device.h"
 #include "nn/unit.h"
 #include "offload/pinned_pool.h"
+#include "offload/swapper.h"
 #include "runtime/partition.h"
 #include "runtime/shard_store.h"
 
@@ -46,6 +47,7 @@ struct Placement {
   std::vector<std::string> param_paths;
   offload::AioConfig aio;
   offload::PinnedPool* pool = nullptr;  // staging for nvme reads and writes
+  int prefetch_depth = 1;               // nvme parameter shards read ahead of use
 };
 
 struct StateBytes {
@@ -85,7 +87,10 @@ class ShardedUnits final : public nn::UnitAccess {
   // the squared norms of these slices summed over ranks give the global gradient norm.
   nn::Tensor grad_shard(int unit) const;
 
+  // Starts a step: zeroes the gradients. With nvme parameters it also ends the recording
+  // of the unit order (the first step's) and prefetches the first units of the next.
   void zero_grads();
+  int64_t prefetch_hits() const { return prefetch_hits_; }
   void finish_gradients();  // stages 0-1: reduce the step's full gradients (collective)
   void publish_params();    // stages 1-2: all-gather updated shards (collective)
   // Host copy of unit's full weights (numel elements). Collective at stage 3.
@@ -98,6 +103,8 @@ class ShardedUnits final : public nn::UnitAccess {
   void all_reduce(const nn::Tensor& full);
 
   nn::Tensor fetch_shard(int unit);  // stage 3: this rank's weight shard, readable on the device
+  void prefetch_from(size_t position);
+  void cancel_prefetches();
 
   nn::Device& dev_;
   comm::Communicator& comm_;
@@ -111,6 +118,14 @@ class ShardedUnits final : public nn::UnitAccess {
     int refs = 0;
   };
   std::map<int, Live> live_w_, live_g_;  // stage 3 gathered weights; stage 2-3 full gradients
+  // nvme parameter prefetch: the order of fetches recorded on the first step, the position
+  // in it, and the reads in flight.
+  std::unique_ptr<offload::Swapper> swapper_;
+  std::vector<int> order_;
+  bool recording_ = true;
+  size_t position_ = 0;
+  std::map<int, offload::Swapper::Ticket> prefetched_;
+  int64_t prefetch_hits_ = 0;
 };
 
 }  // namespace ferry::runtime

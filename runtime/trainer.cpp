@@ -59,7 +59,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     const int64_t elems = std::min<int64_t>(off.param_buffer_size, (largest + kNvmeQuantum - 1) / kNvmeQuantum * kNvmeQuantum);
     offload::PinnedPoolOptions po;
     po.buffer_size = static_cast<size_t>(std::max<int64_t>(elems, kNvmeQuantum)) * 4;
-    po.buffer_count = std::max(off.optimizer_buffers, off.param_buffers);
+    // Separate budgets: the optimizer's tiles (3 buffers each, more for reading ahead) and
+    // the parameter shards in flight.
+    po.buffer_count = (opt_tier == Tier::nvme ? off.optimizer_buffers : 0) + (param_tier == Tier::nvme ? off.param_buffers : 0);
     po.pin = off.optimizer_pin && off.param_pin;
     pool_ = std::make_unique<offload::PinnedPool>(po);
   }
@@ -70,6 +72,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   place.param_paths = off.param_paths;
   place.aio = off.aio;
   place.pool = pool_.get();
+  place.prefetch_depth = std::max(0, std::min(2, off.param_buffers - 1));  // one buffer stays for reads on demand
   units_ = std::make_unique<ShardedUnits>(*device_, comm_, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); },
                                           place);

@@ -146,3 +146,18 @@ BOOST_AUTO_TEST_CASE(placement_rules_name_the_key) {
   d["aio"] = {{"block_size", 1000}};
   BOOST_TEST(error(d).find("aio.block_size") != std::string::npos);
 }
+
+BOOST_AUTO_TEST_CASE(nvme_parameters_are_read_ahead_of_use) {
+  TempDir dir;
+  comm::SingleProcessCommunicator c;
+  std::ostream discard(nullptr);
+  json d = doc(3, "nvme", "nvme", dir.path.string());
+  d["train"]["steps"] = 3;
+  runtime::Trainer t(runtime::config_from_json(d, "test", "", {}), c, discard);
+  t.run();
+  // Step 1 records the unit order; steps 2 and 3 read each next unit while the current one
+  // computes: forward and backward fetch every unit shard once or twice per step.
+  const int64_t fetches_per_step = 2 * t.model().num_units();
+  BOOST_TEST(t.units().prefetch_hits() >= fetches_per_step);
+  BOOST_TEST_MESSAGE("prefetch hits: " << t.units().prefetch_hits());
+}
