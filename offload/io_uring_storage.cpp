@@ -116,7 +116,7 @@ void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t 
     io_uring_cqe_seen(&ring_, cqe);
     --inflight;
     Request& r = reqs[i];
-    if (fault_) fault_(files_->path(r.file), r.foff + r.done, r.len - r.done, result);
+    if (fault_) fault_(is_write, files_->path(r.file), r.foff + r.done, r.len - r.done, result);
     if ((result == -EINTR || result == -EAGAIN) && ++r.retries < 1000) {
       ready.push_front(i);  // retried as is
     } else if (result <= 0) {

@@ -60,7 +60,7 @@ void PosixStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t le
         const ssize_t r = is_write ? pwrite(files_->fd(p.file), p.ptr + done, p.len - done, static_cast<off_t>(p.foff + done))
                                    : pread(files_->fd(p.file), p.ptr + done, p.len - done, static_cast<off_t>(p.foff + done));
         int64_t result = r < 0 ? -errno : r;
-        if (fault_) fault_(files_->path(p.file), p.foff + done, p.len - done, result);
+        if (fault_) fault_(is_write, files_->path(p.file), p.foff + done, p.len - done, result);
         if ((result == -EINTR || result == -EAGAIN) && ++retries < 1000) continue;
         if (result < 0) {
           throw StorageError(files_->path(p.file), p.foff + done, p.len - done, static_cast<int>(-result),

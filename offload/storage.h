@@ -43,10 +43,11 @@ struct AioConfig {
   bool overlap_events = true;   // refill the queue as completions arrive instead of per batch
 };
 
-// Test hooks: called with each completed system request (path, offset, requested length,
-// result: bytes or -errno); may change the result to inject a fault (-EIO, -ENOSPC,
-// -EINTR, -EAGAIN, or a short count). Used by the tests, nullptr in production.
-using FaultHook = std::function<void(const std::string& path, uint64_t offset, size_t len, int64_t& result)>;
+// Test hooks: called with each completed system request (write or read, path, offset,
+// requested length, result: bytes or -errno); may change the result to inject a fault
+// (-EIO, -ENOSPC, -EINTR, -EAGAIN, or a short count). Tests only; empty in production.
+using FaultHook =
+    std::function<void(bool write, const std::string& path, uint64_t offset, size_t len, int64_t& result)>;
 
 class Storage {
  public:

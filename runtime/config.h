@@ -42,6 +42,7 @@ struct OffloadConfig {
   int optimizer_buffers = 6, param_buffers = 5;
   int64_t param_buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
   offload::AioConfig aio;
+  offload::FaultHook fault;  // tests only (no configuration key): injected into every nvme store
 };
 
 struct Config {

@@ -21,11 +21,13 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
   alias_ = tier_ == Tier::device && units.owned(0).weights.defined();
   per_unit_ = alias_ ? 2 : 3;
   if (tier_ == Tier::nvme && pool_ == nullptr) throw std::invalid_argument("OptimizerState: nvme needs a pinned pool");
+  slots_ = tier_ == Tier::nvme ? 2 : 1;
   std::vector<int64_t> sizes;
   for (int64_t len : lengths)
-    for (int k = 0; k < per_unit_; ++k) sizes.push_back(len);
+    for (int k = 0; k < per_unit_ * slots_; ++k) sizes.push_back(len);
   store_ = std::make_unique<ShardStore>(tier_, device, host, sizes, offload.optimizer_paths,
-                                        "ferry-optimizer-rank" + std::to_string(rank), offload.aio, warning);
+                                        "ferry-optimizer-rank" + std::to_string(rank), offload.aio, warning,
+                                        offload.fault);
   if (tier_ == Tier::nvme) swapper_ = std::make_unique<offload::Swapper>(*pool_, pool_->buffer_count());
   if (alias_) return;
   // Master weights start as the compute weights.
@@ -86,7 +88,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     const int64_t t0 = next++ * tile, n = std::min(tile, o.length - t0);
     std::array<offload::Swapper::Ticket, 3> tickets{};
     for (int which = 0; which < 3; ++which) {
-      const int r = region(unit, which);
+      const int r = region(unit, which, current_);
       tickets[static_cast<size_t>(which)] =
           swapper_->submit([this, r, t0, n](void* buf) { store_->read(r, t0, n, static_cast<float*>(buf)); });
     }
@@ -102,9 +104,10 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
       float* m = static_cast<float*>(swapper_->wait(tickets[1]));
       float* v = static_cast<float*>(swapper_->wait(tickets[2]));
       adam_over(p, m, v, t0, n);
-      store_->write(region(unit, kMaster), t0, n, p);
-      store_->write(region(unit, kM), t0, n, m);
-      store_->write(region(unit, kV), t0, n, v);
+      const int next_slot = 1 - current_;
+      store_->write(region(unit, kMaster, next_slot), t0, n, p);
+      store_->write(region(unit, kM, next_slot), t0, n, m);
+      store_->write(region(unit, kV, next_slot), t0, n, v);
       units_.write_owned_weights(unit, t0, n, p);
       swapper_->release(p), swapper_->release(m), swapper_->release(v);
       if (next < tiles) enqueue();
@@ -114,6 +117,30 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
       for (auto t : tickets) swapper_->cancel(t);
     throw;
   }
+}
+
+void OptimizerState::commit() {
+  if (slots_ == 2) current_ = 1 - current_;
+}
+
+std::vector<float> OptimizerState::master(int unit) {
+  const ShardedUnits::Owned o = units_.owned(unit);
+  std::vector<float> out(static_cast<size_t>(o.length));
+  if (alias_) {
+    std::memcpy(out.data(), o.weights.data(), out.size() * 4);
+  } else if (tier_ != Tier::nvme) {
+    std::memcpy(out.data(), store_->tensor(region(unit, kMaster)).data(), out.size() * 4);
+  } else {
+    const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+    float* buf = static_cast<float*>(pool_->acquire());
+    for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
+      const int64_t n = std::min(tile, o.length - t0);
+      store_->read(region(unit, kMaster, current_), t0, n, buf);
+      std::memcpy(out.data() + t0, buf, static_cast<size_t>(n) * 4);
+    }
+    pool_->release(buf);
+  }
+  return out;
 }
 
 }  // namespace ferry::runtime

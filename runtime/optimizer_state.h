@@ -6,7 +6,10 @@
 //         the compute weights
 //   nvme  an NVMe file; each tile of master, m and v is read into pinned buffers, updated,
 //         written back, and copied to the compute weights; the swapper reads the next
-//         tiles while Adam updates this one (buffer_count / 3 - 1 tiles ahead)
+//         tiles while Adam updates this one (buffer_count / 3 - 1 tiles ahead).
+//         Two slots per array: a step reads the current slot and writes the other, and
+//         commit() makes the written slots current only when every unit has succeeded, so
+//         a failed write (EIO, ENOSPC) leaves the previous step's state whole and readable.
 // Every placement computes the same fp32 arithmetic in the same order, so losses are
 // identical across placements (a test checks it bit for bit).
 // Threads: the training thread. Errors: StorageError naming the file on nvme.
@@ -39,6 +42,10 @@ class OptimizerState {
   // (host-accessible, owned length); `ranges` are the parts that hold parameters.
   void step(int unit, const nn::Tensor& grads, const std::vector<DecayRange>& ranges, int64_t step, double lr,
             double grad_scale);
+  // After every unit's step: the new state becomes the current one (nvme: flips the slots).
+  void commit();
+  // Host copy of unit's current master weights (owned length), whatever the tier.
+  std::vector<float> master(int unit);
 
   Tier tier() const { return tier_; }
   bool aliased() const { return alias_; }
@@ -46,10 +53,15 @@ class OptimizerState {
   size_t bytes() const { return store_->bytes(); }  // master (unless aliased), m and v
 
  private:
-  int region(int unit, int which) const { return unit * per_unit_ + which - (alias_ ? 1 : 0); }
+  // Region of array `which` (master, m, v) of a unit; nvme has two slots per array.
+  int region(int unit, int which, int slot = 0) const {
+    return unit * per_unit_ * slots_ + slot * per_unit_ + which - (alias_ ? 1 : 0);
+  }
   Tier tier_;
   bool alias_;
   int per_unit_;
+  int slots_ = 1;
+  int current_ = 0;  // nvme: the slot holding the last committed step
   ShardedUnits& units_;
   const offload::CpuAdam& adam_;
   offload::PinnedPool* pool_;

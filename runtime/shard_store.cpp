@@ -30,7 +30,7 @@ int64_t round_up(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
 
 ShardStore::ShardStore(Tier tier, nn::Device& device, nn::Device& host, const std::vector<int64_t>& sizes,
                        const std::vector<std::string>& nvme_paths, const std::string& name,
-                       const offload::AioConfig& aio, std::string* warning)
+                       const offload::AioConfig& aio, std::string* warning, const offload::FaultHook& fault)
     : tier_(tier), sizes_(sizes) {
   if (tier_ != Tier::nvme) {
     nn::Device& d = tier_ == Tier::device ? device : host;
@@ -50,6 +50,7 @@ ShardStore::ShardStore(Tier tier, nn::Device& device, nn::Device& host, const st
   o.name = name;
   o.capacity = std::max<uint64_t>(total, 4096);
   o.aio = aio;
+  o.fault = fault;
   storage_ = offload::make_storage(o, warning);
   // Zero every region once, through one aligned buffer: the files may hold an old run.
   const size_t chunk = 4 << 20;

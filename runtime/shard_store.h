@@ -29,7 +29,7 @@ class ShardStore {
   // `name` names the NVMe file (NAME.swp). All regions start zeroed.
   ShardStore(Tier tier, nn::Device& device, nn::Device& host, const std::vector<int64_t>& region_sizes,
              const std::vector<std::string>& nvme_paths, const std::string& name, const offload::AioConfig& aio,
-             std::string* warning);
+             std::string* warning, const offload::FaultHook& fault = {});
   Tier tier() const { return tier_; }
   std::string where() const;
   size_t bytes() const;  // what the tier holds

@@ -53,7 +53,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     std::string warning;
     params_ = std::make_unique<ShardStore>(place_.params, dev_, place_.host ? *place_.host : dev_, shard_sizes,
                                            place_.param_paths, "ferry-params-rank" + std::to_string(comm.rank()),
-                                           place_.aio, &warning);
+                                           place_.aio, &warning, place_.fault);
     if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", comm.rank(), warning.c_str());
     if (place_.params == Tier::nvme && place_.prefetch_depth > 0) {
       swapper_ = std::make_unique<offload::Swapper>(*place_.pool, place_.prefetch_depth);

@@ -48,6 +48,7 @@ struct Placement {
   offload::AioConfig aio;
   offload::PinnedPool* pool = nullptr;  // staging for nvme reads and writes
   int prefetch_depth = 1;               // nvme parameter shards read ahead of use
+  offload::FaultHook fault;             // tests only
 };
 
 struct StateBytes {

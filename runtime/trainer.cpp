@@ -72,6 +72,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   place.param_paths = off.param_paths;
   place.aio = off.aio;
   place.pool = pool_.get();
+  place.fault = off.fault;
   place.prefetch_depth = std::max(0, std::min(2, off.param_buffers - 1));  // one buffer stays for reads on demand
   units_ = std::make_unique<ShardedUnits>(*device_, comm_, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); },
@@ -146,6 +147,7 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   for (int u = 0; u < model_->num_units(); ++u) {
     opt_->step(u, units_->owned(u).grads, decay_[static_cast<size_t>(u)], step + 1, lr, clip / accum);
   }
+  opt_->commit();  // every unit's new state is written: make it the current one
   units_->publish_params();
   return lr;
 }

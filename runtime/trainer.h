@@ -59,6 +59,7 @@ class Trainer {
 
   nn::GPT& model() { return *model_; }
   ShardedUnits& units() { return *units_; }
+  OptimizerState& optimizer() { return *opt_; }
   nn::Device& device() { return *device_; }
 
  private:

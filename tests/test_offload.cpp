@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <ostream>
 
@@ -160,4 +161,40 @@ BOOST_AUTO_TEST_CASE(nvme_parameters_are_read_ahead_of_use) {
   const int64_t fetches_per_step = 2 * t.model().num_units();
   BOOST_TEST(t.units().prefetch_hits() >= fetches_per_step);
   BOOST_TEST_MESSAGE("prefetch hits: " << t.units().prefetch_hits());
+}
+
+BOOST_AUTO_TEST_CASE(failed_optimizer_writes_name_the_file_and_keep_the_last_step) {
+  TempDir dir;
+  std::ostream discard(nullptr);
+  comm::SingleProcessCommunicator c;
+  // The master weights after one clean step: what must survive a failure in step 2.
+  std::vector<std::vector<float>> after_step1;
+  {
+    runtime::Trainer t(runtime::config_from_json(doc(3, "nvme", "none", dir.path.string()), "ref", "", {}), c, discard);
+    t.train_step(0);
+    for (int u = 0; u < t.model().num_units(); ++u) after_step1.push_back(t.optimizer().master(u));
+  }
+  for (int err : {EIO, ENOSPC}) {
+    bool armed = false;
+    runtime::Config cfg = runtime::config_from_json(doc(3, "nvme", "none", dir.path.string()), "faulty", "", {});
+    cfg.offload.fault = [&](bool write, const std::string& path, uint64_t, size_t, int64_t& result) {
+      if (armed && write && path.find("ferry-optimizer") != std::string::npos) result = -err;
+    };
+    runtime::Trainer t(cfg, c, discard);
+    t.train_step(0);
+    armed = true;
+    try {
+      t.train_step(1);
+      BOOST_FAIL("a failing optimizer-state write went unreported");
+    } catch (const offload::StorageError& e) {
+      BOOST_TEST(e.err == err);
+      BOOST_TEST(e.path == (dir.path / "ferry-optimizer-rank0.swp").string(), e.path);
+      BOOST_TEST(std::string(e.what()).find(std::strerror(err)) != std::string::npos, e.what());
+    }
+    armed = false;
+    // Nothing was committed: the state is exactly the one after step 1.
+    for (int u = 0; u < t.model().num_units(); ++u) {
+      BOOST_TEST(t.optimizer().master(u) == after_step1[static_cast<size_t>(u)], boost::test_tools::per_element());
+    }
+  }
 }

@@ -7,11 +7,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <thread>
 
 #include "offload/pinned_pool.h"
 #include "offload/storage.h"
+#include "offload/swapper.h"
 
 using namespace ferry::offload;
 
@@ -87,4 +90,35 @@ BOOST_AUTO_TEST_CASE(slab_registers_as_io_uring_fixed_buffers) {
   pool.release(back);
   s.reset();
   fs::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(swapper_runs_jobs_ahead_in_order_and_bounded) {
+  PinnedPool pool({4096, 3, true, true});
+  Swapper swapper(pool, 2);
+  std::vector<int> ran;
+  std::mutex mu;
+  std::vector<Swapper::Ticket> tickets;
+  for (int i = 0; i < 3; ++i) {
+    tickets.push_back(swapper.submit([&, i](void* buf) {
+      std::memset(buf, i + 1, 4096);
+      std::lock_guard<std::mutex> lock(mu);
+      ran.push_back(i);
+    }));
+  }
+  BOOST_TEST(pool.in_use() == 3);  // every buffer is in flight: a fourth submit would wait
+  for (int i = 0; i < 3; ++i) {
+    auto* buf = static_cast<unsigned char*>(swapper.wait(tickets[static_cast<size_t>(i)]));
+    BOOST_TEST(buf[0] == i + 1);
+    BOOST_TEST(buf[4095] == i + 1);
+    swapper.release(buf);
+  }
+  BOOST_TEST((ran == std::vector<int>{0, 1, 2}));  // in submission order
+  BOOST_TEST(pool.in_use() == 0);
+  // A failing job's error reaches wait(); its buffer goes back to the pool.
+  const auto bad = swapper.submit([](void*) { throw StorageError("/x/ferry.swp", 4096, 4096, EIO, "read"); });
+  BOOST_CHECK_THROW(swapper.wait(bad), StorageError);
+  BOOST_TEST(pool.in_use() == 0);
+  // A prefetch nobody needs is cancelled: buffer back, error ignored.
+  swapper.cancel(swapper.submit([](void*) { throw std::runtime_error("unused"); }));
+  BOOST_TEST(pool.in_use() == 0);
 }

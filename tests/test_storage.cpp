@@ -188,7 +188,7 @@ BOOST_AUTO_TEST_CASE(short_transfers_and_retries_complete_correctly) {
   for (bool uring : {true, false}) {
     int injected_short = 0, injected_retry = 0;
     auto o = options(d.two, uring, true);
-    o.fault = [&](const std::string&, uint64_t, size_t len, int64_t& result) {
+    o.fault = [&](bool, const std::string&, uint64_t, size_t len, int64_t& result) {
       if (result <= 0) return;
       static thread_local int n = 0;
       ++n;
@@ -213,7 +213,7 @@ BOOST_AUTO_TEST_CASE(eio_and_enospc_name_the_path_and_spare_other_data) {
     for (int err : {EIO, ENOSPC}) {
       bool armed = false;
       auto o = options(d.two, uring, true);
-      o.fault = [&](const std::string&, uint64_t, size_t, int64_t& result) {
+      o.fault = [&](bool, const std::string&, uint64_t, size_t, int64_t& result) {
         if (armed) result = -err;
       };
       auto s = offload::make_storage(o, nullptr);
