@@ -1,5 +1,6 @@
 #include "offload/pinned_pool.h"
 
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -13,6 +14,36 @@
 namespace ferry::offload {
 
 namespace {
+
+// The three CUDA runtime calls the pool needs, resolved from libcudart at run time.
+struct CudaRuntime {
+  int (*get_device_count)(int*) = nullptr;
+  int (*host_register)(void*, size_t, unsigned) = nullptr;
+  int (*host_unregister)(void*) = nullptr;
+};
+
+const CudaRuntime* cuda_runtime() {
+  static const CudaRuntime* runtime = []() -> const CudaRuntime* {
+    if (access("/dev/nvidiactl", F_OK) != 0) return nullptr;  // no NVIDIA driver, no GPU
+#ifdef FERRY_CUDART_PATH
+    void* h = dlopen(FERRY_CUDART_PATH, RTLD_NOW | RTLD_LOCAL);
+#else
+    void* h = nullptr;
+#endif
+    if (!h) h = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return nullptr;
+    static CudaRuntime r;
+    r.get_device_count = reinterpret_cast<int (*)(int*)>(dlsym(h, "cudaGetDeviceCount"));
+    r.host_register = reinterpret_cast<int (*)(void*, size_t, unsigned)>(dlsym(h, "cudaHostRegister"));
+    r.host_unregister = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaHostUnregister"));
+    int n = 0;
+    if (!r.get_device_count || !r.host_register || !r.host_unregister || r.get_device_count(&n) != 0 || n < 1) {
+      return nullptr;
+    }
+    return &r;
+  }();
+  return runtime;
+}
 
 bool may_exceed_memlock() {
   if (geteuid() == 0) return true;
@@ -68,10 +99,17 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options) : options_(options) {
       warning_ = why + "; continuing unpinned";
     }
   }
+  if (options_.pin) {
+    if (const CudaRuntime* cuda = cuda_runtime()) {
+      cuda_registered_ = cuda->host_register(slab_, bytes_, /*cudaHostRegisterDefault=*/0) == 0;
+      if (!cuda_registered_) warning_ += (warning_.empty() ? "" : "; ") + std::string("cudaHostRegister failed");
+    }
+  }
   for (int i = options_.buffer_count - 1; i >= 0; --i) free_.push_back(slab_ + static_cast<size_t>(i) * options_.buffer_size);
 }
 
 PinnedPool::~PinnedPool() {
+  if (cuda_registered_) cuda_runtime()->host_unregister(slab_);
   if (pinned_) munlock(slab_, bytes_);
   std::free(slab_);
 }

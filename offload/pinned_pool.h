@@ -6,8 +6,10 @@
 // Pinning needs RLIMIT_MEMLOCK >= the pool (or CAP_IPC_LOCK). When it is too low the pool
 // says so, with the limit and how to raise it, and either fails (PinnedMemoryError) or,
 // when allow_unpinned, continues with ordinary pages and keeps the message in warning().
-// Registration with io_uring is the Storage's (register_buffers(regions())); with CUDA,
-// the CUDA device's (not in this release).
+// Registration with io_uring is the Storage's (register_buffers(regions())). With CUDA:
+// where a GPU is present (/dev/nvidiactl exists) the pool loads the toolkit's libcudart
+// at run time and registers the slab with cudaHostRegister, so device copies from it are
+// DMA without staging; where there is none, nothing CUDA is loaded.
 // Threads: acquire()/release() are thread safe; acquire() blocks while every buffer is
 // in use, which bounds the transfers in flight.
 #pragma once
@@ -46,6 +48,7 @@ class PinnedPool {
   PinnedPool& operator=(const PinnedPool&) = delete;
 
   bool pinned() const { return pinned_; }
+  bool cuda_registered() const { return cuda_registered_; }
   const std::string& warning() const { return warning_; }
   size_t buffer_size() const { return options_.buffer_size; }
   int buffer_count() const { return options_.buffer_count; }
@@ -62,6 +65,7 @@ class PinnedPool {
   size_t bytes_ = 0;
   char* slab_ = nullptr;
   bool pinned_ = false;
+  bool cuda_registered_ = false;
   std::string warning_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

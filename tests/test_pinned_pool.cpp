@@ -122,3 +122,14 @@ BOOST_AUTO_TEST_CASE(swapper_runs_jobs_ahead_in_order_and_bounded) {
   swapper.cancel(swapper.submit([](void*) { throw std::runtime_error("unused"); }));
   BOOST_TEST(pool.in_use() == 0);
 }
+
+BOOST_AUTO_TEST_CASE(cuda_registration_only_where_a_gpu_is) {
+  PinnedPool pool({4096, 1, true, true});
+  if (access("/dev/nvidiactl", F_OK) != 0) {
+    BOOST_TEST(!pool.cuda_registered());  // no driver: nothing CUDA was loaded
+    BOOST_TEST_MESSAGE("no GPU here: cudaHostRegister is not exercised");
+  } else {
+    BOOST_TEST_MESSAGE("GPU present: pool registered with CUDA = " << pool.cuda_registered());
+    BOOST_TEST(pool.cuda_registered());
+  }
+}
