@@ -6,7 +6,6 @@
 #include <cstring>
 #include <deque>
 
-#include "offload/posix_storage.h"
 
 namespace ferry::offload {
 
@@ -46,16 +45,6 @@ int IoUringStorage::fixed_index(const char* p, size_t len) const {
     if (p >= fixed_[i].first && p + len <= fixed_[i].first + fixed_[i].second) return static_cast<int>(i);
   }
   return -1;
-}
-
-void IoUringStorage::write(uint64_t offset, const void* buf, size_t len) {
-  check_request(*this, "write", offset, buf, len);
-  transfer(true, offset, static_cast<char*>(const_cast<void*>(buf)), len);
-}
-
-void IoUringStorage::read(uint64_t offset, void* buf, size_t len) {
-  check_request(*this, "read", offset, buf, len);
-  transfer(false, offset, static_cast<char*>(buf), len);
 }
 
 void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t len) {

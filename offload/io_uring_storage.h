@@ -24,14 +24,14 @@ class IoUringStorage final : public Storage {
   std::string describe() const override;
   uint64_t capacity() const override { return files_->capacity(); }
   size_t alignment() const override { return direct_ ? 4096 : 1; }
-  void write(uint64_t offset, const void* buf, size_t len) override;
-  void read(uint64_t offset, void* buf, size_t len) override;
   void sync() override { files_->sync(); }
   void register_buffers(const std::vector<std::pair<void*, size_t>>& buffers) override;
   bool has_fixed_buffers() const { return !fixed_.empty(); }
 
+ protected:
+  void transfer(bool is_write, uint64_t offset, char* buf, size_t len) override;
+
  private:
-  void transfer(bool is_write, uint64_t offset, char* buf, size_t len);
   int fixed_index(const char* p, size_t len) const;
 
   std::unique_ptr<StripedFiles> files_;

@@ -7,18 +7,6 @@
 
 namespace ferry::offload {
 
-void check_request(const Storage& s, const char* op, uint64_t offset, const void* buf, size_t len) {
-  const size_t a = s.alignment();
-  if (offset + len > s.capacity()) {
-    throw StorageError(s.describe(), offset, len, EINVAL, std::string(op) + " past the end (capacity " +
-                                                            std::to_string(s.capacity()) + ") of");
-  }
-  if (offset % a || len % a || reinterpret_cast<uintptr_t>(buf) % a) {
-    throw StorageError(s.describe(), offset, len, EINVAL,
-                       std::string(op) + " not aligned to " + std::to_string(a) + " bytes (offset, length, buffer) on");
-  }
-}
-
 PosixStorage::PosixStorage(std::unique_ptr<StripedFiles> files, bool direct, const AioConfig& aio, FaultHook fault)
     : files_(std::move(files)), direct_(direct), aio_(aio), fault_(std::move(fault)) {}
 
@@ -28,16 +16,6 @@ std::string PosixStorage::describe() const {
   s += " on " + files_->path(0);
   if (files_->count() > 1) s += " (+" + std::to_string(files_->count() - 1) + " striped)";
   return s;
-}
-
-void PosixStorage::write(uint64_t offset, const void* buf, size_t len) {
-  check_request(*this, "write", offset, buf, len);
-  transfer(true, offset, static_cast<char*>(const_cast<void*>(buf)), len);
-}
-
-void PosixStorage::read(uint64_t offset, void* buf, size_t len) {
-  check_request(*this, "read", offset, buf, len);
-  transfer(false, offset, static_cast<char*>(buf), len);
 }
 
 void PosixStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t len) {

@@ -1,9 +1,37 @@
 #include "offload/storage.h"
 
+#include <cerrno>
+
 #include "offload/io_uring_storage.h"
 #include "offload/posix_storage.h"
 
 namespace ferry::offload {
+
+namespace {
+
+void check_request(const Storage& s, const char* op, uint64_t offset, const void* buf, size_t len) {
+  const size_t a = s.alignment();
+  if (offset + len > s.capacity()) {
+    throw StorageError(s.describe(), offset, len, EINVAL,
+                       std::string(op) + " past the end (capacity " + std::to_string(s.capacity()) + ") of");
+  }
+  if (offset % a || len % a || reinterpret_cast<uintptr_t>(buf) % a) {
+    throw StorageError(s.describe(), offset, len, EINVAL,
+                       std::string(op) + " not aligned to " + std::to_string(a) + " bytes (offset, length, buffer) on");
+  }
+}
+
+}  // namespace
+
+void Storage::write(uint64_t offset, const void* buf, size_t len) {
+  check_request(*this, "write", offset, buf, len);
+  transfer(true, offset, static_cast<char*>(const_cast<void*>(buf)), len);
+}
+
+void Storage::read(uint64_t offset, void* buf, size_t len) {
+  check_request(*this, "read", offset, buf, len);
+  transfer(false, offset, static_cast<char*>(buf), len);
+}
 
 std::unique_ptr<Storage> make_storage(const StorageOptions& o, std::string* warning) {
   std::string why;

@@ -55,12 +55,17 @@ class Storage {
   virtual std::string describe() const = 0;
   virtual uint64_t capacity() const = 0;
   virtual size_t alignment() const = 0;
-  virtual void write(uint64_t offset, const void* buf, size_t len) = 0;
-  virtual void read(uint64_t offset, void* buf, size_t len) = 0;
+  // Check the request (range, alignment), then transfer it.
+  void write(uint64_t offset, const void* buf, size_t len);
+  void read(uint64_t offset, void* buf, size_t len);
   virtual void sync() = 0;  // written data reaches the device (fdatasync)
   // Buffers used for I/O that the implementation may register (io_uring fixed buffers).
   // Optional: the default does nothing.
   virtual void register_buffers(const std::vector<std::pair<void*, size_t>>&) {}
+
+ protected:
+  // A checked request: in range and aligned.
+  virtual void transfer(bool is_write, uint64_t offset, char* buf, size_t len) = 0;
 };
 
 struct StorageOptions {

@@ -14,6 +14,7 @@
 #include "nn/device.h"
 #include "offload/storage.h"
 #include "runtime/trainer.h"
+#include "test_util.h"
 
 using namespace ferry;
 using nlohmann::json;
@@ -21,10 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("ferry_offload_" + std::to_string(getpid()));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("offload") {}
 };
 
 json doc(int stage, const std::string& opt, const std::string& par, const std::string& nvme) {

@@ -17,6 +17,7 @@
 #include "nn/rng.h"
 #include "offload/io_uring_storage.h"
 #include "offload/storage.h"
+#include "test_util.h"
 
 using namespace ferry;
 using offload::StorageError;
@@ -25,14 +26,14 @@ namespace fs = std::filesystem;
 namespace {
 
 struct TempDirs {
-  fs::path root = fs::temp_directory_path() / ("ferry_storage_" + std::to_string(getpid()));
+  test::TempDir dir{"storage"};
+  fs::path root = dir.path;
   std::vector<std::string> two;
   TempDirs() {
     fs::create_directories(root / "a");
     fs::create_directories(root / "b");
     two = {(root / "a").string(), (root / "b").string()};
   }
-  ~TempDirs() { fs::remove_all(root); }
 };
 
 // The byte every storage must hold at logical offset o after write_pattern.

@@ -1,8 +1,12 @@
 // Helpers shared by the unit tests: random tensors and finite-difference gradients.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "nn/device.h"
@@ -10,6 +14,18 @@
 #include "nn/tensor.h"
 
 namespace ferry::test {
+
+// A fresh folder under the system's temp dir, removed with everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& tag)
+      : path(std::filesystem::temp_directory_path() / ("ferry_" + tag + "_" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
 
 inline nn::Tensor random_tensor(nn::Device& dev, nn::DType dtype, nn::Shape shape, uint64_t seed,
                                 double scale = 1.0) {
