@@ -28,7 +28,11 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
   store_ = std::make_unique<ShardStore>(tier_, device, host, sizes, offload.optimizer_paths,
                                         "ferry-optimizer-rank" + std::to_string(rank), offload.aio, warning,
                                         offload.fault);
-  if (tier_ == Tier::nvme) swapper_ = std::make_unique<offload::Swapper>(*pool_, pool_->buffer_count());
+  if (tier_ == Tier::nvme) {
+    const std::string why = store_->use_pool(*pool_);
+    if (!why.empty() && warning) *warning += (warning->empty() ? "" : "; ") + ("no fixed buffers: " + why);
+    swapper_ = std::make_unique<offload::Swapper>(*pool_, pool_->buffer_count());
+  }
   if (alias_) return;
   // Master weights start as the compute weights.
   const int64_t tile = pool_ ? static_cast<int64_t>(pool_->buffer_size() / 4) : 0;

@@ -62,6 +62,16 @@ ShardStore::ShardStore(Tier tier, nn::Device& device, nn::Device& host, const st
   std::free(zeros);
 }
 
+std::string ShardStore::use_pool(const offload::PinnedPool& pool) {
+  if (!storage_) return "";
+  try {
+    storage_->register_buffers(pool.regions());
+  } catch (const offload::StorageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 std::string ShardStore::where() const {
   if (tier_ == Tier::nvme) return "nvme: " + storage_->describe();
   return tier_ == Tier::device ? "the device arena" : "host memory";

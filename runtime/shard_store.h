@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "nn/device.h"
+#include "offload/pinned_pool.h"
 #include "offload/storage.h"
 
 namespace ferry::runtime {
@@ -39,6 +40,9 @@ class ShardStore {
   void read(int region, int64_t offset, int64_t n, float* dst);
   void write(int region, int64_t offset, int64_t n, const float* src);
   offload::Storage* storage() { return storage_.get(); }
+  // nvme: registers the pool's slab as io_uring fixed buffers (transfers from it then skip
+  // per-request page pinning). Returns why not, "" on success or on other tiers.
+  std::string use_pool(const offload::PinnedPool& pool);
 
  private:
   Tier tier_;

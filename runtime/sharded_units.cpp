@@ -55,6 +55,10 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
                                            place_.param_paths, "ferry-params-rank" + std::to_string(comm.rank()),
                                            place_.aio, &warning, place_.fault);
     if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", comm.rank(), warning.c_str());
+    if (place_.params == Tier::nvme) {
+      const std::string why = params_->use_pool(*place_.pool);
+      if (!why.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: no fixed buffers: %s\n", comm.rank(), why.c_str());
+    }
     if (place_.params == Tier::nvme && place_.prefetch_depth > 0) {
       swapper_ = std::make_unique<offload::Swapper>(*place_.pool, place_.prefetch_depth);
     }
