@@ -40,7 +40,7 @@ struct OffloadConfig {
   std::vector<std::string> optimizer_paths, param_paths;
   bool optimizer_pin = true, param_pin = true;
   int optimizer_buffers = 6, param_buffers = 5;
-  int64_t param_buffer_size = 100'000'000, max_in_cpu = 1'000'000'000;  // elements
+  int64_t param_buffer_size = 100'000'000, max_in_cpu = 0;  // elements
   offload::AioConfig aio;
   offload::FaultHook fault;  // tests only (no configuration key): injected into every nvme store
 };

@@ -58,8 +58,9 @@ const std::vector<Knob>& config_knobs() {
        "pinned buffers for nvme parameter shards: up to 2 read ahead of use, 1 for reads on demand", 1, 1024},
       {"zero_optimization.offload_param.buffer_size", KnobType::number, 1e8,
        "elements per parameter staging buffer (a unit shard larger than this moves in pieces)", 1024, {}},
-      {"zero_optimization.offload_param.max_in_cpu", KnobType::number, 1e9,
-       "elements of parameter shards kept in host memory when device is cpu; more is an error", 0, {}},
+      {"zero_optimization.offload_param.max_in_cpu", KnobType::number, 0,
+       "with device nvme: elements of parameter shards (the first units') kept in host memory instead "
+       "(DeepSpeed's default is 1e9, which would keep small models entirely in memory)", 0, {}},
       {"aio.block_size", KnobType::bytes, 1048576, "bytes per NVMe request", 4096, {}},
       {"aio.queue_depth", KnobType::integer, 8, "NVMe requests in flight per transfer", 1, 4096},
       {"aio.intra_op_parallelism", KnobType::integer, 1, "threads per transfer on the pread/pwrite path", 1, 256},

@@ -18,7 +18,7 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
   std::vector<int64_t> lengths;
   for (int u = 0; u < units.num_units(); ++u) lengths.push_back(units.owned(u).length);
   // The default placement updates the device-resident compute weights in place.
-  alias_ = tier_ == Tier::device && units.owned(0).weights.defined();
+  alias_ = tier_ == Tier::device && units.placement().params == Tier::device;
   per_unit_ = alias_ ? 2 : 3;
   if (tier_ == Tier::nvme && pool_ == nullptr) throw std::invalid_argument("OptimizerState: nvme needs a pinned pool");
   slots_ = tier_ == Tier::nvme ? 2 : 1;

@@ -50,10 +50,31 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     shard_sizes.push_back(parts_.back().shard);
   }
   if (zero_.stage == 3) {
+    // With nvme, the first units' shards up to max_in_cpu elements stay in host memory.
+    std::vector<int64_t> main_sizes, cpu_sizes;
+    std::vector<bool> in_cpu(n, false);
+    int64_t cached = 0;
+    for (size_t u = 0; u < n; ++u) {
+      if (place_.params == Tier::nvme && cached + shard_sizes[u] <= place_.max_in_cpu) {
+        in_cpu[u] = true;
+        cached += shard_sizes[u];
+        cpu_sizes.push_back(shard_sizes[u]);
+      } else {
+        main_sizes.push_back(shard_sizes[u]);
+      }
+    }
     std::string warning;
-    params_ = std::make_unique<ShardStore>(place_.params, dev_, place_.host ? *place_.host : dev_, shard_sizes,
+    params_ = std::make_unique<ShardStore>(place_.params, dev_, place_.host ? *place_.host : dev_, main_sizes,
                                            place_.param_paths, "ferry-params-rank" + std::to_string(comm.rank()),
                                            place_.aio, &warning, place_.fault);
+    if (!cpu_sizes.empty()) {
+      params_cpu_ = std::make_unique<ShardStore>(Tier::cpu, dev_, *place_.host, cpu_sizes, std::vector<std::string>{}, "",
+                                                 place_.aio, nullptr);
+    }
+    int main_index = 0, cpu_index = 0;
+    for (size_t u = 0; u < n; ++u) {
+      home_.emplace_back(in_cpu[u] ? params_cpu_.get() : params_.get(), in_cpu[u] ? cpu_index++ : main_index++);
+    }
     if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", comm.rank(), warning.c_str());
     if (place_.params == Tier::nvme) {
       const std::string why = params_->use_pool(*place_.pool);
@@ -77,7 +98,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
         const int64_t len = std::min(piece, p.shard - k);
         const float* src = full.data_as<float>() + p.begin() + k;
         if (staging) std::memcpy(staging, src, static_cast<size_t>(len) * 4), src = staging;
-        params_->write(static_cast<int>(u), k, len, src);
+        store(static_cast<int>(u)).write(region(static_cast<int>(u)), k, len, src);
       }
       if (staging) place_.pool->release(staging);
     }
@@ -88,7 +109,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
 
 Tensor ShardedUnits::fetch_shard(int unit) {
   const Partition& p = partition_of(unit);
-  if (params_->tier() != Tier::nvme) return params_->tensor(unit);
+  if (store(unit).tier() != Tier::nvme) return store(unit).tensor(region(unit));
   Tensor shard = Tensor::empty(dev_, DType::f32, {p.shard});
   const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
   if (auto it = prefetched_.find(unit); it != prefetched_.end()) {
@@ -103,7 +124,7 @@ Tensor ShardedUnits::fetch_shard(int unit) {
     try {
       for (int64_t k = 0; k < p.shard; k += piece) {
         const int64_t len = std::min(piece, p.shard - k);
-        params_->read(unit, k, len, staging);
+        params_->read(region(unit), k, len, staging);
         std::memcpy(shard.data_as<float>() + k, staging, static_cast<size_t>(len) * 4);
       }
     } catch (...) {
@@ -130,8 +151,9 @@ void ShardedUnits::prefetch_from(size_t position) {
   for (size_t k = position; k < std::min(order_.size(), position + static_cast<size_t>(place_.prefetch_depth)); ++k) {
     const int u = order_[k];
     const int64_t n = partition_of(u).shard;
-    if (prefetched_.count(u) || n > piece) continue;  // already coming, or larger than a buffer
-    prefetched_[u] = swapper_->submit([this, u, n](void* buf) { params_->read(u, 0, n, static_cast<float*>(buf)); });
+    if (prefetched_.count(u) || n > piece || store(u).tier() != Tier::nvme) continue;  // coming, too large, or in memory
+    const int r = region(u);
+    prefetched_[u] = swapper_->submit([this, r, n](void* buf) { params_->read(r, 0, n, static_cast<float*>(buf)); });
   }
 }
 
@@ -143,7 +165,7 @@ void ShardedUnits::cancel_prefetches() {
 void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float* buf) {
   const Owned o = owned(unit);
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("read_owned_weights outside the owned range");
-  if (zero_.stage == 3) return params_->read(unit, offset, n, buf);
+  if (zero_.stage == 3) return store(unit).read(region(unit), offset, n, buf);
   std::memcpy(buf, o.weights.data_as<float>() + offset, static_cast<size_t>(n) * 4);
 }
 
@@ -154,7 +176,7 @@ void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, cons
   }
   const Owned o = owned(unit);
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_weights outside the owned range");
-  if (zero_.stage == 3) return params_->write(unit, offset, n, buf);
+  if (zero_.stage == 3) return store(unit).write(region(unit), offset, n, buf);
   std::memcpy(o.weights.data_as<float>() + offset, buf, static_cast<size_t>(n) * 4);
 }
 
@@ -202,7 +224,7 @@ ShardedUnits::Owned ShardedUnits::owned(int unit) const {
     case 0: return {0, p.padded, full_w_[u], full_g_[u]};
     case 1:
     case 2: return {p.begin(), p.shard, full_w_[u].view(p.begin(), {p.shard}), shard_g_[u]};
-    default: return {p.begin(), p.shard, params_->tensor(unit), shard_g_[u]};
+    default: return {p.begin(), p.shard, store(unit).tensor(region(unit)), shard_g_[u]};
   }
 }
 
@@ -254,6 +276,7 @@ std::vector<float> ShardedUnits::full_weights(int unit) {
 StateBytes ShardedUnits::state_bytes() const {
   StateBytes s;
   if (params_) s.weights += params_->bytes();
+  if (params_cpu_) s.weights += params_cpu_->bytes();
   for (size_t u = 0; u < parts_.size(); ++u) {
     s.weights += full_w_[u].defined() ? full_w_[u].nbytes() : 0;
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + (shard_g_[u].defined() ? shard_g_[u].nbytes() : 0);

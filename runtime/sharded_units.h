@@ -48,6 +48,7 @@ struct Placement {
   offload::AioConfig aio;
   offload::PinnedPool* pool = nullptr;  // staging for nvme reads and writes
   int prefetch_depth = 1;               // nvme parameter shards read ahead of use
+  int64_t max_in_cpu = 0;               // nvme: elements of parameter shards kept in host memory instead
   offload::FaultHook fault;             // tests only
 };
 
@@ -111,7 +112,11 @@ class ShardedUnits final : public nn::UnitAccess {
   comm::Communicator& comm_;
   ZeroConfig zero_;
   Placement place_;
-  std::unique_ptr<ShardStore> params_;  // stage 3 weight shards
+  std::unique_ptr<ShardStore> params_;      // stage 3 weight shards, in the configured tier
+  std::unique_ptr<ShardStore> params_cpu_;  // nvme with max_in_cpu: the first units' shards in host memory
+  std::vector<std::pair<ShardStore*, int>> home_;  // per unit: its store and region
+  ShardStore& store(int unit) const { return *home_.at(static_cast<size_t>(unit)).first; }
+  int region(int unit) const { return home_.at(static_cast<size_t>(unit)).second; }
   std::vector<Partition> parts_;
   std::vector<nn::Tensor> full_w_, full_g_, shard_g_;
   struct Live {

@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "nn/rng.h"
-#include "runtime/partition.h"
 #include "runtime/lr_schedule.h"
+#include "runtime/partition.h"
 
 namespace ferry::runtime {
 
@@ -22,7 +22,6 @@ std::string fmt(const char* f, double v) {
   std::snprintf(buf, sizeof buf, f, v);
   return buf;
 }
-
 
 // device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
 // launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
@@ -73,6 +72,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   place.aio = off.aio;
   place.pool = pool_.get();
   place.fault = off.fault;
+  place.max_in_cpu = off.max_in_cpu;
   place.prefetch_depth = std::max(0, std::min(2, off.param_buffers - 1));  // one buffer stays for reads on demand
   units_ = std::make_unique<ShardedUnits>(*device_, comm_, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); },
