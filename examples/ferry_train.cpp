@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
   std::ostream discard(nullptr);  // no buffer: writes are dropped
   std::ostream& out = rank == 0 ? std::cout : discard;  // rank 0 logs; others warn and fail only
   out << "ferry " << kVersion << " | allocator " << runtime::allocator_name() << " | " << comm->size()
-      << " rank(s) over MPI\n"
+      << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives\n"
       << "resolved config (" << config_path << (overrides.empty() ? "" : " + --set") << "):\n"
       << config.resolved.dump(2) << "\n";
   std::string failure;

@@ -54,11 +54,6 @@ void Swapper::cancel(Ticket t) {
   }
 }
 
-int Swapper::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return static_cast<int>(queue_.size());
-}
-
 void Swapper::loop() {
   while (true) {
     Ticket t;

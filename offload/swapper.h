@@ -37,7 +37,6 @@ class Swapper {
   // Waits for the job and returns its buffer to the pool, ignoring any error: for
   // prefetches that turn out not to be needed.
   void cancel(Ticket t);
-  int pending() const;
 
  private:
   struct Entry {

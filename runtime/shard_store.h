@@ -39,7 +39,6 @@ class ShardStore {
   nn::Tensor tensor(int region) const;  // device and cpu tiers; undefined for nvme
   void read(int region, int64_t offset, int64_t n, float* dst);
   void write(int region, int64_t offset, int64_t n, const float* src);
-  offload::Storage* storage() { return storage_.get(); }
   // nvme: registers the pool's slab as io_uring fixed buffers (transfers from it then skip
   // per-request page pinning). Returns why not, "" on success or on other tiers.
   std::string use_pool(const offload::PinnedPool& pool);
