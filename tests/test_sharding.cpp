@@ -43,11 +43,12 @@ void run_ranks(int world, const std::function<void(int, comm::Communicator&)>& f
 float pattern(int u, int64_t i) { return static_cast<float>(u * 100000 + i + 1); }
 
 std::vector<nn::UnitSpec> odd_units() {
-  std::vector<nn::UnitSpec> units(3);
+  std::vector<nn::UnitSpec> units(4);
   units[0].add("a", {37, 5}, true);  // 185 elements
   units[1].add("b", {3}, false);     // a unit smaller than most world sizes' quantum
   units[1].add("c", {2, 7}, true);
   units[2].add("d", {1000}, true);
+  units[3].add("e", {3}, false);     // 3 elements: fewer than 7 ranks
   return units;
 }
 
@@ -114,7 +115,7 @@ BOOST_AUTO_TEST_CASE(sharded_units_gather_and_reduce_at_every_stage) {
               for (int64_t i = 0; i < full.numel(); ++i) full.data_as<float>()[i] = pattern(u, i);
             });
             // Weights: every rank sees the full initial unit, whatever it stores.
-            for (int u = 0; u < 3; ++u) {
+            for (int u = 0; u < 4; ++u) {
               const auto w = su.full_weights(u);
               for (int64_t i = 0; i < static_cast<int64_t>(w.size()); ++i) {
                 if (w[static_cast<size_t>(i)] != pattern(u, i)) throw std::runtime_error("weights differ at " + std::to_string(i));
@@ -124,7 +125,7 @@ BOOST_AUTO_TEST_CASE(sharded_units_gather_and_reduce_at_every_stage) {
             // with the tied-weight pattern is released incomplete first.
             su.zero_grads();
             for (int micro = 0; micro < 2; ++micro) {
-              for (int u = 2; u >= 0; --u) {
+              for (int u = 3; u >= 0; --u) {
                 const Tensor g = su.acquire_grads(u);
                 for (int64_t i = 0; i < g.numel(); ++i) g.data_as<float>()[i] += static_cast<float>(rank + 1) * pattern(u, i);
                 su.release_grads(u, /*complete=*/u != 0);
@@ -135,7 +136,7 @@ BOOST_AUTO_TEST_CASE(sharded_units_gather_and_reduce_at_every_stage) {
             }
             su.finish_gradients();
             const float ranks_sum = static_cast<float>(world * (world + 1) / 2);
-            for (int u = 0; u < 3; ++u) {
+            for (int u = 0; u < 4; ++u) {
               const runtime::Partition& p = su.partition_of(u);
               const Tensor g = su.grad_shard(u);
               for (int64_t k = 0; k < p.shard; ++k) {
@@ -151,7 +152,7 @@ BOOST_AUTO_TEST_CASE(sharded_units_gather_and_reduce_at_every_stage) {
               for (int64_t k = 0; k < o.length; ++k) o.weights.data_as<float>()[k] += 0.5f;
             }
             su.publish_params();
-            for (int u = 0; u < 3; ++u) {
+            for (int u = 0; u < 4; ++u) {
               const auto w = su.full_weights(u);
               for (int64_t i = 0; i < static_cast<int64_t>(w.size()); ++i) {
                 if (w[static_cast<size_t>(i)] != pattern(u, i) + 0.5f) throw std::runtime_error("published weights");
@@ -179,7 +180,7 @@ BOOST_AUTO_TEST_CASE(stage3_keeps_only_a_shard_between_uses) {
     if (dev.memory().in_use != resting) throw std::runtime_error("the gathered unit was not freed");
     // Persistent state: weights and gradient shards, 1/4 of the padded units each.
     int64_t padded = 0;
-    for (int u = 0; u < 3; ++u) padded += su.partition_of(u).padded;
+    for (int u = 0; u < 4; ++u) padded += su.partition_of(u).padded;
     if (su.state_bytes().weights != static_cast<size_t>(padded)) throw std::runtime_error("weights are not 1/4");
   });
 }

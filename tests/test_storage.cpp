@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <chrono>
 #include <memory>
+#include <thread>
 
 #include "nn/rng.h"
 #include "offload/io_uring_storage.h"
@@ -270,5 +272,27 @@ BOOST_AUTO_TEST_CASE(bad_folders_and_requests_are_refused_with_the_path) {
     fs::create_directories(ro);
     fs::permissions(ro, fs::perms::owner_read | fs::perms::owner_exec);
     BOOST_CHECK_THROW(offload::make_storage(options({ro.string()}, true, true), nullptr), StorageError);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(delayed_requests_still_complete_in_order) {
+  TempDirs d;
+  for (bool uring : {true, false}) {
+    int delayed = 0;
+    auto o = options(d.two, uring, true);
+    o.fault = [&](bool, const std::string&, uint64_t offset, size_t, int64_t&) {
+      if ((offset / 4096) % 5 == 0) {  // a slow device: some requests take a millisecond
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ++delayed;
+      }
+    };
+    auto s = offload::make_storage(o, nullptr);
+    AlignedBuffer buf(1 << 20);
+    fill(buf.p, 3 << 20, 1 << 20, 31);
+    s->write(3 << 20, buf.p, 1 << 20);
+    std::memset(buf.p, 0, 1 << 20);
+    s->read(3 << 20, buf.p, 1 << 20);
+    BOOST_TEST(first_bad(buf.p, 3 << 20, 1 << 20, 31) == -1);
+    BOOST_TEST(delayed > 0);
   }
 }
