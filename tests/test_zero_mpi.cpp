@@ -13,6 +13,7 @@
 #include <ostream>
 
 #include "comm/mpi_communicator.h"
+#include "comm/shm_collectives.h"
 #include "runtime/trainer.h"
 
 using namespace ferry;
@@ -158,4 +159,25 @@ BOOST_AUTO_TEST_CASE(node_grouping_and_sub_groups) {
   BOOST_TEST(work->error().empty());
   BOOST_TEST(x == 1.0);
   group.reset();
+}
+
+BOOST_AUTO_TEST_CASE(shared_memory_collectives_match_mpi) {
+  comm::MpiCommunicator& world = *Mpi::world;
+  const int W = world.size(), r = world.rank();
+  for (size_t window : {size_t{4096}, size_t{1} << 20}) {  // a tiny window forces many chunks
+    comm::ShmCollectives shm(world.handle(), window);
+    const size_t count = 3001;  // not a multiple of anything
+    std::vector<float> send(count * static_cast<size_t>(W)), mine(count), want(count), got(count);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<float>((i * 7 + static_cast<size_t>(r) * 13) % 101) * 0.25f;
+    MPI_Reduce_scatter_block(send.data(), want.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, world.handle());
+    shm.reduce_scatter_sum(send.data(), got.data(), count);
+    // Sums of multiples of 0.25 below 2^20 are exact in fp32: any order gives the same bits.
+    BOOST_TEST(got == want, boost::test_tools::per_element());
+    for (size_t i = 0; i < count; ++i) mine[i] = static_cast<float>(r * 100000 + static_cast<int>(i));
+    std::vector<float> all_want(count * static_cast<size_t>(W)), all_got(count * static_cast<size_t>(W));
+    MPI_Allgather(mine.data(), static_cast<int>(count), MPI_FLOAT, all_want.data(), static_cast<int>(count), MPI_FLOAT,
+                  world.handle());
+    shm.all_gather(mine.data(), all_got.data(), count);
+    BOOST_TEST(all_got == all_want, boost::test_tools::per_element());
+  }
 }
