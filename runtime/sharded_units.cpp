@@ -49,41 +49,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     parts_.push_back(partition(units[u].numel, comm.size(), comm.rank()));
     shard_sizes.push_back(parts_.back().shard);
   }
-  if (zero_.stage == 3) {
-    // With nvme, the first units' shards up to max_in_cpu elements stay in host memory.
-    std::vector<int64_t> main_sizes, cpu_sizes;
-    std::vector<bool> in_cpu(n, false);
-    int64_t cached = 0;
-    for (size_t u = 0; u < n; ++u) {
-      if (place_.params == Tier::nvme && cached + shard_sizes[u] <= place_.max_in_cpu) {
-        in_cpu[u] = true;
-        cached += shard_sizes[u];
-        cpu_sizes.push_back(shard_sizes[u]);
-      } else {
-        main_sizes.push_back(shard_sizes[u]);
-      }
-    }
-    std::string warning;
-    params_ = std::make_unique<ShardStore>(place_.params, dev_, place_.host ? *place_.host : dev_, main_sizes,
-                                           place_.param_paths, "ferry-params-rank" + std::to_string(comm.rank()),
-                                           place_.aio, &warning, place_.fault);
-    if (!cpu_sizes.empty()) {
-      params_cpu_ = std::make_unique<ShardStore>(Tier::cpu, dev_, *place_.host, cpu_sizes, std::vector<std::string>{}, "",
-                                                 place_.aio, nullptr);
-    }
-    int main_index = 0, cpu_index = 0;
-    for (size_t u = 0; u < n; ++u) {
-      home_.emplace_back(in_cpu[u] ? params_cpu_.get() : params_.get(), in_cpu[u] ? cpu_index++ : main_index++);
-    }
-    if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", comm.rank(), warning.c_str());
-    if (place_.params == Tier::nvme) {
-      const std::string why = params_->use_pool(*place_.pool);
-      if (!why.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: no fixed buffers: %s\n", comm.rank(), why.c_str());
-    }
-    if (place_.params == Tier::nvme && place_.prefetch_depth > 0) {
-      swapper_ = std::make_unique<offload::Swapper>(*place_.pool, place_.prefetch_depth);
-    }
-  }
+  if (zero_.stage == 3) init_param_stores(shard_sizes);
   for (size_t u = 0; u < n; ++u) {
     const Partition& p = parts_[u];
     Tensor full = zeroed(dev_, p.padded);
@@ -104,6 +70,46 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     }
     if (zero_.stage < 2) full_g_[u] = zeroed(dev_, p.padded);
     if (zero_.stage >= 1) shard_g_[u] = zeroed(grad_home, p.shard);
+  }
+}
+
+// Stage 3: the weight shards' homes. With nvme, the first units' shards up to max_in_cpu
+// elements stay in host memory; the rest go to the configured tier.
+void ShardedUnits::init_param_stores(const std::vector<int64_t>& shard_sizes) {
+  const size_t n = shard_sizes.size();
+  const int rank = comm_.rank();
+  // With nvme, the first units' shards up to max_in_cpu elements stay in host memory.
+  std::vector<int64_t> main_sizes, cpu_sizes;
+  std::vector<bool> in_cpu(n, false);
+  int64_t cached = 0;
+  for (size_t u = 0; u < n; ++u) {
+    if (place_.params == Tier::nvme && cached + shard_sizes[u] <= place_.max_in_cpu) {
+      in_cpu[u] = true;
+      cached += shard_sizes[u];
+      cpu_sizes.push_back(shard_sizes[u]);
+    } else {
+      main_sizes.push_back(shard_sizes[u]);
+    }
+  }
+  std::string warning;
+  params_ = std::make_unique<ShardStore>(place_.params, dev_, place_.host ? *place_.host : dev_, main_sizes,
+                                         place_.param_paths, "ferry-params-rank" + std::to_string(rank),
+                                         place_.aio, &warning, place_.fault);
+  if (!cpu_sizes.empty()) {
+    params_cpu_ = std::make_unique<ShardStore>(Tier::cpu, dev_, *place_.host, cpu_sizes, std::vector<std::string>{}, "",
+                                               place_.aio, nullptr);
+  }
+  int main_index = 0, cpu_index = 0;
+  for (size_t u = 0; u < n; ++u) {
+    home_.emplace_back(in_cpu[u] ? params_cpu_.get() : params_.get(), in_cpu[u] ? cpu_index++ : main_index++);
+  }
+  if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", rank, warning.c_str());
+  if (place_.params == Tier::nvme) {
+    const std::string why = params_->use_pool(*place_.pool);
+    if (!why.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: no fixed buffers: %s\n", rank, why.c_str());
+  }
+  if (place_.params == Tier::nvme && place_.prefetch_depth > 0) {
+    swapper_ = std::make_unique<offload::Swapper>(*place_.pool, place_.prefetch_depth);
   }
 }
 

@@ -104,6 +104,7 @@ class ShardedUnits final : public nn::UnitAccess {
   void reduce_scatter(const nn::Tensor& full, const nn::Tensor& shard, const Partition& p);
   void all_reduce(const nn::Tensor& full);
 
+  void init_param_stores(const std::vector<int64_t>& shard_sizes);
   nn::Tensor fetch_shard(int unit);  // stage 3: this rank's weight shard, readable on the device
   void prefetch_from(size_t position);
   void cancel_prefetches();
