@@ -49,44 +49,19 @@ std::string Op::describe() const {
 }
 
 WorkPtr Communicator::all_gather(const void* send, void* recv, size_t count, DataType type) {
-  Op op;
-  op.kind = OpKind::all_gather;
-  op.send = send;
-  op.recv = recv;
-  op.count = count;
-  op.type = type;
-  return submit(op);
+  return submit({.kind = OpKind::all_gather, .send = send, .recv = recv, .count = count, .type = type});
 }
 
 WorkPtr Communicator::reduce_scatter(const void* send, void* recv, size_t count, DataType type, ReduceOp r) {
-  Op op;
-  op.kind = OpKind::reduce_scatter;
-  op.send = send;
-  op.recv = recv;
-  op.count = count;
-  op.type = type;
-  op.reduce = r;
-  return submit(op);
+  return submit({.kind = OpKind::reduce_scatter, .send = send, .recv = recv, .count = count, .type = type, .reduce = r});
 }
 
 WorkPtr Communicator::all_reduce(void* buf, size_t count, DataType type, ReduceOp r) {
-  Op op;
-  op.kind = OpKind::all_reduce;
-  op.recv = buf;
-  op.count = count;
-  op.type = type;
-  op.reduce = r;
-  return submit(op);
+  return submit({.kind = OpKind::all_reduce, .recv = buf, .count = count, .type = type, .reduce = r});
 }
 
 WorkPtr Communicator::broadcast(void* buf, size_t count, DataType type, int root) {
-  Op op;
-  op.kind = OpKind::broadcast;
-  op.recv = buf;
-  op.count = count;
-  op.type = type;
-  op.root = root;
-  return submit(op);
+  return submit({.kind = OpKind::broadcast, .recv = buf, .count = count, .type = type, .root = root});
 }
 
 WorkPtr Communicator::barrier() { return submit(Op{}); }

@@ -19,13 +19,7 @@ IoUringStorage::IoUringStorage(std::unique_ptr<StripedFiles> files, bool direct,
 
 IoUringStorage::~IoUringStorage() { io_uring_queue_exit(&ring_); }
 
-std::string IoUringStorage::describe() const {
-  std::string s = "io_uring";
-  s += direct_ ? " O_DIRECT" : " buffered";
-  s += " on " + files_->path(0);
-  if (files_->count() > 1) s += " (+" + std::to_string(files_->count() - 1) + " striped)";
-  return s;
-}
+std::string IoUringStorage::describe() const { return files_->describe("io_uring", direct_); }
 
 void IoUringStorage::register_buffers(const std::vector<std::pair<void*, size_t>>& buffers) {
   std::lock_guard<std::mutex> lock(mu_);

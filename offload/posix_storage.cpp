@@ -10,13 +10,7 @@ namespace ferry::offload {
 PosixStorage::PosixStorage(std::unique_ptr<StripedFiles> files, bool direct, const AioConfig& aio, FaultHook fault)
     : files_(std::move(files)), direct_(direct), aio_(aio), fault_(std::move(fault)) {}
 
-std::string PosixStorage::describe() const {
-  std::string s = "pread/pwrite";
-  s += direct_ ? " O_DIRECT" : " buffered";
-  s += " on " + files_->path(0);
-  if (files_->count() > 1) s += " (+" + std::to_string(files_->count() - 1) + " striped)";
-  return s;
-}
+std::string PosixStorage::describe() const { return files_->describe("pread/pwrite", direct_); }
 
 void PosixStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t len) {
   struct Piece {

@@ -85,6 +85,12 @@ void StripedFiles::for_each_segment(uint64_t offset, size_t len,
   }
 }
 
+std::string StripedFiles::describe(const std::string& engine, bool direct) const {
+  std::string s = engine + (direct ? " O_DIRECT" : " buffered") + " on " + paths_.at(0);
+  if (paths_.size() > 1) s += " (+" + std::to_string(paths_.size() - 1) + " striped)";
+  return s;
+}
+
 void StripedFiles::sync() const {
   for (size_t i = 0; i < fds_.size(); ++i) {
     if (fdatasync(fds_[i]) != 0) throw StorageError(paths_[i], 0, 0, errno, "fdatasync");

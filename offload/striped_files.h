@@ -29,6 +29,8 @@ class StripedFiles {
   void for_each_segment(uint64_t offset, size_t len,
                         const std::function<void(size_t, uint64_t, size_t, size_t)>& fn) const;
   void sync() const;
+  // "ENGINE O_DIRECT on PATH (+N striped)": how a Storage over these files names itself.
+  std::string describe(const std::string& engine, bool direct) const;
 
  private:
   std::vector<int> fds_;
