@@ -2,9 +2,13 @@
 //   ferry-train --config FILE [--set key.path=value ...]
 //   ferry-train --help-config
 //   mpiexec -n N ferry-train --config FILE ...      (data parallel, ZeRO stage from the config)
+//   ferry-train --config FILE --resume auto|DIR    (= --set checkpoint.resume=...)
 // Exit status: 0 done; 1 the run failed (out of device memory, bad data, non-finite loss);
 // 2 the configuration or the command line is wrong. With several ranks a failure on one
-// rank is reported with its rank and ends the whole job (MPI_Abort).
+// rank is reported with its rank and ends the whole job (MPI_Abort); a refused checkpoint
+// ends every rank with status 1, the rank that found the problem saying what it is.
+// With checkpoint.dir set, SIGTERM/SIGINT end the run after the current step with a
+// checkpoint and status 0; a second signal exits at once.
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -15,14 +19,16 @@
 #include "comm/mpi_communicator.h"
 #include "nn/device.h"
 #include "runtime/allocator.h"
+#include "runtime/checkpoint.h"
 #include "runtime/config.h"
+#include "runtime/stop_signal.h"
 #include "runtime/trainer.h"
 #include "runtime/version.h"
 
 namespace {
 
 void usage(std::ostream& os) {
-  os << "usage: ferry-train --config FILE [--set key.path=value ...]\n"
+  os << "usage: ferry-train --config FILE [--set key.path=value ...] [--resume auto|none|CHECKPOINT_DIR]\n"
         "       ferry-train --help-config     (every configuration key, its default and meaning)\n";
 }
 
@@ -36,6 +42,8 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if ((arg == "--config" || arg == "--set") && i + 1 < argc) {
       (arg == "--config" ? config_path = argv[++i] : overrides.emplace_back(argv[++i]));
+    } else if (arg == "--resume" && i + 1 < argc) {
+      overrides.push_back("checkpoint.resume=" + std::string(argv[++i]));
     } else if (arg.starts_with("--set=")) {
       overrides.push_back(arg.substr(6));
     } else if (arg == "--help-config") {
@@ -81,10 +89,15 @@ int main(int argc, char** argv) {
       << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives\n"
       << "resolved config (" << config_path << (overrides.empty() ? "" : " + --set") << "):\n"
       << config.resolved.dump(2) << "\n";
+  if (!config.checkpoint.dir.empty()) runtime::install_stop_handlers();
   std::string failure;
   try {
     runtime::Trainer trainer(config, *comm, out);
     trainer.run();
+  } catch (const runtime::CheckpointError& e) {
+    // Every rank got here together (loading is collective): no abort needed.
+    if (!e.reported_elsewhere) std::cerr << "ferry-train: rank " << rank << ": checkpoint refused: " << e.what() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     failure = e.what();
   }

@@ -360,6 +360,14 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.train.sample_temperature = at("train.sample_temperature").get<double>();
   c.log.metrics = at("log.metrics").is_null() ? "" : at("log.metrics").get<std::string>();
   c.log.every = at("log.every").get<int64_t>();
+  c.checkpoint.dir = at("checkpoint.dir").is_null() ? "" : at("checkpoint.dir").get<std::string>();
+  c.checkpoint.every_steps = at("checkpoint.every_steps").get<int64_t>();
+  c.checkpoint.keep_last = at("checkpoint.keep_last").get<int>();
+  c.checkpoint.resume = at("checkpoint.resume").get<std::string>();
+  if (c.checkpoint.dir.empty() && (c.checkpoint.every_steps > 0 || c.checkpoint.resume == "auto")) {
+    fail(source, std::string(c.checkpoint.every_steps > 0 ? "checkpoint.every_steps" : "checkpoint.resume 'auto'") +
+                     " needs checkpoint.dir (where checkpoints are written)");
+  }
   c.zero.stage = at("zero_optimization.stage").get<int>();
   c.zero.reduce_bucket_size = static_cast<int64_t>(at("zero_optimization.reduce_bucket_size").get<double>());
   c.zero.allgather_bucket_size = static_cast<int64_t>(at("zero_optimization.allgather_bucket_size").get<double>());

@@ -66,6 +66,12 @@ struct Config {
     std::string metrics;  // "" = none
     int64_t every = 1;
   } log;
+  struct {
+    std::string dir;  // "" = no checkpoints
+    int64_t every_steps = 0;
+    int keep_last = 2;
+    std::string resume = "none";  // none | auto | a checkpoint directory
+  } checkpoint;
   ZeroConfig zero;
   OffloadConfig offload;
   double comm_timeout_s = 300;

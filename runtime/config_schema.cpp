@@ -94,6 +94,14 @@ const std::vector<Knob>& config_knobs() {
       {"train.sample_temperature", KnobType::number, 0.8, "softmax temperature of the sample", 0, {}, true},
       {"log.metrics", KnobType::path, nullptr, "JSON-lines metrics file (one object per step and per evaluation)"},
       {"log.every", KnobType::integer, 10, "print a step line every this many steps", 1, {}},
+      {"checkpoint.dir", KnobType::path, nullptr,
+       "directory of checkpoints (one step-N folder each, `latest` naming the newest); set: a checkpoint is "
+       "also written at the end of the run and on SIGTERM/SIGINT"},
+      {"checkpoint.every_steps", KnobType::integer, 0, "write a checkpoint every this many steps; 0 = only at the end", 0, {}},
+      {"checkpoint.keep_last", KnobType::integer, 2, "checkpoints kept in checkpoint.dir, newest first; 0 = all", 0, {}},
+      {"checkpoint.resume", KnobType::string, "none",
+       "none; auto: the checkpoint `latest` in checkpoint.dir names (a fresh start if there is none yet); or a "
+       "checkpoint directory (ferry-train --resume sets this)"},
   };
   return knobs;
 }

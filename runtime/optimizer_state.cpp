@@ -7,9 +7,6 @@
 
 namespace ferry::runtime {
 
-namespace {
-enum Which { kMaster = 0, kM = 1, kV = 2 };
-}
 
 OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& device, nn::Device& host,
                                const offload::CpuAdam& adam, const OffloadConfig& offload, offload::PinnedPool* pool,
@@ -128,23 +125,62 @@ void OptimizerState::commit() {
 }
 
 std::vector<float> OptimizerState::master(int unit) {
+  std::vector<float> out(static_cast<size_t>(units_.owned(unit).length));
+  read_state(unit, kMaster, 0, static_cast<int64_t>(out.size()), out.data());
+  return out;
+}
+
+void OptimizerState::read_state(int unit, Array array, int64_t offset, int64_t n, float* dst) {
   const ShardedUnits::Owned o = units_.owned(unit);
-  std::vector<float> out(static_cast<size_t>(o.length));
-  if (alias_) {
-    std::memcpy(out.data(), o.weights.data(), out.size() * 4);
+  if (offset < 0 || n < 0 || offset + n > o.length) throw std::out_of_range("OptimizerState::read_state outside the owned range");
+  if (n == 0) return;
+  if (array == kMaster && alias_) {
+    std::memcpy(dst, o.weights.data_as<float>() + offset, static_cast<size_t>(n) * 4);
   } else if (tier_ != Tier::nvme) {
-    std::memcpy(out.data(), store_->tensor(region(unit, kMaster)).data(), out.size() * 4);
+    std::memcpy(dst, store_->tensor(region(unit, array)).data_as<float>() + offset, static_cast<size_t>(n) * 4);
   } else {
+    // Whole aligned tiles from the current slot; the part inside [offset, offset + n) kept.
     const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
     float* buf = static_cast<float*>(pool_->acquire());
-    for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
-      const int64_t n = std::min(tile, o.length - t0);
-      store_->read(region(unit, kMaster, current_), t0, n, buf);
-      std::memcpy(out.data() + t0, buf, static_cast<size_t>(n) * 4);
+    for (int64_t t0 = offset / tile * tile; t0 < offset + n; t0 += tile) {
+      const int64_t len = std::min(tile, o.length - t0);
+      store_->read(region(unit, array, current_), t0, len, buf);
+      const int64_t lo = std::max(t0, offset), hi = std::min(t0 + len, offset + n);
+      std::memcpy(dst + (lo - offset), buf + (lo - t0), static_cast<size_t>(hi - lo) * 4);
     }
     pool_->release(buf);
   }
-  return out;
+}
+
+void OptimizerState::write_state(int unit, Array array, const float* src) {
+  const ShardedUnits::Owned o = units_.owned(unit);
+  const auto bytes = [](int64_t n) { return static_cast<size_t>(n) * 4; };
+  const bool via_pool = tier_ == Tier::nvme || (array == kMaster && units_.placement().params == Tier::nvme);
+  if (!via_pool) {
+    if (array == kMaster && alias_) return units_.write_owned_weights(unit, 0, o.length, src);
+    std::memcpy(store_->tensor(region(unit, array)).data_as<float>(), src, bytes(o.length));
+    if (array == kMaster) units_.write_owned_weights(unit, 0, o.length, src);
+    return;
+  }
+  // nvme on either side wants aligned pinned buffers: one tile at a time.
+  const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+  float* buf = static_cast<float*>(pool_->acquire());
+  try {
+    for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
+      const int64_t len = std::min(tile, o.length - t0);
+      std::memcpy(buf, src + t0, bytes(len));
+      if (tier_ == Tier::nvme) {
+        store_->write(region(unit, array, current_), t0, len, buf);
+      } else if (!(array == kMaster && alias_)) {
+        std::memcpy(store_->tensor(region(unit, array)).data_as<float>() + t0, buf, bytes(len));
+      }
+      if (array == kMaster) units_.write_owned_weights(unit, t0, len, buf);
+    }
+  } catch (...) {
+    pool_->release(buf);
+    throw;
+  }
+  pool_->release(buf);
 }
 
 }  // namespace ferry::runtime

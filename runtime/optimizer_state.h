@@ -47,6 +47,16 @@ class OptimizerState {
   // Host copy of unit's current master weights (owned length), whatever the tier.
   std::vector<float> master(int unit);
 
+  // Checkpoints. The arrays of a unit's owned range: master weights, Adam m and v.
+  enum Array { kMaster = 0, kM = 1, kV = 2 };
+  // Copies [offset, offset + n) of the unit's current `array` (owned coordinates) into any
+  // host memory; nvme goes through one pinned buffer at a time, so memory stays bounded.
+  void read_state(int unit, Array array, int64_t offset, int64_t n, float* dst);
+  // Replaces the unit's whole current `array` (owned length, from host memory). Writing
+  // the master also sets the unit's owned compute weights to it; stages 1-2 then need
+  // ShardedUnits::publish_params() to spread them.
+  void write_state(int unit, Array array, const float* src);
+
   Tier tier() const { return tier_; }
   bool aliased() const { return alias_; }
   std::string where() const { return store_->where(); }

@@ -7,6 +7,9 @@
 #include <thread>
 
 #include "nn/rng.h"
+#include "runtime/checkpoint.h"
+#include "runtime/stop_signal.h"
+#include "runtime/version.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/partition.h"
 
@@ -169,10 +172,12 @@ StepStats Trainer::train_step(int64_t step) {
     model_->backward(*units_);
   }
   units_->finish_gradients();
-  std::vector<double> reduce{loss_sum};
+  // The stop flag rides on the loss's reduction: every rank learns of a signal any rank got.
+  std::vector<double> reduce{loss_sum, stop_signal() != 0 ? 1.0 : 0.0};
   comm_.all_reduce_sum(reduce);
   StepStats s;
   s.step = step + 1;
+  s.stop = reduce[1] > 0;
   s.loss = reduce[0] / static_cast<double>(cfg_.grad_accum * comm_.size());
   if (!std::isfinite(s.loss)) {
     throw std::runtime_error("step " + std::to_string(s.step) + ": the loss is not finite; lower optimizer.params.lr");
@@ -227,6 +232,52 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
   return ByteTokenizer::decode(seq);
 }
 
+nlohmann::json Trainer::model_shape() const {
+  return {{"arch", "gpt2"},
+          {"n_layer", cfg_.model.n_layer},
+          {"n_head", cfg_.model.n_head},
+          {"n_embd", cfg_.model.n_embd},
+          {"vocab_size", cfg_.model.vocab_size},
+          {"block_size", cfg_.model.block_size}};
+}
+
+std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
+  SaveRequest req;
+  req.dir = cfg_.checkpoint.dir;
+  req.step = steps_done;
+  req.keep_last = cfg_.checkpoint.keep_last;
+  req.stage = cfg_.zero.stage;
+  req.model = model_shape();
+  // Everything else the run's future depends on is a function of these: batches of
+  // (data.seed, step, global sequence), the learning rate of (scheduler, step), Adam's
+  // bias correction of the step; nothing else draws random numbers during training.
+  req.meta = {{"data", {{"path", cfg_.data.path},
+                        {"seed", cfg_.data.seed},
+                        {"global_batch", cfg_.global_batch()},
+                        {"sequences_consumed", steps_done * cfg_.global_batch()}}},
+              {"scheduler", cfg_.resolved.value("scheduler", nlohmann::json::object())},
+              {"optimizer", cfg_.resolved.value("optimizer", nlohmann::json::object())},
+              {"lr", lr},
+              {"model_seed", cfg_.model_seed}};
+  return runtime::save_checkpoint(req, model_->units(), *units_, *opt_, comm_);
+}
+
+int64_t Trainer::load_checkpoint(const std::string& step_dir) {
+  const nlohmann::json manifest = runtime::load_checkpoint(step_dir, model_shape(), model_->units(), *units_, *opt_, comm_);
+  // Allowed to differ (a user may mean it), but the run then no longer continues the saved one.
+  const nlohmann::json& t = manifest.at("trainer");
+  auto warn = [&](const std::string& what) {
+    if (comm_.rank() == 0) std::fprintf(stderr, "[ferry r0] warning: resuming %s: %s\n", step_dir.c_str(), what.c_str());
+  };
+  if (t.at("data").at("seed") != cfg_.data.seed) warn("data.seed differs: other batches than the saved run's");
+  if (t.at("data").at("global_batch") != cfg_.global_batch()) {
+    warn("the global batch was " + t.at("data").at("global_batch").dump() + " sequences, now " +
+         std::to_string(cfg_.global_batch()) + ": keep micro batch x accumulation x ranks to continue the same run");
+  }
+  if (t.at("scheduler") != cfg_.resolved.value("scheduler", nlohmann::json::object())) warn("the scheduler settings differ");
+  return manifest.at("step").get<int64_t>();
+}
+
 TrainReport Trainer::run() {
   TrainReport report;
   describe_placement();
@@ -239,7 +290,21 @@ TrainReport Trainer::run() {
     out_ << "eval  step " << step << " | val loss " << fmt("%.4f", v) << "\n";
     metrics_.write({{"step", step}, {"val_loss", v}});
   };
-  for (int64_t step = 0; step < cfg_.train.steps; ++step) {
+  const std::string from = [&] {
+    try {
+      return resolve_resume(cfg_.checkpoint.resume, cfg_.checkpoint.dir);
+    } catch (const CheckpointError& e) {
+      throw CheckpointError(e.what(), comm_.rank() != 0);  // every rank sees it: rank 0 says it
+    }
+  }();
+  if (!from.empty()) {
+    report.resumed_from = load_checkpoint(from);
+    out_ << "resumed from " << from << " after step " << report.resumed_from << "\n";
+  } else if (cfg_.checkpoint.resume == "auto") {
+    out_ << "no checkpoint in " << cfg_.checkpoint.dir << " yet: starting from step 0\n";
+  }
+  const auto& ck = cfg_.checkpoint;
+  for (int64_t step = report.resumed_from; step < cfg_.train.steps; ++step) {
     const StepStats s = train_step(step);
     report.steps.push_back(s);
     report.device_peak_bytes = std::max(report.device_peak_bytes, s.device_peak_bytes);
@@ -256,7 +321,22 @@ TrainReport Trainer::run() {
            << "\n";
       out_.flush();
     }
-    if (cfg_.train.eval_every > 0 && s.step % cfg_.train.eval_every == 0 && s.step != cfg_.train.steps) eval(s.step);
+    const bool last = s.step == cfg_.train.steps;
+    if (!ck.dir.empty() && (s.stop || last || (ck.every_steps > 0 && s.step % ck.every_steps == 0))) {
+      report.last_checkpoint = save_checkpoint(s.step, s.lr);
+      out_ << "checkpoint: step " << s.step << " saved to " << report.last_checkpoint << "\n";
+      out_.flush();
+    }
+    if (s.stop) {
+      report.stopped = true;
+      out_ << "stopped after step " << s.step << " on a stop signal; "
+           << (ck.dir.empty() ? "no checkpoint.dir, nothing saved"
+                              : "continue with --resume auto (or --resume " + report.last_checkpoint + ")")
+           << "\n";
+      out_.flush();
+      return report;
+    }
+    if (cfg_.train.eval_every > 0 && s.step % cfg_.train.eval_every == 0 && !last) eval(s.step);
   }
   eval(cfg_.train.steps);
   const double final_val = report.val_losses.back().second;

@@ -10,7 +10,10 @@
 // Only rank 0 writes to `out` and the metrics file; every rank must call the same methods
 // in the same order (they communicate).
 // Errors: ConfigError-style problems surface as std::runtime_error naming the key or
-// file; a non-finite loss or gradient norm stops the run naming the step.
+// file; a non-finite loss or gradient norm stops the run naming the step; a refused
+// checkpoint throws CheckpointError.
+// Checkpoints: with checkpoint.dir set, run() saves every checkpoint.every_steps steps, at
+// the end, and after the step in which a stop signal arrived (then it returns early).
 #pragma once
 
 #include <memory>
@@ -34,6 +37,7 @@ struct StepStats {
   int64_t step = 0;  // 1-based
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
   size_t device_peak_bytes = 0;
+  bool stop = false;  // some rank received SIGTERM/SIGINT (runtime/stop_signal.h)
 };
 
 struct TrainReport {
@@ -42,6 +46,9 @@ struct TrainReport {
   double unigram_baseline = 0;
   std::string sample;
   size_t device_peak_bytes = 0;
+  int64_t resumed_from = 0;    // steps already done by the checkpoint the run resumed from
+  std::string last_checkpoint;  // "" when none was written
+  bool stopped = false;         // ended early on a stop signal
 };
 
 class Trainer {
@@ -54,6 +61,12 @@ class Trainer {
   TrainReport run();
 
   StepStats train_step(int64_t step);  // step is 0-based
+
+  // Checkpoints (runtime/checkpoint.h), both collective. save_checkpoint writes the state
+  // after `steps_done` steps into checkpoint.dir and returns its directory;
+  // load_checkpoint restores one (saved at any world size) and returns its step count.
+  std::string save_checkpoint(int64_t steps_done, double lr);
+  int64_t load_checkpoint(const std::string& step_dir);
   double evaluate();
   std::string sample(int64_t n_tokens, double temperature, uint64_t seed);
 
@@ -64,6 +77,7 @@ class Trainer {
 
  private:
   void describe_placement();
+  nlohmann::json model_shape() const;
   double optimizer_step(int64_t step, double* grad_norm_out);
 
   Config cfg_;
