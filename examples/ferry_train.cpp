@@ -9,6 +9,8 @@
 // ends every rank with status 1, the rank that found the problem saying what it is.
 // With checkpoint.dir set, SIGTERM/SIGINT end the run after the current step with a
 // checkpoint and status 0; a second signal exits at once.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -85,8 +87,14 @@ int main(int argc, char** argv) {
                                                          : comm::MpiCommunicator::Progress::automatic);
   std::ostream discard(nullptr);  // no buffer: writes are dropped
   std::ostream& out = rank == 0 ? std::cout : discard;  // rank 0 logs; others warn and fail only
+  // mpiexec names a rank that dies by its pid: this line maps pids to ranks.
+  std::vector<double> pids(static_cast<size_t>(comm->size()), 0.0);
+  pids[static_cast<size_t>(rank)] = static_cast<double>(::getpid());
+  comm->all_reduce_sum(pids);
   out << "ferry " << kVersion << " | allocator " << runtime::allocator_name() << " | " << comm->size()
-      << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives\n"
+      << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives | pids:";
+  for (size_t r = 0; r < pids.size(); ++r) out << " r" << r << "=" << static_cast<long>(pids[r]);
+  out << "\n"
       << "resolved config (" << config_path << (overrides.empty() ? "" : " + --set") << "):\n"
       << config.resolved.dump(2) << "\n";
   if (!config.checkpoint.dir.empty()) runtime::install_stop_handlers();

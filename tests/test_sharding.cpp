@@ -12,32 +12,14 @@
 #include "nn/cpu_device.h"
 #include "runtime/partition.h"
 #include "runtime/sharded_units.h"
+#include "test_util.h"
 
 using namespace ferry;
 using nn::Tensor;
 
-namespace {
+using test::run_ranks;
 
-// Runs fn(rank, comm) on `world` threads, one fake rank each; rethrows the first failure.
-void run_ranks(int world, const std::function<void(int, comm::Communicator&)>& fn) {
-  comm::FakeGroup group(world);
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::string failure;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto c = group.communicator(r);
-      try {
-        fn(r, *c);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mu);
-        failure += "rank " + std::to_string(r) + ": " + e.what() + "\n";
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (!failure.empty()) throw std::runtime_error(failure);
-}
+namespace {
 
 // Value of element i of unit u: distinct everywhere, so a misplaced element shows.
 float pattern(int u, int64_t i) { return static_cast<float>(u * 100000 + i + 1); }

@@ -6,9 +6,13 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <mutex>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/fake_communicator.h"
 #include "nn/device.h"
 #include "nn/rng.h"
 #include "nn/tensor.h"
@@ -26,6 +30,28 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+// Runs fn(rank, comm) on `world` threads, one fake rank each; rethrows the failures,
+// naming their ranks.
+inline void run_ranks(int world, const std::function<void(int, comm::Communicator&)>& fn) {
+  comm::FakeGroup group(world);
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::string failure;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = group.communicator(r);
+      try {
+        fn(r, *c);
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        failure += "rank " + std::to_string(r) + ": " + e.what() + "\n";
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (!failure.empty()) throw std::runtime_error(failure);
+}
 
 inline nn::Tensor random_tensor(nn::Device& dev, nn::DType dtype, nn::Shape shape, uint64_t seed,
                                 double scale = 1.0) {

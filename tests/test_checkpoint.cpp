@@ -1,0 +1,319 @@
+// Checkpoints in one process (ranks are threads on the fake communicator):
+// - N steps straight vs N/2, save, a fresh trainer resuming for N/2: bit-identical losses
+//   and final weights (stage 3, optimizer state on NVMe; world sizes 1 and 2);
+// - saved at 2 ranks, loaded at 1, 3 and 4 (and saved at 1 and 3, loaded at 2), under
+//   other stages and placements: the losses continue the uninterrupted run within the
+//   cross-world-size tolerance of the sharding tests;
+// - export to safetensors and back, every tensor compared with the model's weights;
+// - damaged checkpoints refused with a message naming the file, older ones kept;
+// - a stop request ends the run after one step with a checkpoint.
+#define BOOST_TEST_MODULE checkpoint
+#include <boost/test/unit_test.hpp>
+
+#include <signal.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <ostream>
+
+#include "nn/dtype.h"
+#include "runtime/checkpoint.h"
+#include "runtime/crc32c.h"
+#include "runtime/export.h"
+#include "runtime/safetensors.h"
+#include "runtime/stop_signal.h"
+#include "runtime/trainer.h"
+#include "test_util.h"
+
+using namespace ferry;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("checkpoint") {}
+};
+
+// 12 sequences per step at every world size: 1x(2x6), 2x(2x3), 3x(2x2), 4x(3x1); the
+// sampler numbers sequences globally, so every layout sees the same batch.
+json doc(int world, int64_t steps) {
+  const int micro = world == 4 ? 3 : 2;
+  const int accum = 12 / (micro * world);
+  return {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 16}}},
+          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+          {"device", {{"memory", "64MiB"}, {"threads", 1}}},
+          {"train_micro_batch_size_per_gpu", micro},
+          {"gradient_accumulation_steps", accum},
+          {"gradient_clipping", 0.5},
+          {"optimizer", {{"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
+          {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 2}, {"total_num_steps", 6}}}}},
+          {"train", {{"steps", steps}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
+}
+
+void place(json& d, int stage, const std::string& opt, const std::string& par, const fs::path& nvme) {
+  d["zero_optimization"] = {{"stage", stage},
+                            {"offload_optimizer", {{"device", opt}, {"nvme_path", nvme.string()}}},
+                            {"offload_param", {{"device", par}, {"nvme_path", nvme.string()}, {"buffer_size", 4096}}}};
+}
+
+struct Run {
+  std::vector<double> losses;  // of the steps this run took
+  std::vector<std::vector<float>> weights;
+  runtime::TrainReport report;
+};
+
+// Trains `d` at world size `world` (threads); rank 0's results.
+Run train(const json& d, int world, const std::vector<std::string>& sets = {}) {
+  Run out;
+  std::mutex mu;
+  test::run_ranks(world, [&](int rank, comm::Communicator& c) {
+    std::ostream discard(nullptr);
+    runtime::Trainer t(runtime::config_from_json(d, "test", "", sets, world), c, discard);
+    const runtime::TrainReport rep = t.run();
+    std::vector<std::vector<float>> w;
+    for (int u = 0; u < t.model().num_units(); ++u) w.push_back(t.units().full_weights(u));  // collective
+    if (rank != 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    out.report = rep;
+    for (const auto& s : rep.steps) out.losses.push_back(s.loss);
+    out.weights = std::move(w);
+  });
+  return out;
+}
+
+void check_close(const Run& a, const std::vector<double>& expected_losses, const Run& expected) {
+  BOOST_REQUIRE_EQUAL(a.losses.size(), expected_losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) BOOST_TEST(a.losses[i] == expected_losses[i], boost::test_tools::tolerance(1e-5));
+  double worst = 0;
+  for (size_t u = 0; u < a.weights.size(); ++u)
+    for (size_t i = 0; i < a.weights[u].size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(a.weights[u][i]) - expected.weights[u][i]));
+  BOOST_TEST(worst < 5e-5, "worst final weight difference " << worst);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(crc32c_known_values) {
+  BOOST_TEST(runtime::crc32c("123456789", 9) == 0xE3069283u);  // the standard check value
+  BOOST_TEST(runtime::crc32c("", 0) == 0u);
+  std::vector<unsigned char> big(100003);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<unsigned char>(i * 131 + 7);
+  const uint32_t whole = runtime::crc32c(big.data(), big.size());
+  BOOST_TEST(runtime::crc32c(big.data() + 777, big.size() - 777, runtime::crc32c(big.data(), 777)) == whole);
+  big[5000] ^= 1;
+  BOOST_TEST(runtime::crc32c(big.data(), big.size()) != whole);
+}
+
+BOOST_AUTO_TEST_CASE(resume_continues_bit_identically) {
+  for (int world : {1, 2}) {
+    BOOST_TEST_CONTEXT("world " << world) {
+      TempDir dir;
+      const fs::path nvme = dir.path / "nvme", ck = dir.path / "ckpt";
+      fs::create_directories(nvme);
+      json d = doc(world, 6);
+      place(d, 3, "nvme", world == 1 ? "nvme" : "cpu", nvme);
+      const Run straight = train(d, world);
+      d["checkpoint"] = {{"dir", ck.string()}};
+      const Run first = train(d, world, {"train.steps=3"});
+      BOOST_TEST(first.report.last_checkpoint == (ck / "step-00000003").string());
+      d["checkpoint"]["resume"] = "auto";
+      const Run second = train(d, world);
+      BOOST_TEST(second.report.resumed_from == 3);
+      BOOST_REQUIRE_EQUAL(second.losses.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        BOOST_TEST(first.losses[i] == straight.losses[i]);
+        BOOST_TEST(second.losses[i] == straight.losses[3 + i]);  // bit for bit
+      }
+      BOOST_REQUIRE_EQUAL(second.weights.size(), straight.weights.size());
+      for (size_t u = 0; u < straight.weights.size(); ++u)
+        BOOST_TEST(std::memcmp(second.weights[u].data(), straight.weights[u].data(), straight.weights[u].size() * 4) == 0);
+      BOOST_TEST(runtime::list_checkpoints(ck.string()) == (std::vector<std::string>{"step-00000003", "step-00000006"}));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(loads_at_another_world_size_stage_and_placement) {
+  TempDir dir;
+  const fs::path nvme = dir.path / "nvme";
+  fs::create_directories(nvme);
+  struct Side {
+    int world, stage;
+    const char *opt, *par;
+  };
+  // (saved by, loaded by): every stage and tier appears on each side.
+  const std::vector<std::pair<Side, Side>> cases = {
+      {{2, 3, "nvme", "none"}, {1, 0, "none", "none"}},
+      {{2, 3, "nvme", "none"}, {3, 2, "nvme", "none"}},
+      {{2, 3, "nvme", "none"}, {4, 3, "nvme", "nvme"}},
+      {{1, 0, "none", "none"}, {2, 3, "cpu", "cpu"}},
+      {{3, 1, "cpu", "none"}, {2, 2, "none", "none"}},
+      {{4, 3, "none", "nvme"}, {2, 1, "nvme", "none"}},
+  };
+  json base = doc(2, 6);
+  place(base, 3, "nvme", "none", nvme);
+  const Run reference = train(base, 2);  // uninterrupted, 2 ranks
+  for (const auto& [save, load] : cases) {
+    BOOST_TEST_CONTEXT("saved at " << save.world << " ranks stage " << save.stage << " " << save.opt << "/" << save.par
+                                   << ", loaded at " << load.world << " ranks stage " << load.stage << " " << load.opt
+                                   << "/" << load.par) {
+      const fs::path ck = dir.path / ("ck" + std::to_string(save.world) + std::to_string(load.world) + std::to_string(load.stage));
+      json a = doc(save.world, 6);
+      place(a, save.stage, save.opt, save.par, nvme);
+      a["checkpoint"] = {{"dir", ck.string()}};
+      const Run first = train(a, save.world, {"train.steps=3"});
+      json b = doc(load.world, 6);
+      place(b, load.stage, load.opt, load.par, nvme);
+      b["checkpoint"] = {{"dir", ck.string()}, {"resume", "auto"}};
+      const Run second = train(b, load.world);
+      BOOST_TEST(second.report.resumed_from == 3);
+      check_close(second, {reference.losses.begin() + 3, reference.losses.end()}, reference);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(export_round_trips_every_tensor) {
+  TempDir dir;
+  const fs::path ck = dir.path / "ckpt";
+  json d = doc(2, 2);
+  place(d, 3, "none", "none", dir.path);
+  d["checkpoint"] = {{"dir", ck.string()}};
+  const Run run = train(d, 2);
+  comm::SingleProcessCommunicator alone;
+  std::ostream discard(nullptr);
+  runtime::Trainer model_only(runtime::config_from_json(doc(1, 2), "test", "", {}), alone, discard);
+  const auto layout = model_only.model().units();
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    BOOST_TEST_CONTEXT(dtype) {
+      const fs::path out = dir.path / ("model-" + dtype + ".safetensors");
+      const runtime::ExportReport rep = runtime::export_safetensors(ck.string(), out.string(), dtype);
+      BOOST_TEST(rep.step == 2);
+      BOOST_TEST(rep.parameters == model_only.model().num_parameters());
+      runtime::SafetensorsReader reader(out.string());  // checks offsets: contiguous, sized by shape x dtype
+      BOOST_TEST(reader.metadata().at("format") == "pt");
+      BOOST_REQUIRE_EQUAL(reader.entries().size(), 4u + 12u * 2u);
+      std::map<std::string, runtime::SafetensorsEntry> by_name;
+      for (const auto& e : reader.entries()) by_name[e.name] = e;
+      for (size_t u = 0; u < layout.size(); ++u) {
+        for (const nn::TensorSpec& t : layout[u].tensors) {
+          const std::string name = t.name + (t.name == "wte" || t.name == "wpe" ? ".weight" : "");
+          BOOST_REQUIRE_MESSAGE(by_name.count(name), "missing " << name);
+          const runtime::SafetensorsEntry& e = by_name[name];
+          const bool conv = runtime::gpt2_conv1d_weight(t.name);
+          std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+          if (conv) std::swap(shape[0], shape[1]);
+          BOOST_TEST(e.shape == shape);
+          BOOST_TEST(e.dtype == (dtype == "fp32" ? "F32" : "BF16"));
+          const std::vector<char> bytes = reader.read(e);
+          const int64_t rows = t.shape[0], cols = t.shape.size() > 1 ? t.shape[1] : 1;
+          int64_t bad = 0;
+          for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t c = 0; c < cols; ++c) {
+              const float want = run.weights[u][static_cast<size_t>(t.offset + r * cols + c)];
+              const int64_t at = conv ? c * rows + r : r * cols + c;  // HF keeps Conv1D as [in, out]
+              if (dtype == "fp32") {
+                float got;
+                std::memcpy(&got, bytes.data() + at * 4, 4);
+                bad += std::memcmp(&got, &want, 4) != 0;
+              } else {
+                uint16_t got;
+                std::memcpy(&got, bytes.data() + at * 2, 2);
+                bad += got != nn::f32_to_bf16(want);
+              }
+            }
+          }
+          BOOST_TEST(bad == 0, name << ": " << bad << " elements differ");
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_refused_by_name) {
+  TempDir dir;
+  const fs::path ck = dir.path / "ckpt";
+  json d = doc(2, 4);
+  place(d, 2, "none", "none", dir.path);
+  d["checkpoint"] = {{"dir", ck.string()}, {"every_steps", 2}, {"keep_last", 0}};
+  train(d, 2);
+  const fs::path good = ck / "step-00000004";
+  struct Case {
+    std::string what;
+    std::function<void(const fs::path&)> damage;
+    std::string message;  // expected in the error
+    std::vector<std::string> sets = {};
+  };
+  const std::vector<Case> cases = {
+      {"truncated", [](const fs::path& p) { fs::resize_file(p / "rank-00001.bin", fs::file_size(p / "rank-00001.bin") - 100); },
+       "rank-00001.bin is "},
+      {"bad checksum",
+       [](const fs::path& p) {
+         std::fstream f(p / "rank-00000.bin", std::ios::in | std::ios::out | std::ios::binary);
+         f.seekp(4000);
+         f.put('\x5a');
+       },
+       "rank-00000.bin: unit 0 (embedding) master, elements [0, "},
+      {"missing rank file", [](const fs::path& p) { fs::remove(p / "rank-00001.bin"); }, "rank-00001.bin is missing (saved by 2 ranks)"},
+      {"missing manifest", [](const fs::path& p) { fs::remove(p / "manifest.json"); }, "manifest.json is missing (an incomplete checkpoint"},
+      {"unknown version",
+       [](const fs::path& p) {
+         json m = json::parse(std::ifstream(p / "manifest.json"));
+         m["format_version"] = 99;
+         std::ofstream(p / "manifest.json") << m.dump();
+       },
+       "checkpoint format version 99"},
+      {"other model shape", [](const fs::path&) {}, "model.n_embd is 32 in the checkpoint but 48 in the config",
+       {"model.n_embd=48"}},
+  };
+  for (const Case& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      const fs::path copy = dir.path / ("bad-" + std::to_string(&c - cases.data()));
+      fs::copy(good, copy);
+      c.damage(copy);
+      json r = doc(2, 6);
+      place(r, 2, "none", "none", dir.path);
+      r["checkpoint"] = {{"dir", (dir.path / "other").string()}, {"resume", copy.string()}};
+      const std::string err = error_of([&] { train(r, 2, c.sets); });
+      BOOST_TEST(err.find(c.message) != std::string::npos, "got: " << err);
+      if (c.what == "truncated") BOOST_TEST(err.find("(truncated)") != std::string::npos, err);
+      BOOST_TEST(err.find(copy.string()) != std::string::npos, "the message names the checkpoint: " << err);
+    }
+  }
+  // Nothing was deleted or moved: the good checkpoints are still there and still load.
+  BOOST_TEST(runtime::list_checkpoints(ck.string()) == (std::vector<std::string>{"step-00000002", "step-00000004"}));
+  std::ofstream(ck / "latest") << "step-00000009\n";
+  json r = doc(1, 6);
+  r["checkpoint"] = {{"dir", ck.string()}, {"resume", "auto"}};
+  const std::string err = error_of([&] { train(r, 1); });
+  BOOST_TEST(err.find("names 'step-00000009', which is not a checkpoint directory") != std::string::npos, err);
+  r["checkpoint"]["resume"] = good.string();
+  BOOST_TEST(train(r, 1).report.resumed_from == 4);
+}
+
+BOOST_AUTO_TEST_CASE(a_stop_request_saves_and_ends_after_the_step) {
+  TempDir dir;
+  const fs::path ck = dir.path / "ckpt";
+  json d = doc(2, 6);
+  place(d, 3, "none", "none", dir.path);
+  d["checkpoint"] = {{"dir", ck.string()}};
+  runtime::request_stop(SIGTERM);  // as the handler does on the first signal
+  const Run run = train(d, 2);
+  runtime::request_stop(0);
+  BOOST_TEST(run.report.stopped);
+  BOOST_TEST(run.losses.size() == 1u);
+  std::string latest;
+  std::ifstream(ck / "latest") >> latest;
+  BOOST_TEST(latest == "step-00000001");
+}
