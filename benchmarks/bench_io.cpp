@@ -32,7 +32,8 @@ std::string run_command(const std::string& cmd) {
   return out;
 }
 
-// fio's bandwidth in bytes/s for one sequential pass over `file`.
+}  // namespace
+
 double fio_bandwidth(const std::string& file, bool write, size_t bs, int qd, uint64_t size) {
   const std::string cmd = "fio --name=ferry --filename=" + file + " --rw=" + (write ? "write" : "read") +
                           " --bs=" + std::to_string(bs) + " --iodepth=" + std::to_string(qd) +
@@ -45,7 +46,6 @@ double fio_bandwidth(const std::string& file, bool write, size_t bs, int qd, uin
   return j["jobs"][0][write ? "write" : "read"]["bw_bytes"].get<double>();
 }
 
-}  // namespace
 
 int run_io_bench(const IoBenchOptions& opt, Report& report) {
   if (opt.path.empty()) throw std::runtime_error("ferry-bench io needs --path DIR (a folder on the disk to measure)");

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "benchmarks/bench_report.h"
@@ -12,5 +13,9 @@ struct IoBenchOptions {
 };
 
 int run_io_bench(const IoBenchOptions& opt, Report& report);
+
+// fio's bandwidth in bytes/s for one sequential pass over `file` (io_uring, O_DIRECT,
+// fsync at the end). Throws when fio is missing or prints no JSON.
+double fio_bandwidth(const std::string& file, bool write, size_t bs, int qd, uint64_t size);
 
 }  // namespace ferry::bench

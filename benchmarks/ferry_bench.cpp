@@ -6,6 +6,7 @@
 #include <string>
 
 #include "benchmarks/bench_adam.h"
+#include "benchmarks/bench_ckpt.h"
 #include "benchmarks/bench_comm.h"
 #include "benchmarks/bench_io.h"
 #include "benchmarks/bench_model.h"
@@ -18,6 +19,7 @@ void usage(std::ostream& os) {
         "       mpiexec -n N ferry-bench comm [--json PATH] [--quick]\n"
         "       ferry-bench adam [--json PATH] [--threads T] [--quick]\n"
         "       ferry-bench io --path DIR [--json PATH] [--quick]\n"
+        "       ferry-bench ckpt --path DIR [--json PATH] [--quick]\n"
         "  model   forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT\n"
         "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n"
         "  comm    all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB,\n"
@@ -25,7 +27,9 @@ void usage(std::ostream& os) {
         "  adam    CPU AdamW params/s on 100M fp32 params at 1 and all threads, against a\n"
         "          STREAM-style triad measured in the same run\n"
         "  io      sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio\n"
-        "          on the same file, block size and queue depth\n";
+        "          on the same file, block size and queue depth\n"
+        "  ckpt    checkpoint write and read GB/s of a GPT with 1 GB of state against fio's\n"
+        "          sequential write and read of as many bytes in the same folder\n";
 }
 
 }  // namespace
@@ -57,7 +61,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (name != "model" && name != "comm" && name != "adam" && name != "io") {
+  if (name != "model" && name != "comm" && name != "adam" && name != "io" && name != "ckpt") {
     std::cerr << "ferry-bench: unknown benchmark '" << name << "'\n";
     usage(std::cerr);
     return 2;
@@ -70,6 +74,8 @@ int main(int argc, char** argv) {
       rc = run_model_bench(opt, report);
     } else if (name == "io") {
       rc = run_io_bench(IoBenchOptions{io_path, opt.quick}, report);
+    } else if (name == "ckpt") {
+      rc = run_ckpt_bench(CkptBenchOptions{io_path, opt.quick}, report);
     } else if (name == "adam") {
       rc = run_adam_bench(AdamBenchOptions{opt.threads, 100'000'000, opt.quick}, report);
     } else {

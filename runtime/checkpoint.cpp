@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "runtime/crc32c.h"
 #include "runtime/partition.h"
 #include "runtime/posix_file.h"
+#include "runtime/stream_io.h"
 #include "runtime/version.h"
 
 namespace ferry::runtime {
@@ -48,7 +50,7 @@ json layout_json(const std::vector<nn::UnitSpec>& layout) {
 // wherever the optimizer keeps them.
 void write_rank_files(const std::string& tmp, const std::vector<nn::UnitSpec>& layout, ShardedUnits& units,
                       OptimizerState& opt, int rank, int world, int64_t step) {
-  File data((fs::path(tmp) / rank_file(rank, "bin")).string(), File::create);
+  StreamWriter data((fs::path(tmp) / rank_file(rank, "bin")).string());
   std::vector<float> chunk(2u << 20);  // 8 MiB
   json segments = json::array();
   uint64_t offset = 0;
@@ -64,15 +66,14 @@ void write_rank_files(const std::string& tmp, const std::vector<nn::UnitSpec>& l
         opt.read_state(u, static_cast<OptimizerState::Array>(a), first + k, n, chunk.data());
         const size_t bytes = static_cast<size_t>(n) * 4;
         crc = crc32c(chunk.data(), bytes, crc);
-        data.write_at(offset, chunk.data(), bytes);
+        data.append(chunk.data(), bytes);
         offset += bytes;
       }
       segments.push_back({{"unit", u}, {"array", a}, {"begin", count > 0 ? p.begin() : 0}, {"count", count},
                           {"offset", start}, {"crc32c", crc}});
     }
   }
-  data.sync();
-  data.close();
+  data.finish();  // synced
   if (fault_kill_here(rank, step)) {
     std::fprintf(stderr, "[ferry r%d] FERRY_FAULT_KILL_IN_CHECKPOINT: killing myself while writing step %lld\n", rank,
                  static_cast<long long>(step));
@@ -171,12 +172,21 @@ json load_checkpoint(const std::string& step_dir, const json& model, const std::
     }
     reader.check_layout(layout);
     manifest = reader.manifest();
+    std::vector<CheckpointReader::Read> reads;
+    for (int u = 0; u < static_cast<int>(layout.size()); ++u) {
+      const ShardedUnits::Owned o = units.owned(u);
+      const int64_t real = std::max<int64_t>(0, std::min(o.begin + o.length, layout[static_cast<size_t>(u)].numel) - o.begin);
+      for (int a = 0; a < 3; ++a)
+        if (real > 0) reads.push_back({u, a, o.begin, real});
+    }
+    reader.plan(reads);
     std::vector<float> buf;
     for (int u = 0; u < static_cast<int>(layout.size()); ++u) {
       const ShardedUnits::Owned o = units.owned(u);
       const int64_t numel = layout[static_cast<size_t>(u)].numel;
       const int64_t real = std::max<int64_t>(0, std::min(o.begin + o.length, numel) - o.begin);
-      buf.assign(static_cast<size_t>(o.length), 0.0f);  // padding stays zero
+      buf.resize(static_cast<size_t>(o.length));
+      std::fill(buf.begin() + real, buf.end(), 0.0f);  // padding stays zero; the rest is read
       for (int a = 0; a < 3; ++a) {
         if (real > 0) reader.read(u, a, o.begin, real, buf.data());
         opt.write_state(u, static_cast<OptimizerState::Array>(a), buf.data());

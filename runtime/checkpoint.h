@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,6 +37,7 @@
 #include "nn/unit.h"
 #include "runtime/optimizer_state.h"
 #include "runtime/sharded_units.h"
+#include "runtime/stream_io.h"
 
 namespace ferry::runtime {
 
@@ -67,9 +70,6 @@ std::vector<std::string> list_checkpoints(const std::string& dir);
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& step_dir);
-  ~CheckpointReader();
-  CheckpointReader(const CheckpointReader&) = delete;
-  CheckpointReader& operator=(const CheckpointReader&) = delete;
 
   const nlohmann::json& manifest() const { return manifest_; }
   const std::string& dir() const { return dir_; }
@@ -86,8 +86,16 @@ class CheckpointReader {
 
   // Copies [begin, begin + n) of `array` (0 master, 1 m, 2 v) of `unit` in unit
   // coordinates (within the unit's numel) into dst. Every segment it touches is read
-  // whole, in chunks, to verify its checksum.
+  // whole (streamed, O_DIRECT where allowed) to verify its checksum.
   void read(int unit, int array, int64_t begin, int64_t n, float* dst);
+
+  // Optional: the read() calls to come, in order. Each saving rank's file is then streamed
+  // once, read ahead across segment boundaries, instead of one stream per segment.
+  struct Read {
+    int unit, array;
+    int64_t begin, n;
+  };
+  void plan(const std::vector<Read>& reads);
 
  private:
   struct Segment {
@@ -104,8 +112,9 @@ class CheckpointReader {
   nlohmann::json manifest_;
   int world_ = 0;
   std::vector<UnitInfo> units_;
-  std::vector<int> fds_;  // per saving rank's data file
-  std::vector<char> chunk_;
+  // Per saving rank: the planned stream and the (unit, array) segments it will deliver.
+  std::vector<std::unique_ptr<StreamReader>> streams_;
+  std::vector<std::deque<std::pair<int, int>>> planned_;
 };
 
 struct SaveRequest {

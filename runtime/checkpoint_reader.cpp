@@ -9,6 +9,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/crc32c.h"
 #include "runtime/posix_file.h"
+#include "runtime/stream_io.h"
 #include "runtime/version.h"
 
 namespace ferry::runtime {
@@ -69,7 +70,7 @@ json read_json(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir), chunk_(8u << 20) {
+CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir) {
   if (!fs::is_directory(dir_)) throw CheckpointError(dir_ + " is not a directory");
   const std::string mpath = (fs::path(dir_) / "manifest.json").string();
   manifest_ = read_json(mpath, "an incomplete checkpoint: the manifest is written last");
@@ -117,7 +118,6 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
       throw CheckpointError(dpath + " is " + std::to_string(f.size()) + " bytes, its index " + rank_file(r, "json") +
                             " says " + std::to_string(bytes) + (f.size() < bytes ? " (truncated)" : " (damaged)"));
     }
-    fds_.push_back(::dup(f.fd()));
   }
   // Each unit's slices must tile [0, numel): anything else is a damaged index.
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -133,10 +133,6 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
       }
     }
   }
-}
-
-CheckpointReader::~CheckpointReader() {
-  for (int fd : fds_) ::close(fd);
 }
 
 std::vector<nn::UnitSpec> CheckpointReader::layout() const {
@@ -184,21 +180,33 @@ void CheckpointReader::read(int unit, int array, int64_t begin, int64_t n, float
     const int64_t lo = std::max(begin, s.begin), hi = std::min(begin + n, s.begin + s.count);
     if (lo >= hi) continue;
     const std::string path = (fs::path(dir_) / rank_file(r, "bin")).string();
-    const int64_t per_chunk = static_cast<int64_t>(chunk_.size() / 4);
     uint32_t crc = 0;
-    for (int64_t k = 0; k < s.count; k += per_chunk) {
-      const int64_t len = std::min(per_chunk, s.count - k);
-      const size_t bytes = static_cast<size_t>(len) * 4;
-      const uint64_t off = s.offset + static_cast<uint64_t>(k) * 4;
-      for (size_t done = 0; done < bytes;) {
-        const ssize_t got = ::pread(fds_[static_cast<size_t>(r)], chunk_.data() + done, bytes - done, static_cast<off_t>(off + done));
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) throw CheckpointError(path + ": cannot read " + std::to_string(bytes) + " bytes at offset " + std::to_string(off) + (got < 0 ? ": " + std::string(std::strerror(errno)) : ": the file is truncated"));
-        done += static_cast<size_t>(got);
+    int64_t at = s.begin;  // element of the piece's start
+    try {
+      const bool planned = !planned_.empty() && !planned_[static_cast<size_t>(r)].empty() &&
+                           planned_[static_cast<size_t>(r)].front() == std::pair{unit, array};
+      std::unique_ptr<StreamReader> own;
+      StreamReader* in = planned ? streams_[static_cast<size_t>(r)].get() : nullptr;
+      if (planned) {
+        planned_[static_cast<size_t>(r)].pop_front();
+      } else {
+        own = std::make_unique<StreamReader>(path, std::vector<std::pair<uint64_t, uint64_t>>{{s.offset, s.offset + static_cast<uint64_t>(s.count) * 4}});
+        in = own.get();
       }
-      crc = crc32c(chunk_.data(), bytes, crc);
-      const int64_t clo = std::max(lo, s.begin + k), chi = std::min(hi, s.begin + k + len);
-      if (clo < chi) std::memcpy(dst + (clo - begin), chunk_.data() + (clo - s.begin - k) * 4, static_cast<size_t>(chi - clo) * 4);
+      const char* data = nullptr;
+      size_t bytes = 0;
+      uint32_t piece_crc = 0;
+      while (at < s.begin + s.count && in->next(&data, &bytes, nullptr, &piece_crc)) {
+        crc = crc32c_combine(crc, piece_crc, bytes);
+        const int64_t len = static_cast<int64_t>(bytes / 4);
+        const int64_t clo = std::max(lo, at), chi = std::min(hi, at + len);
+        if (clo < chi) std::memcpy(dst + (clo - begin), data + (clo - at) * 4, static_cast<size_t>(chi - clo) * 4);
+        at += len;
+      }
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CheckpointError(e.what());
     }
     if (crc != s.crc) {
       char buf[160];
@@ -207,6 +215,27 @@ void CheckpointReader::read(int unit, int array, int64_t begin, int64_t n, float
                     static_cast<long long>(s.begin + s.count), s.crc, crc);
       throw CheckpointError(path + buf);
     }
+  }
+}
+
+void CheckpointReader::plan(const std::vector<Read>& reads) {
+  streams_.clear();
+  planned_.assign(static_cast<size_t>(world_), {});
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(static_cast<size_t>(world_));
+  for (const Read& q : reads) {
+    for (int r = 0; r < world_; ++r) {
+      const Segment& s = units_.at(static_cast<size_t>(q.unit)).segments.at(static_cast<size_t>(q.array))[static_cast<size_t>(r)];
+      if (std::max(q.begin, s.begin) >= std::min(q.begin + q.n, s.begin + s.count)) continue;
+      auto& rr = ranges[static_cast<size_t>(r)];
+      if (!rr.empty() && rr.back().second > s.offset) return planned_.clear();  // not in file order: no plan
+      rr.emplace_back(s.offset, s.offset + static_cast<uint64_t>(s.count) * 4);
+      planned_[static_cast<size_t>(r)].emplace_back(q.unit, q.array);
+    }
+  }
+  for (int r = 0; r < world_; ++r) {
+    const std::string path = (fs::path(dir_) / rank_file(r, "bin")).string();
+    streams_.push_back(ranges[static_cast<size_t>(r)].empty() ? nullptr
+                                                              : std::make_unique<StreamReader>(path, ranges[static_cast<size_t>(r)]));
   }
 }
 

@@ -51,4 +51,35 @@ uint32_t crc32c(const void* data, size_t bytes, uint32_t crc) {
   return ~crc_table(p, bytes, c);
 }
 
+namespace {
+uint32_t gf2_times(const uint32_t* mat, uint32_t vec) {
+  uint32_t sum = 0;
+  for (int i = 0; vec; vec >>= 1, ++i)
+    if (vec & 1) sum ^= mat[i];
+  return sum;
+}
+void gf2_square(uint32_t* square, const uint32_t* mat) {
+  for (int n = 0; n < 32; ++n) square[n] = gf2_times(mat, mat[n]);
+}
+}  // namespace
+
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b) {
+  if (bytes_b == 0) return crc_a;
+  uint32_t even[32], odd[32];
+  odd[0] = kPoly;  // the operator for one zero bit
+  for (uint32_t n = 1, row = 1; n < 32; ++n, row <<= 1) odd[n] = row;
+  gf2_square(even, odd);  // two zero bits
+  gf2_square(odd, even);  // four
+  do {  // apply bytes_b zero bytes to crc_a, squaring the operator per bit of the length
+    gf2_square(even, odd);
+    if (bytes_b & 1) crc_a = gf2_times(even, crc_a);
+    bytes_b >>= 1;
+    if (bytes_b == 0) break;
+    gf2_square(odd, even);
+    if (bytes_b & 1) crc_a = gf2_times(odd, crc_a);
+    bytes_b >>= 1;
+  } while (bytes_b != 0);
+  return crc_a ^ crc_b;
+}
+
 }  // namespace ferry::runtime

@@ -10,5 +10,8 @@
 namespace ferry::runtime {
 
 uint32_t crc32c(const void* data, size_t bytes, uint32_t crc = 0);
+// The CRC of a ++ b from crc32c(a), crc32c(b) and b's length (zlib's crc32_combine method:
+// O(log bytes_b) 32x32 bit-matrix steps), so pieces can be checksummed on other threads.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b);
 
 }  // namespace ferry::runtime

@@ -40,6 +40,9 @@ ExportReport export_safetensors(const std::string& checkpoint, const std::string
                             {"producer", std::string("ferry ") + kVersion},
                             {"ferry_step", std::to_string(rep.step)},
                             {"ferry_model", model.dump()}});
+  std::vector<CheckpointReader::Read> reads;
+  for (int u = 0; u < static_cast<int>(layout.size()); ++u) reads.push_back({u, /*master*/ 0, 0, layout[static_cast<size_t>(u)].numel});
+  reader.plan(reads);
   std::vector<float> unit_w, tensor_w;
   std::vector<uint16_t> half;
   size_t index = 0;

@@ -113,6 +113,9 @@ BOOST_AUTO_TEST_CASE(crc32c_known_values) {
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<unsigned char>(i * 131 + 7);
   const uint32_t whole = runtime::crc32c(big.data(), big.size());
   BOOST_TEST(runtime::crc32c(big.data() + 777, big.size() - 777, runtime::crc32c(big.data(), 777)) == whole);
+  BOOST_TEST(runtime::crc32c_combine(runtime::crc32c(big.data(), 777), runtime::crc32c(big.data() + 777, big.size() - 777),
+                                     big.size() - 777) == whole);
+  BOOST_TEST(runtime::crc32c_combine(whole, runtime::crc32c("", 0), 0) == whole);
   big[5000] ^= 1;
   BOOST_TEST(runtime::crc32c(big.data(), big.size()) != whole);
 }
