@@ -1,4 +1,4 @@
 #pragma once
 namespace ferry {
-inline constexpr const char* kVersion = "0.2.0";
+inline constexpr const char* kVersion = "0.3.0";
 }
