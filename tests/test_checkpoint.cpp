@@ -34,10 +34,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir : test::TempDir {
-  TempDir() : test::TempDir("checkpoint") {}
-};
-
 // 12 sequences per step at every world size: 1x(2x6), 2x(2x3), 3x(2x2), 4x(3x1); the
 // sampler numbers sequences globally, so every layout sees the same batch.
 json doc(int world, int64_t steps) {
@@ -123,7 +119,7 @@ BOOST_AUTO_TEST_CASE(crc32c_known_values) {
 BOOST_AUTO_TEST_CASE(resume_continues_bit_identically) {
   for (int world : {1, 2}) {
     BOOST_TEST_CONTEXT("world " << world) {
-      TempDir dir;
+      test::TempDir dir("checkpoint");
       const fs::path nvme = dir.path / "nvme", ck = dir.path / "ckpt";
       fs::create_directories(nvme);
       json d = doc(world, 6);
@@ -149,7 +145,7 @@ BOOST_AUTO_TEST_CASE(resume_continues_bit_identically) {
 }
 
 BOOST_AUTO_TEST_CASE(loads_at_another_world_size_stage_and_placement) {
-  TempDir dir;
+  test::TempDir dir("checkpoint");
   const fs::path nvme = dir.path / "nvme";
   fs::create_directories(nvme);
   struct Side {
@@ -188,7 +184,7 @@ BOOST_AUTO_TEST_CASE(loads_at_another_world_size_stage_and_placement) {
 }
 
 BOOST_AUTO_TEST_CASE(export_round_trips_every_tensor) {
-  TempDir dir;
+  test::TempDir dir("checkpoint");
   const fs::path ck = dir.path / "ckpt";
   json d = doc(2, 2);
   place(d, 3, "none", "none", dir.path);
@@ -245,7 +241,7 @@ BOOST_AUTO_TEST_CASE(export_round_trips_every_tensor) {
 }
 
 BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_refused_by_name) {
-  TempDir dir;
+  test::TempDir dir("checkpoint");
   const fs::path ck = dir.path / "ckpt";
   json d = doc(2, 4);
   place(d, 2, "none", "none", dir.path);
@@ -306,7 +302,7 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_refused_by_name) {
 }
 
 BOOST_AUTO_TEST_CASE(a_stop_request_saves_and_ends_after_the_step) {
-  TempDir dir;
+  test::TempDir dir("checkpoint");
   const fs::path ck = dir.path / "ckpt";
   json d = doc(2, 6);
   place(d, 3, "none", "none", dir.path);
