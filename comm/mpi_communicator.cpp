@@ -154,6 +154,7 @@ void MpiCommunicator::worker_loop() {
     }
     auto& [op, work, id] = item;
     try {
+      work->mark_started();
       run(op);
       watchdog_->end(id);
       work->complete();

@@ -27,6 +27,7 @@ void Work::complete() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
+    finished_ = Clock::now();
   }
   cv_.notify_all();
 }
@@ -36,8 +37,24 @@ void Work::fail(const std::string& message) {
     std::lock_guard<std::mutex> lock(mu_);
     error_ = message.empty() ? "failed" : message;
     done_ = true;
+    finished_ = Clock::now();
   }
   cv_.notify_all();
+}
+
+void Work::mark_started() {
+  std::lock_guard<std::mutex> lock(mu_);
+  started_ = Clock::now();
+}
+
+Work::Clock::time_point Work::started_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return started_;
+}
+
+Work::Clock::time_point Work::finished_at() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
 }
 
 }  // namespace ferry::comm

@@ -32,10 +32,18 @@ class Work {
   void complete();
   void fail(const std::string& message);
 
+  // When the backend began moving data (mark_started; construction time if it never says)
+  // and when it finished: the span a trace shows for this collective.
+  using Clock = std::chrono::steady_clock;
+  void mark_started();
+  Clock::time_point started_at() const;
+  Clock::time_point finished_at() const;  // meaningful once test() is true
+
  private:
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
   bool done_ = false;
+  Clock::time_point started_ = Clock::now(), finished_{};
   std::string error_;
   std::string what_;
 };

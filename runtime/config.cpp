@@ -360,6 +360,9 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.train.sample_temperature = at("train.sample_temperature").get<double>();
   c.log.metrics = at("log.metrics").is_null() ? "" : at("log.metrics").get<std::string>();
   c.log.every = at("log.every").get<int64_t>();
+  c.log.trace = at("log.trace").is_null() ? "" : at("log.trace").get<std::string>();
+  c.schedule.prefetch_depth = at("schedule.prefetch_depth").get<int>();
+  c.schedule.overlap_offload = at("schedule.overlap_offload").get<bool>();
   c.checkpoint.dir = at("checkpoint.dir").is_null() ? "" : at("checkpoint.dir").get<std::string>();
   c.checkpoint.every_steps = at("checkpoint.every_steps").get<int64_t>();
   c.checkpoint.keep_last = at("checkpoint.keep_last").get<int>();
@@ -371,6 +374,9 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.zero.stage = at("zero_optimization.stage").get<int>();
   c.zero.reduce_bucket_size = static_cast<int64_t>(at("zero_optimization.reduce_bucket_size").get<double>());
   c.zero.allgather_bucket_size = static_cast<int64_t>(at("zero_optimization.allgather_bucket_size").get<double>());
+  c.zero.overlap_comm = at("zero_optimization.overlap_comm").get<bool>();
+  c.zero.prefetch_bucket_size = static_cast<int64_t>(at("zero_optimization.stage3_prefetch_bucket_size").get<double>());
+  c.zero.max_live_parameters = static_cast<int64_t>(at("zero_optimization.stage3_max_live_parameters").get<double>());
   c.comm_timeout_s = at("comm.timeout_s").get<double>();
   c.comm_progress = at("comm.progress").get<std::string>();
   resolve_offload(resolved, c, source);

@@ -65,7 +65,12 @@ struct Config {
   struct {
     std::string metrics;  // "" = none
     int64_t every = 1;
+    std::string trace;    // "" = none; per rank: trace_path_for_rank()
   } log;
+  struct {
+    int prefetch_depth = 2;
+    bool overlap_offload = true;
+  } schedule;
   struct {
     std::string dir;  // "" = no checkpoints
     int64_t every_steps = 0;

@@ -39,6 +39,13 @@ const std::vector<Knob>& config_knobs() {
        "elements (over all ranks) per gradient reduce-scatter / all-reduce call", 1, {}},
       {"zero_optimization.allgather_bucket_size", KnobType::number, 5e8,
        "elements (over all ranks) per parameter all-gather call", 1, {}},
+      {"zero_optimization.overlap_comm", KnobType::boolean, true,
+       "issue collectives ahead of use and without waiting: parameter all-gathers prefetched, gradient "
+       "reductions overlapping backward; false: each collective waited for where it is needed"},
+      {"zero_optimization.stage3_prefetch_bucket_size", KnobType::number, 5e7,
+       "stage 3: elements of parameters all-gathered ahead of use, at most", 0, {}},
+      {"zero_optimization.stage3_max_live_parameters", KnobType::number, 1e9,
+       "stage 3: elements of gathered parameters alive at once (in use and prefetched), at most", 1, {}},
       {"zero_optimization.offload_optimizer.device", KnobType::string, "none",
        "where the fp32 master weights, Adam m and v and the gradient shards live (stages 1-3)", {}, {}, false,
        {"none", "cpu", "nvme"}},
@@ -67,6 +74,13 @@ const std::vector<Knob>& config_knobs() {
       {"aio.single_submit", KnobType::boolean, false, "submit NVMe requests one at a time"},
       {"aio.overlap_events", KnobType::boolean, true, "refill the queue as each request completes"},
       // ferry's own sections.
+      {"schedule.prefetch_depth", KnobType::integer, 2,
+       "units fetched ahead of use, in the order the first step recorded: nvme reads this many ahead, "
+       "all-gathers max(1, this - 1) ahead; at most offload_param.buffer_count - 1 with nvme parameters", 0, 64},
+      {"schedule.overlap_offload", KnobType::boolean, true,
+       "overlap the offload tiers with compute: nvme parameter reads ahead of use, and CPU Adam with its "
+       "nvme traffic on a thread of its own (each unit updated as soon as its gradient is final); false: "
+       "everything in the plain sequential order"},
       {"comm.progress", KnobType::string, "auto",
        "how MPI collectives are driven: blocking calls (fastest, spin a core), polling non-blocking calls "
        "(leave the core to others), or auto: blocking unless the node's ranks outnumber its cores",
@@ -94,6 +108,9 @@ const std::vector<Knob>& config_knobs() {
       {"train.sample_temperature", KnobType::number, 0.8, "softmax temperature of the sample", 0, {}, true},
       {"log.metrics", KnobType::path, nullptr, "JSON-lines metrics file (one object per step and per evaluation)"},
       {"log.every", KnobType::integer, 10, "print a step line every this many steps", 1, {}},
+      {"log.trace", KnobType::path, nullptr,
+       "Chrome trace event file; every rank writes its own (trace.json -> trace.rank0.json, ...): one track per "
+       "activity (compute, nvme reads and writes, each collective, cpu adam), steps marked"},
       {"checkpoint.dir", KnobType::path, nullptr,
        "directory of checkpoints (one step-N folder each, `latest` naming the newest); set: a checkpoint is "
        "also written at the end of the run and on SIGTERM/SIGINT"},

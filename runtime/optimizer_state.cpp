@@ -1,5 +1,6 @@
 #include "runtime/optimizer_state.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <deque>
@@ -14,6 +15,7 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
     : tier_(tier), units_(units), adam_(adam), pool_(pool) {
   std::vector<int64_t> lengths;
   for (int u = 0; u < units.num_units(); ++u) lengths.push_back(units.owned(u).length);
+  for (int u = 0; u < units.num_units(); ++u) names_.push_back(units.order().unit_name(u));
   // The default placement updates the device-resident compute weights in place.
   alias_ = tier_ == Tier::device && units.placement().params == Tier::device;
   per_unit_ = alias_ ? 2 : 3;
@@ -28,7 +30,10 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
   if (tier_ == Tier::nvme) {
     const std::string why = store_->use_pool(*pool_);
     if (!why.empty() && warning) *warning += (warning->empty() ? "" : "; ") + ("no fixed buffers: " + why);
-    swapper_ = std::make_unique<offload::Swapper>(*pool_, pool_->buffer_count());
+    // Its own share of the pool: the parameter prefetcher holds the rest, and the two run
+    // on different threads, each waiting for the other only through the pool.
+    buffers_ = std::min(pool_->buffer_count(), offload.optimizer_buffers);
+    swapper_ = std::make_unique<offload::Swapper>(*pool_, buffers_);
   }
   if (alias_) return;
   // Master weights start as the compute weights.
@@ -52,7 +57,9 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
 void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<DecayRange>& ranges, int64_t step,
                           double lr, double grad_scale) {
   const float* g = grads.data_as<float>();
+  const std::string& name = names_.at(static_cast<size_t>(unit));
   auto adam_over = [&](float* p, float* m, float* v, int64_t t0, int64_t n) {
+    Tracer::Span span(tracer_, Activity::adam, name);
     // Parts of [t0, t0 + n) that hold parameters, each with its own weight decay.
     for (const DecayRange& r : ranges) {
       const int64_t lo = std::max(r.begin, t0), hi = std::min(r.end, t0 + n);
@@ -82,7 +89,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
   // tiles' three arrays while Adam updates this one; the pool bounds how far ahead.
   const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
   const int64_t tiles = (o.length + tile - 1) / tile;
-  const int64_t ahead = std::max(0, pool_->buffer_count() / 3 - 1);
+  const int64_t ahead = std::max(0, buffers_ / 3 - 1);
   std::deque<std::array<offload::Swapper::Ticket, 3>> queued;
   int64_t next = 0;
   auto enqueue = [&] {
@@ -90,8 +97,10 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     std::array<offload::Swapper::Ticket, 3> tickets{};
     for (int which = 0; which < 3; ++which) {
       const int r = region(unit, which, current_);
-      tickets[static_cast<size_t>(which)] =
-          swapper_->submit([this, r, t0, n](void* buf) { store_->read(r, t0, n, static_cast<float*>(buf)); });
+      tickets[static_cast<size_t>(which)] = swapper_->submit([this, r, t0, n, &name](void* buf) {
+        Tracer::Span span(tracer_, Activity::optim_read, name);
+        store_->read(r, t0, n, static_cast<float*>(buf));
+      });
     }
     queued.push_back(tickets);
   };
@@ -106,9 +115,12 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
       float* v = static_cast<float*>(swapper_->wait(tickets[2]));
       adam_over(p, m, v, t0, n);
       const int next_slot = 1 - current_;
-      store_->write(region(unit, kMaster, next_slot), t0, n, p);
-      store_->write(region(unit, kM, next_slot), t0, n, m);
-      store_->write(region(unit, kV, next_slot), t0, n, v);
+      {
+        Tracer::Span span(tracer_, Activity::optim_write, name);
+        store_->write(region(unit, kMaster, next_slot), t0, n, p);
+        store_->write(region(unit, kM, next_slot), t0, n, m);
+        store_->write(region(unit, kV, next_slot), t0, n, v);
+      }
       units_.write_owned_weights(unit, t0, n, p);
       swapper_->release(p), swapper_->release(m), swapper_->release(v);
       if (next < tiles) enqueue();

@@ -12,7 +12,10 @@
 //         a failed write (EIO, ENOSPC) leaves the previous step's state whole and readable.
 // Every placement computes the same fp32 arithmetic in the same order, so losses are
 // identical across placements (a test checks it bit for bit).
-// Threads: the training thread. Errors: StorageError naming the file on nvme.
+// Threads: one thread at a time: step() and commit() run on the UpdateWorker's thread when
+// the optimizer overlaps compute; the checkpoint methods run on the training thread between
+// steps, after the worker has drained. Errors: StorageError naming the file on nvme.
+// Trace: the update itself is "cpu adam"; its NVMe tile reads and writes have their tracks.
 #pragma once
 
 #include <memory>
@@ -24,6 +27,7 @@
 #include "runtime/config.h"
 #include "runtime/shard_store.h"
 #include "runtime/sharded_units.h"
+#include "runtime/trace.h"
 
 namespace ferry::runtime {
 
@@ -57,6 +61,7 @@ class OptimizerState {
   // ShardedUnits::publish_params() to spread them.
   void write_state(int unit, Array array, const float* src);
 
+  void set_tracer(Tracer* t) { tracer_ = t; }
   Tier tier() const { return tier_; }
   bool aliased() const { return alias_; }
   std::string where() const { return store_->where(); }
@@ -72,11 +77,14 @@ class OptimizerState {
   int per_unit_;
   int slots_ = 1;
   int current_ = 0;  // nvme: the slot holding the last committed step
+  int buffers_ = 0;  // nvme: pool buffers this state may hold at once (its share of the pool)
   ShardedUnits& units_;
   const offload::CpuAdam& adam_;
   offload::PinnedPool* pool_;
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<offload::Swapper> swapper_;  // nvme: tile reads ahead of the update
+  Tracer* tracer_ = nullptr;
+  std::vector<std::string> names_;
 };
 
 }  // namespace ferry::runtime

@@ -12,12 +12,16 @@ using nn::Tensor;
 
 namespace {
 
-float* f32(const Tensor& t) { return t.data_as<float>(); }
-
 Tensor zeroed(nn::Device& dev, int64_t n) {
   Tensor t = Tensor::empty(dev, DType::f32, {n});
   dev.fill(t, 0.0);
   return t;
+}
+
+std::vector<std::string> unit_names(const std::vector<nn::UnitSpec>& units) {
+  std::vector<std::string> names;
+  for (const auto& u : units) names.push_back(u.name);
+  return names;
 }
 
 }  // namespace
@@ -25,7 +29,8 @@ Tensor zeroed(nn::Device& dev, int64_t n) {
 ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const std::vector<nn::UnitSpec>& units,
                            const ZeroConfig& zero, const std::function<void(int, const Tensor&)>& init,
                            const Placement& placement)
-    : dev_(device), comm_(comm), zero_(zero), place_(placement) {
+    : dev_(device), comm_(comm), zero_(zero), place_(placement), order_(unit_names(units), comm),
+      names_(unit_names(units)) {
   if (zero.stage < 0 || zero.stage > 3) throw std::invalid_argument("ZeRO stage must be 0..3");
   if (!device.host_accessible()) {
     throw std::invalid_argument("ShardedUnits: the MPI communicator needs a host-accessible device");
@@ -44,6 +49,11 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   full_w_.resize(n);
   full_g_.resize(n);
   shard_g_.resize(n);
+  refs_.assign(n, 0);
+  stale_.assign(n, false);
+  zero_pending_.assign(n, false);
+  reported_.assign(n, false);
+  reduced_.assign(n, false);
   std::vector<int64_t> shard_sizes;
   for (size_t u = 0; u < n; ++u) {
     parts_.push_back(partition(units[u].numel, comm.size(), comm.rank()));
@@ -73,12 +83,16 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   }
 }
 
+ShardedUnits::~ShardedUnits() {
+  cancel_flights();
+  reductions_.clear();  // each waits for its transfer before its buffers go
+}
+
 // Stage 3: the weight shards' homes. With nvme, the first units' shards up to max_in_cpu
 // elements stay in host memory; the rest go to the configured tier.
 void ShardedUnits::init_param_stores(const std::vector<int64_t>& shard_sizes) {
   const size_t n = shard_sizes.size();
   const int rank = comm_.rank();
-  // With nvme, the first units' shards up to max_in_cpu elements stay in host memory.
   std::vector<int64_t> main_sizes, cpu_sizes;
   std::vector<bool> in_cpu(n, false);
   int64_t cached = 0;
@@ -108,64 +122,9 @@ void ShardedUnits::init_param_stores(const std::vector<int64_t>& shard_sizes) {
     const std::string why = params_->use_pool(*place_.pool);
     if (!why.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: no fixed buffers: %s\n", rank, why.c_str());
   }
-  if (place_.params == Tier::nvme && place_.prefetch_depth > 0) {
+  if (place_.params == Tier::nvme && place_.prefetch_depth > 0 && place_.overlap_io) {
     swapper_ = std::make_unique<offload::Swapper>(*place_.pool, place_.prefetch_depth);
   }
-}
-
-Tensor ShardedUnits::fetch_shard(int unit) {
-  const Partition& p = partition_of(unit);
-  if (store(unit).tier() != Tier::nvme) return store(unit).tensor(region(unit));
-  Tensor shard = Tensor::empty(dev_, DType::f32, {p.shard});
-  const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
-  if (auto it = prefetched_.find(unit); it != prefetched_.end()) {
-    const offload::Swapper::Ticket t = it->second;
-    prefetched_.erase(it);
-    void* buf = swapper_->wait(t);
-    std::memcpy(shard.data(), buf, static_cast<size_t>(p.shard) * 4);
-    swapper_->release(buf);
-    ++prefetch_hits_;
-  } else {
-    float* staging = static_cast<float*>(place_.pool->acquire());
-    try {
-      for (int64_t k = 0; k < p.shard; k += piece) {
-        const int64_t len = std::min(piece, p.shard - k);
-        params_->read(region(unit), k, len, staging);
-        std::memcpy(shard.data_as<float>() + k, staging, static_cast<size_t>(len) * 4);
-      }
-    } catch (...) {
-      place_.pool->release(staging);
-      throw;
-    }
-    place_.pool->release(staging);
-  }
-  // Keep the recorded order; from the second step on, start the next units' reads.
-  if (recording_) {
-    order_.push_back(unit);
-  } else if (position_ < order_.size() && order_[position_] == unit) {
-    prefetch_from(++position_);
-  } else {
-    cancel_prefetches();  // another sequence (evaluation, sampling): no guesses
-    position_ = order_.size();
-  }
-  return shard;
-}
-
-void ShardedUnits::prefetch_from(size_t position) {
-  if (!swapper_) return;
-  const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
-  for (size_t k = position; k < std::min(order_.size(), position + static_cast<size_t>(place_.prefetch_depth)); ++k) {
-    const int u = order_[k];
-    const int64_t n = partition_of(u).shard;
-    if (prefetched_.count(u) || n > piece || store(u).tier() != Tier::nvme) continue;  // coming, too large, or in memory
-    const int r = region(u);
-    prefetched_[u] = swapper_->submit([this, r, n](void* buf) { params_->read(r, 0, n, static_cast<float*>(buf)); });
-  }
-}
-
-void ShardedUnits::cancel_prefetches() {
-  for (const auto& [u, t] : prefetched_) swapper_->cancel(t);
-  prefetched_.clear();
 }
 
 void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float* buf) {
@@ -176,36 +135,72 @@ void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float
 }
 
 void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf) {
-  if (auto it = prefetched_.find(unit); it != prefetched_.end()) {  // stale now
-    swapper_->cancel(it->second);
-    prefetched_.erase(it);
-  }
   const Owned o = owned(unit);
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_weights outside the owned range");
-  if (zero_.stage == 3) return store(unit).write(region(unit), offset, n, buf);
+  if (zero_.stage == 3) {
+    const bool nvme = store(unit).tier() == Tier::nvme;
+    Tracer::Span span(nvme ? tracer_ : nullptr, Activity::param_write, names_[static_cast<size_t>(unit)]);
+    return store(unit).write(region(unit), offset, n, buf);
+  }
   std::memcpy(o.weights.data_as<float>() + offset, buf, static_cast<size_t>(n) * 4);
 }
 
 Tensor ShardedUnits::acquire_weights(int unit) {
+  const auto u = static_cast<size_t>(unit);
   const Partition& p = partition_of(unit);
-  if (zero_.stage < 3) return full_w_[static_cast<size_t>(unit)].view(0, {p.numel});
-  Live& live = live_w_[unit];
-  if (live.refs++ == 0) {
-    live.full = Tensor::empty(dev_, DType::f32, {p.padded});
-    gather(fetch_shard(unit), live.full, p);
+  if (refs_.at(u)++ == 0) {
+    const size_t pos = order_.next(unit);
+    const bool ahead = order_.in_step() && order_.recorded();
+    auto flight = flights_.find(pos);
+    const bool prefetched = ahead && flight != flights_.end();
+    if (!prefetched) wait_update(unit);  // the optimizer may still be writing this unit
+    if (zero_.stage < 3) {
+      if (prefetched) {
+        flight->second.gather.finish(tracer_);
+        flights_.erase(flight);
+        ++prefetch_hits_;
+      } else if (stale_[u]) {
+        const Tensor& full = full_w_[u];
+        issue_gather(unit, full.view(p.begin(), {p.shard}), full).finish(tracer_);
+      }
+      stale_[u] = false;
+    } else {
+      Tensor full;
+      if (prefetched) {
+        Flight& f = flight->second;
+        if (!f.gather.valid()) {
+          if (!f.full.defined()) f.full = Tensor::empty(dev_, DType::f32, {p.padded});
+          f.gather = issue_gather(unit, f.read ? take_read(f) : f.shard, f.full);
+        }
+        f.gather.finish(tracer_);
+        full = f.full;
+        flights_.erase(flight);
+        ++prefetch_hits_;
+      } else {
+        full = Tensor::empty(dev_, DType::f32, {p.padded});
+        issue_gather(unit, read_shard(unit), full).finish(tracer_);
+      }
+      live_w_[unit].full = full;
+    }
+    if (ahead) pump(pos + 1);
   }
-  return live.full.view(0, {p.numel});
+  compute_begin(unit);
+  if (zero_.stage < 3) return full_w_[u].view(0, {p.numel});
+  return live_w_.at(unit).full.view(0, {p.numel});
 }
 
 void ShardedUnits::release_weights(int unit) {
-  if (zero_.stage < 3) return;
-  auto it = live_w_.find(unit);
-  if (it == live_w_.end()) throw std::logic_error("release_weights of a unit not acquired: " + std::to_string(unit));
-  if (--it->second.refs == 0) live_w_.erase(it);  // frees the gathered weights
+  const auto u = static_cast<size_t>(unit);
+  if (refs_.at(u) == 0) throw std::logic_error("release_weights of a unit not acquired: " + std::to_string(unit));
+  compute_end();
+  if (--refs_[u] == 0 && zero_.stage == 3) live_w_.erase(unit);  // frees the gathered weights
+  if (order_.in_step() && order_.recorded()) pump(order_.position());
 }
 
 Tensor ShardedUnits::acquire_grads(int unit) {
   const Partition& p = partition_of(unit);
+  zero_grad_if_needed(unit);
+  compute_begin(unit);
   if (zero_.stage < 2) return full_g_[static_cast<size_t>(unit)].view(0, {p.numel});
   Live& live = live_g_[unit];
   if (!live.full.defined()) live.full = zeroed(dev_, p.padded);
@@ -213,14 +208,17 @@ Tensor ShardedUnits::acquire_grads(int unit) {
 }
 
 void ShardedUnits::release_grads(int unit, bool complete) {
-  if (zero_.stage < 2 || !complete) return;  // a tied unit keeps its buffer until its last use
-  auto it = live_g_.find(unit);
-  if (it == live_g_.end()) throw std::logic_error("release_grads of a unit not acquired: " + std::to_string(unit));
-  const Partition& p = partition_of(unit);
-  const Tensor reduced = Tensor::empty(dev_, DType::f32, {p.shard});
-  reduce_scatter(it->second.full, reduced, p);
-  live_g_.erase(it);  // the full gradient is gone; only the shard stays
-  dev_.accumulate(shard_g_[static_cast<size_t>(unit)], reduced);
+  compute_end();
+  if (!complete) return;  // a tied unit keeps its buffer until its last use
+  if (zero_.stage >= 2) {
+    if (live_g_.find(unit) == live_g_.end()) {
+      throw std::logic_error("release_grads of a unit not acquired: " + std::to_string(unit));
+    }
+    issue_reduction(unit);
+  } else if (last_micro_ && zero_.overlap_comm && order_.in_step()) {
+    issue_reduction(unit);  // DDP's overlap: reduce while backward goes on
+  }
+  poll_reductions(!zero_.overlap_comm);
 }
 
 ShardedUnits::Owned ShardedUnits::owned(int unit) const {
@@ -240,33 +238,64 @@ Tensor ShardedUnits::grad_shard(int unit) const {
   return shard_g_[static_cast<size_t>(unit)];
 }
 
+void ShardedUnits::zero_grad_if_needed(int unit) {
+  const auto u = static_cast<size_t>(unit);
+  if (!zero_pending_[u]) return;
+  wait_update(unit);  // the previous step's update may still read this step's buffers
+  if (full_g_[u].defined()) dev_.fill(full_g_[u], 0.0);
+  if (shard_g_[u].defined()) dev_.fill(shard_g_[u], 0.0);
+  zero_pending_[u] = false;
+}
+
 void ShardedUnits::zero_grads() {
-  if (swapper_) {
-    // Step boundary: weights changed in the optimizer step, so nothing read before is kept.
-    cancel_prefetches();
-    recording_ = order_.empty();
-    position_ = 0;
-    if (!recording_) prefetch_from(0);
+  for (size_t u = 0; u < parts_.size(); ++u) {
+    zero_pending_[u] = true;
+    zero_grad_if_needed(static_cast<int>(u));
+    reduced_[u] = false;
   }
-  for (const Tensor& g : full_g_)
-    if (g.defined()) dev_.fill(g, 0.0);
-  for (const Tensor& g : shard_g_)
-    if (g.defined()) dev_.fill(g, 0.0);
+}
+
+void ShardedUnits::begin_step(int64_t step) {
+  cancel_flights();
+  order_.begin_step(step);
+  std::fill(zero_pending_.begin(), zero_pending_.end(), true);
+  std::fill(reported_.begin(), reported_.end(), false);
+  std::fill(reduced_.begin(), reduced_.end(), false);
+  last_micro_ = false;
+  if (order_.recorded()) pump(0);
 }
 
 void ShardedUnits::finish_gradients() {
   if (!live_g_.empty()) throw std::logic_error("finish_gradients with unit gradients still in backward");
-  for (size_t u = 0; u < parts_.size(); ++u) {
-    if (zero_.stage == 0) all_reduce(full_g_[u]);
-    if (zero_.stage == 1) reduce_scatter(full_g_[u], shard_g_[u], parts_[u]);
+  if (zero_.stage < 2) {
+    for (size_t u = 0; u < parts_.size(); ++u)
+      if (!reduced_[u]) issue_reduction(static_cast<int>(u));
   }
+  poll_reductions(true);
+  if (order_.in_step()) {
+    for (size_t u = 0; u < parts_.size(); ++u)
+      if (!reported_[u]) gradient_done(static_cast<int>(u));
+  }
+  std::fill(reduced_.begin(), reduced_.end(), false);
+}
+
+void ShardedUnits::end_step() {
+  cancel_flights();
+  order_.end_step();
+}
+
+void ShardedUnits::mark_updating(int unit) {
+  if (zero_.stage == 1 || zero_.stage == 2) stale_.at(static_cast<size_t>(unit)) = true;
 }
 
 void ShardedUnits::publish_params() {
   if (zero_.stage != 1 && zero_.stage != 2) return;
+  cancel_flights();
   for (size_t u = 0; u < parts_.size(); ++u) {
     const Partition& p = parts_[u];
-    gather(full_w_[u].view(p.begin(), {p.shard}), full_w_[u], p);
+    wait_update(static_cast<int>(u));
+    issue_gather(static_cast<int>(u), full_w_[u].view(p.begin(), {p.shard}), full_w_[u]).finish(tracer_);
+    stale_[u] = false;
   }
 }
 
@@ -288,50 +317,6 @@ StateBytes ShardedUnits::state_bytes() const {
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + (shard_g_[u].defined() ? shard_g_[u].nbytes() : 0);
   }
   return s;
-}
-
-// Bucketed collectives. A chunk of c elements per rank moves W * c elements in all; when a
-// unit's shard exceeds the bucket, the ranks' slices [r * S + c0, r * S + c0 + c) are packed
-// into one contiguous buffer so that each call stays a single MPI collective.
-void ShardedUnits::gather(const Tensor& shard, const Tensor& full, const Partition& p) {
-  const int64_t W = p.world, S = p.shard;
-  const int64_t len = std::clamp<int64_t>(zero_.allgather_bucket_size / W, 1, S);
-  if (len == S) {
-    comm_.all_gather(shard.data(), full.data(), static_cast<size_t>(S), comm::DataType::f32)->wait();
-    return;
-  }
-  const Tensor pack = Tensor::empty(dev_, DType::f32, {W * len});
-  for (int64_t c0 = 0; c0 < S; c0 += len) {
-    const int64_t c = std::min(len, S - c0);
-    comm_.all_gather(f32(shard) + c0, pack.data(), static_cast<size_t>(c), comm::DataType::f32)->wait();
-    for (int64_t r = 0; r < W; ++r) std::memcpy(f32(full) + r * S + c0, f32(pack) + r * c, static_cast<size_t>(c) * 4);
-  }
-}
-
-void ShardedUnits::reduce_scatter(const Tensor& full, const Tensor& shard, const Partition& p) {
-  const int64_t W = p.world, S = p.shard;
-  const int64_t len = std::clamp<int64_t>(zero_.reduce_bucket_size / W, 1, S);
-  if (len == S) {
-    comm_.reduce_scatter(full.data(), shard.data(), static_cast<size_t>(S), comm::DataType::f32, comm::ReduceOp::sum)
-        ->wait();
-    return;
-  }
-  const Tensor pack = Tensor::empty(dev_, DType::f32, {W * len});
-  for (int64_t c0 = 0; c0 < S; c0 += len) {
-    const int64_t c = std::min(len, S - c0);
-    for (int64_t r = 0; r < W; ++r) std::memcpy(f32(pack) + r * c, f32(full) + r * S + c0, static_cast<size_t>(c) * 4);
-    comm_.reduce_scatter(pack.data(), f32(shard) + c0, static_cast<size_t>(c), comm::DataType::f32, comm::ReduceOp::sum)
-        ->wait();
-  }
-}
-
-void ShardedUnits::all_reduce(const Tensor& full) {
-  const int64_t n = full.numel();
-  const int64_t len = std::clamp<int64_t>(zero_.reduce_bucket_size, 1, n);
-  for (int64_t c0 = 0; c0 < n; c0 += len) {
-    const int64_t c = std::min(len, n - c0);
-    comm_.all_reduce(f32(full) + c0, static_cast<size_t>(c), comm::DataType::f32, comm::ReduceOp::sum)->wait();
-  }
 }
 
 }  // namespace ferry::runtime

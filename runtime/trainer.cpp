@@ -36,6 +36,17 @@ int compute_threads(const Config& c, const comm::Communicator& comm) {
 
 }  // namespace
 
+std::string describe_breakdown(const StepBreakdown& b) {
+  std::string line = fmt("%.3f s:", b.wall_s);
+  bool first = true;
+  for (size_t a = 0; a < kActivities; ++a) {
+    if (b.busy_s[a] < 5e-4) continue;
+    line += std::string(first ? " " : ", ") + activity_key(static_cast<Activity>(a)) + fmt(" %.3f", b.busy_s[a]);
+    first = false;
+  }
+  return line + fmt(" (overlap %.2f)", b.overlap());
+}
+
 Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& out)
     : cfg_(config),
       comm_(comm),
@@ -61,9 +72,11 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     const int64_t elems = std::min<int64_t>(off.param_buffer_size, (largest + kNvmeQuantum - 1) / kNvmeQuantum * kNvmeQuantum);
     offload::PinnedPoolOptions po;
     po.buffer_size = static_cast<size_t>(std::max<int64_t>(elems, kNvmeQuantum)) * 4;
-    // Separate budgets: the optimizer's tiles (3 buffers each, more for reading ahead) and
-    // the parameter shards in flight.
-    po.buffer_count = (opt_tier == Tier::nvme ? off.optimizer_buffers : 0) + (param_tier == Tier::nvme ? off.param_buffers : 0);
+    // Separate budgets: the optimizer's tiles (3 buffers each, more for reading ahead)
+    // and the parameter shards in flight; one more for the optimizer's write-through of nvme
+    // parameters, so that neither side can take the buffers the other waits for.
+    po.buffer_count =
+        (opt_tier == Tier::nvme ? off.optimizer_buffers : 0) + (param_tier == Tier::nvme ? off.param_buffers + 1 : 0);
     po.pin = off.optimizer_pin && off.param_pin;
     pool_ = std::make_unique<offload::PinnedPool>(po);
   }
@@ -76,7 +89,17 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   place.pool = pool_.get();
   place.fault = off.fault;
   place.max_in_cpu = off.max_in_cpu;
-  place.prefetch_depth = std::max(0, std::min(2, off.param_buffers - 1));  // one buffer stays for reads on demand
+  place.prefetch_depth = cfg_.schedule.prefetch_depth;
+  if (param_tier == Tier::nvme && place.prefetch_depth > off.param_buffers - 1) {
+    // One buffer stays for reads on demand.
+    place.prefetch_depth = off.param_buffers - 1;
+    if (comm_.rank() == 0) {
+      std::fprintf(stderr, "[ferry r0] warning: schedule.prefetch_depth %d needs offload_param.buffer_count >= %d; "
+                   "prefetching %d units ahead\n", cfg_.schedule.prefetch_depth, cfg_.schedule.prefetch_depth + 1,
+                   place.prefetch_depth);
+    }
+  }
+  place.overlap_io = cfg_.schedule.overlap_offload;
   units_ = std::make_unique<ShardedUnits>(*device_, comm_, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); },
                                           place);
@@ -94,6 +117,13 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     decay_.push_back(std::move(ranges));
   }
   if (!cfg_.log.metrics.empty() && comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.log.metrics);
+  tracer_ = std::make_unique<Tracer>(comm_.rank());
+  if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
+  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload);
+  units_->set_tracer(tracer_.get());
+  units_->set_update_worker(worker_.get());
+  units_->on_gradients_ready([this](int u) { gradients_ready(u); });
+  opt_->set_tracer(tracer_.get());
 }
 
 Trainer::~Trainer() = default;
@@ -131,11 +161,32 @@ void Trainer::describe_placement() {
        << comm_.size() << " ranks)\n";
 }
 
-double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
+void Trainer::gradients_ready(int unit) {
+  const Tensor g = units_->grad_shard(unit);
+  worker_->submit(unit, [this, unit, g] {
+    Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units_->order().unit_name(unit));
+    sumsq_[static_cast<size_t>(unit)] = host_->sum_squares(g);
+  });
+  if (cfg_.grad_clip <= 0) submit_update(unit, 1.0);  // nothing to wait for: update now
+}
+
+void Trainer::submit_update(int unit, double clip) {
   // Gradients hold the sum over ranks and micro-batches of each micro-batch's mean-loss
-  // gradient; each rank's shard slices of them partition the whole.
+  // gradient; averaging and clipping fold into Adam's read of them.
+  const double scale = clip / static_cast<double>(cfg_.grad_accum * comm_.size());
+  const Tensor g = units_->owned(unit).grads;
+  const int64_t t = cur_step_ + 1;
+  const double lr = cur_lr_;
+  units_->mark_updating(unit);
+  worker_->submit(unit, [this, unit, g, t, lr, scale] { opt_->step(unit, g, decay_[static_cast<size_t>(unit)], t, lr, scale); });
+}
+
+double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
+  // Each rank's shard slices of the gradients partition the whole: their squared norms,
+  // summed in unit order (the same sum whatever the schedule), then over ranks.
+  sync_updates();  // the norms (and without clipping, the updates themselves)
   std::vector<double> sumsq{0.0};
-  for (int u = 0; u < model_->num_units(); ++u) sumsq[0] += device_->sum_squares(units_->grad_shard(u));
+  for (double s : sumsq_) sumsq[0] += s;
   comm_.all_reduce_sum(sumsq);
   const double accum = static_cast<double>(cfg_.grad_accum * comm_.size());
   const double grad_norm = std::sqrt(sumsq[0]) / accum;
@@ -144,22 +195,24 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
     throw std::runtime_error("step " + std::to_string(step + 1) + ": the gradient norm is not finite (" +
                              std::to_string(grad_norm) + "); lower optimizer.params.lr or check the data");
   }
-  // torch.nn.utils.clip_grad_norm_'s rule, folded into the Adam read of the gradient.
-  const double clip = (cfg_.grad_clip > 0 && grad_norm > cfg_.grad_clip) ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
-  const double lr = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, step);
-  for (int u = 0; u < model_->num_units(); ++u) {
-    opt_->step(u, units_->owned(u).grads, decay_[static_cast<size_t>(u)], step + 1, lr, clip / accum);
+  if (cfg_.grad_clip > 0) {
+    // torch.nn.utils.clip_grad_norm_'s rule. In forward order: the next step's first unit first.
+    const double clip = grad_norm > cfg_.grad_clip ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
+    for (int u = 0; u < model_->num_units(); ++u) submit_update(u, clip);
   }
-  opt_->commit();  // every unit's new state is written: make it the current one
-  units_->publish_params();
-  return lr;
+  worker_->submit(-1, [this] { opt_->commit(); });  // after every unit's update: the new state is current
+  return cur_lr_;
 }
 
 StepStats Trainer::train_step(int64_t step) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
-  units_->zero_grads();
+  tracer_->begin_step(step + 1);
+  cur_step_ = step;
+  cur_lr_ = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, step);
+  sumsq_.assign(static_cast<size_t>(model_->num_units()), 0.0);
+  units_->begin_step(step + 1);
   device_->reset_peak();
   const Tensor tokens = Tensor::empty(*device_, DType::i32, {B * T});
   const Tensor targets = Tensor::empty(*device_, DType::i32, {B * T});
@@ -168,10 +221,12 @@ StepStats Trainer::train_step(int64_t step) {
     const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size());
     device_->copy_from_host(tokens, batch.inputs.data());
     device_->copy_from_host(targets, batch.targets.data());
+    units_->set_micro_batch(micro == cfg_.grad_accum - 1);
     loss_sum += model_->forward(*units_, tokens, targets, B, T);
     model_->backward(*units_);
   }
   units_->finish_gradients();
+  units_->end_step();
   // The stop flag rides on the loss's reduction: every rank learns of a signal any rank got.
   std::vector<double> reduce{loss_sum, stop_signal() != 0 ? 1.0 : 0.0};
   comm_.all_reduce_sum(reduce);
@@ -186,10 +241,12 @@ StepStats Trainer::train_step(int64_t step) {
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
   s.device_peak_bytes = device_->memory().peak;
+  s.time = tracer_->end_step();
   return s;
 }
 
 double Trainer::evaluate() {
+  sync_updates();
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
   const Tensor tokens = Tensor::empty(*device_, DType::i32, {B * T});
   const Tensor targets = Tensor::empty(*device_, DType::i32, {B * T});
@@ -205,6 +262,7 @@ double Trainer::evaluate() {
 }
 
 std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
+  sync_updates();
   // Prompt: the first line's worth of the validation split (up to 32 tokens).
   std::vector<uint16_t> seq(data_.val().begin(), data_.val().begin() + std::min<size_t>(32, data_.val().size()));
   nn::Rng rng(seed);
@@ -242,6 +300,7 @@ nlohmann::json Trainer::model_shape() const {
 }
 
 std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
+  sync_updates();
   SaveRequest req;
   req.dir = cfg_.checkpoint.dir;
   req.step = steps_done;
@@ -263,6 +322,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
 }
 
 int64_t Trainer::load_checkpoint(const std::string& step_dir) {
+  sync_updates();
   const nlohmann::json manifest = runtime::load_checkpoint(step_dir, model_shape(), model_->units(), *units_, *opt_, comm_);
   // Allowed to differ (a user may mean it), but the run then no longer continues the saved one.
   const nlohmann::json& t = manifest.at("trainer");
@@ -308,17 +368,22 @@ TrainReport Trainer::run() {
     const StepStats s = train_step(step);
     report.steps.push_back(s);
     report.device_peak_bytes = std::max(report.device_peak_bytes, s.device_peak_bytes);
+    nlohmann::json busy = nlohmann::json::object();
+    for (size_t a = 0; a < kActivities; ++a) busy[activity_key(static_cast<Activity>(a))] = s.time.busy_s[a];
     metrics_.write({{"step", s.step},
                     {"loss", s.loss},
                     {"lr", s.lr},
                     {"grad_norm", s.grad_norm},
                     {"tokens_per_s", s.tokens_per_s},
-                    {"device_peak_bytes", s.device_peak_bytes}});
+                    {"device_peak_bytes", s.device_peak_bytes},
+                    {"step_time_s", s.time.wall_s},
+                    {"time_s", busy},
+                    {"overlap", s.time.overlap()}});
     if (s.step % cfg_.log.every == 0 || s.step == 1 || s.step == cfg_.train.steps) {
       out_ << "step " << s.step << "/" << cfg_.train.steps << " | loss " << fmt("%.4f", s.loss) << " | lr "
            << fmt("%.3e", s.lr) << " | grad norm " << fmt("%.3f", s.grad_norm) << " | "
            << fmt("%.0f", s.tokens_per_s) << " tok/s | device peak " << nn::format_bytes(s.device_peak_bytes)
-           << "\n";
+           << " | " << describe_breakdown(s.time) << "\n";
       out_.flush();
     }
     const bool last = s.step == cfg_.train.steps;

@@ -1,0 +1,202 @@
+// ShardedUnits' overlapped schedule: fetching units ahead of use, gradient reductions in
+// flight, waiting for the optimizer's updates, and the compute spans of the trace.
+#include <algorithm>
+#include <cstring>
+
+#include "runtime/sharded_units.h"
+
+namespace ferry::runtime {
+
+using nn::DType;
+using nn::Tensor;
+
+void ShardedUnits::wait_update(int unit) {
+  if (updates_) updates_->wait(unit);
+}
+
+bool ShardedUnits::update_ready(int unit) { return updates_ == nullptr || updates_->ready(unit); }
+
+Tensor ShardedUnits::read_shard(int unit) {
+  const Partition& p = partition_of(unit);
+  if (store(unit).tier() != Tier::nvme) return store(unit).tensor(region(unit));
+  Tensor shard = Tensor::empty(dev_, DType::f32, {p.shard});
+  const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
+  Tracer::Span span(tracer_, Activity::param_read, names_[static_cast<size_t>(unit)]);
+  float* staging = static_cast<float*>(place_.pool->acquire());
+  try {
+    for (int64_t k = 0; k < p.shard; k += piece) {
+      const int64_t len = std::min(piece, p.shard - k);
+      params_->read(region(unit), k, len, staging);
+      std::memcpy(shard.data_as<float>() + k, staging, static_cast<size_t>(len) * 4);
+    }
+  } catch (...) {
+    place_.pool->release(staging);
+    throw;
+  }
+  place_.pool->release(staging);
+  return shard;
+}
+
+void ShardedUnits::start_read(Flight& f) {
+  const int r = region(f.unit);
+  const int64_t n = partition_of(f.unit).shard;
+  const std::string name = names_[static_cast<size_t>(f.unit)];
+  f.read = swapper_->submit([this, r, n, name](void* buf) {
+    Tracer::Span span(tracer_, Activity::param_read, name);
+    params_->read(r, 0, n, static_cast<float*>(buf));
+  });
+}
+
+Tensor ShardedUnits::take_read(Flight& f) {
+  const int64_t n = partition_of(f.unit).shard;
+  void* buf = swapper_->wait(f.read);
+  f.read = 0;
+  f.shard = Tensor::empty(dev_, DType::f32, {n});
+  std::memcpy(f.shard.data(), buf, static_cast<size_t>(n) * 4);
+  swapper_->release(buf);
+  return f.shard;
+}
+
+PendingCollective ShardedUnits::issue_gather(int unit, const Tensor& shard, const Tensor& full) {
+  return issue_all_gather(comm_, dev_, shard, full, partition_of(unit), zero_.allgather_bucket_size,
+                          names_[static_cast<size_t>(unit)]);
+}
+
+int64_t ShardedUnits::gathered_elements() const {
+  int64_t n = 0;
+  for (const auto& [u, live] : live_w_) n += live.full.defined() ? live.full.numel() : 0;
+  for (const auto& [pos, f] : flights_) n += f.gather.valid() || f.full.defined() ? f.full.numel() : 0;
+  return n;
+}
+
+// Two windows past `next`, the first position not yet used:
+// - gathers (collectives) for [next, next + max(1, depth - 1)): decided only from the
+//   recorded order, the sizes and the budgets, so that every rank issues the same
+//   collectives in the same order; a shard still being read is waited for here.
+// - nvme reads for [next, next + depth): local, started only when the unit has no update
+//   pending (they never block on the optimizer).
+void ShardedUnits::pump(size_t next) {
+  const std::vector<int>& order = order_.order();
+  const auto depth = static_cast<size_t>(std::max(0, place_.prefetch_depth));
+  if (depth == 0) return;
+  if (zero_.overlap_comm) {
+    const size_t gather_end = std::min(order.size(), next + std::max<size_t>(1, depth - 1));
+    int64_t ahead = 0;
+    for (const auto& [pos, f] : flights_) ahead += f.full.defined() ? f.full.numel() : 0;
+    for (size_t k = next; k < gather_end; ++k) {
+      const int unit = order[k];
+      const auto u = static_cast<size_t>(unit);
+      const Partition& p = partition_of(unit);
+      auto it = flights_.find(k);
+      if (it != flights_.end() && it->second.gather.valid()) continue;
+      if (zero_.stage < 3) {
+        if (!stale_[u]) continue;  // nothing to gather
+        wait_update(unit);
+        Flight& f = flights_[k];
+        f.unit = unit;
+        f.position = k;
+        f.full = full_w_[u];
+        f.gather = issue_gather(unit, f.full.view(p.begin(), {p.shard}), f.full);
+        stale_[u] = false;
+        continue;
+      }
+      if (ahead + p.padded > zero_.prefetch_bucket_size ||
+          gathered_elements() + p.padded > zero_.max_live_parameters) {
+        break;
+      }
+      const bool nvme = store(unit).tier() == Tier::nvme;
+      if (nvme && !swapper_ && it == flights_.end()) break;  // no reads ahead: fetched at use
+      if (nvme && it == flights_.end() && p.shard > static_cast<int64_t>(place_.pool->buffer_size() / 4)) break;
+      Flight& f = flights_[k];
+      f.unit = unit;
+      f.position = k;
+      if (nvme && !f.read && !f.shard.defined()) {
+        wait_update(unit);
+        start_read(f);
+      }
+      if (!nvme) {
+        wait_update(unit);
+        f.shard = store(unit).tensor(region(unit));
+      }
+      f.full = Tensor::empty(dev_, DType::f32, {p.padded});
+      f.gather = issue_gather(unit, f.read ? take_read(f) : f.shard, f.full);
+      ahead += p.padded;
+    }
+  }
+  if (zero_.stage == 3 && swapper_ && place_.overlap_io) {
+    const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
+    for (size_t k = next; k < std::min(order.size(), next + depth); ++k) {
+      const int unit = order[k];
+      if (flights_.count(k)) continue;
+      if (store(unit).tier() != Tier::nvme) continue;  // in memory: nothing to read
+      if (partition_of(unit).shard > piece || !update_ready(unit)) break;
+      Flight& f = flights_[k];
+      f.unit = unit;
+      f.position = k;
+      start_read(f);
+    }
+  }
+}
+
+void ShardedUnits::cancel_flights() {
+  for (auto& [pos, f] : flights_) {
+    if (f.read) swapper_->cancel(f.read);
+    f.read = 0;
+  }
+  flights_.clear();  // gathers in flight are waited for by their destructors
+}
+
+void ShardedUnits::issue_reduction(int unit) {
+  const auto u = static_cast<size_t>(unit);
+  const Partition& p = partition_of(unit);
+  const std::string& name = names_[u];
+  Reduction r;
+  r.unit = unit;
+  r.last = last_micro_ || !order_.in_step();
+  if (zero_.stage >= 2) {
+    auto it = live_g_.find(unit);
+    r.full = it->second.full;
+    live_g_.erase(it);  // the full gradient lives on only until its reduction finishes
+    r.reduced = Tensor::empty(dev_, DType::f32, {p.shard});
+    r.work = issue_reduce_scatter(comm_, dev_, r.full, r.reduced, p, zero_.reduce_bucket_size, name);
+  } else if (zero_.stage == 1) {
+    r.work = issue_reduce_scatter(comm_, dev_, full_g_[u], shard_g_[u], p, zero_.reduce_bucket_size, name);
+  } else {
+    r.work = issue_all_reduce(comm_, full_g_[u], zero_.reduce_bucket_size, name);
+  }
+  reduced_[u] = true;
+  reductions_.push_back(std::move(r));
+}
+
+void ShardedUnits::poll_reductions(bool wait_all) {
+  while (!reductions_.empty() && (wait_all || reductions_.front().work.done())) {
+    Reduction& r = reductions_.front();
+    r.work.finish(tracer_);
+    if (r.reduced.defined()) {
+      zero_grad_if_needed(r.unit);
+      dev_.accumulate(shard_g_[static_cast<size_t>(r.unit)], r.reduced);
+    }
+    const int unit = r.unit;
+    const bool last = r.last;
+    reductions_.pop_front();
+    if (last && order_.in_step()) gradient_done(unit);
+  }
+}
+
+void ShardedUnits::gradient_done(int unit) {
+  reported_.at(static_cast<size_t>(unit)) = true;
+  if (grads_ready_) grads_ready_(unit);
+}
+
+void ShardedUnits::compute_begin(int unit) {
+  if (compute_depth_++ > 0) return;
+  compute_unit_ = unit;
+  compute_t0_ = Tracer::Clock::now();
+}
+
+void ShardedUnits::compute_end() {
+  if (compute_depth_ == 0 || --compute_depth_ > 0) return;
+  if (tracer_) tracer_->record(Activity::compute, names_[static_cast<size_t>(compute_unit_)], compute_t0_, Tracer::Clock::now());
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,112 @@
+#include "runtime/unit_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace ferry::runtime {
+
+using nn::DType;
+using nn::Tensor;
+
+namespace {
+
+float* f32(const Tensor& t) { return t.data_as<float>(); }
+size_t bytes(int64_t n) { return static_cast<size_t>(n) * 4; }
+
+}  // namespace
+
+PendingCollective::~PendingCollective() {
+  for (const comm::WorkPtr& w : works_) {
+    // An abandoned transfer (an error elsewhere) must not write into freed buffers; the
+    // watchdog ends a collective that never completes.
+    if (w) w->wait_for(std::chrono::hours(24));
+  }
+}
+
+bool PendingCollective::done() const {
+  for (const comm::WorkPtr& w : works_)
+    if (!w->test()) return false;
+  return true;
+}
+
+void PendingCollective::finish(Tracer* tracer) {
+  for (const comm::WorkPtr& w : works_) w->wait();
+  if (tracer && !works_.empty()) {
+    auto t0 = works_.front()->started_at(), t1 = works_.front()->finished_at();
+    for (const comm::WorkPtr& w : works_) t0 = std::min(t0, w->started_at()), t1 = std::max(t1, w->finished_at());
+    tracer->record(activity_, name_, t0, t1);
+  }
+  if (unpack_) unpack_();
+  works_.clear();
+  keep_.clear();
+  unpack_ = nullptr;
+}
+
+PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, const Tensor& shard, const Tensor& full,
+                                   const Partition& p, int64_t bucket, std::string name) {
+  PendingCollective pc;
+  pc.activity_ = Activity::all_gather;
+  pc.name_ = std::move(name);
+  pc.keep_ = {shard, full};
+  const int64_t W = p.world, S = p.shard;
+  const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
+  if (len >= S) {
+    pc.works_.push_back(comm.all_gather(shard.data(), full.data(), static_cast<size_t>(S), comm::DataType::f32));
+    return pc;
+  }
+  std::vector<std::pair<int64_t, Tensor>> packs;  // (c0, pack)
+  for (int64_t c0 = 0; c0 < S; c0 += len) {
+    const int64_t c = std::min(len, S - c0);
+    const Tensor pack = Tensor::empty(dev, DType::f32, {W * c});
+    pc.works_.push_back(comm.all_gather(f32(shard) + c0, pack.data(), static_cast<size_t>(c), comm::DataType::f32));
+    pc.keep_.push_back(pack);
+    packs.emplace_back(c0, pack);
+  }
+  pc.unpack_ = [packs, full, W, S] {
+    for (const auto& [c0, pack] : packs) {
+      const int64_t c = pack.numel() / W;
+      for (int64_t r = 0; r < W; ++r) std::memcpy(f32(full) + r * S + c0, f32(pack) + r * c, bytes(c));
+    }
+  };
+  return pc;
+}
+
+PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev, const Tensor& full,
+                                       const Tensor& shard, const Partition& p, int64_t bucket, std::string name) {
+  PendingCollective pc;
+  pc.activity_ = Activity::reduce_scatter;
+  pc.name_ = std::move(name);
+  pc.keep_ = {full, shard};
+  const int64_t W = p.world, S = p.shard;
+  const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
+  if (len >= S) {
+    pc.works_.push_back(comm.reduce_scatter(full.data(), shard.data(), static_cast<size_t>(S), comm::DataType::f32,
+                                            comm::ReduceOp::sum));
+    return pc;
+  }
+  for (int64_t c0 = 0; c0 < S; c0 += len) {
+    const int64_t c = std::min(len, S - c0);
+    const Tensor pack = Tensor::empty(dev, DType::f32, {W * c});
+    for (int64_t r = 0; r < W; ++r) std::memcpy(f32(pack) + r * c, f32(full) + r * S + c0, bytes(c));
+    pc.works_.push_back(comm.reduce_scatter(pack.data(), f32(shard) + c0, static_cast<size_t>(c), comm::DataType::f32,
+                                            comm::ReduceOp::sum));
+    pc.keep_.push_back(pack);
+  }
+  return pc;
+}
+
+PendingCollective issue_all_reduce(comm::Communicator& comm, const Tensor& full, int64_t bucket, std::string name) {
+  PendingCollective pc;
+  pc.activity_ = Activity::all_reduce;
+  pc.name_ = std::move(name);
+  pc.keep_ = {full};
+  const int64_t n = full.numel();
+  const int64_t len = std::clamp<int64_t>(bucket, 1, std::max<int64_t>(n, 1));
+  for (int64_t c0 = 0; c0 < n; c0 += len) {
+    const int64_t c = std::min(len, n - c0);
+    pc.works_.push_back(comm.all_reduce(f32(full) + c0, static_cast<size_t>(c), comm::DataType::f32, comm::ReduceOp::sum));
+  }
+  return pc;
+}
+
+}  // namespace ferry::runtime
