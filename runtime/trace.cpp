@@ -81,13 +81,18 @@ void Tracer::record(Activity activity, const std::string& name, Clock::time_poin
   nlohmann::json e = {{"ph", "X"},       {"pid", rank_},   {"tid", static_cast<int>(a) + 1},
                       {"name", name},    {"cat", kKeys[a]}, {"ts", us(t0)},
                       {"dur", us(t1) - us(t0)}};
-  e["args"] = {{"step", step_arg >= 0 ? step_arg : step_}};
+  if (step_arg >= 0 || in_step_) {
+    e["args"] = {{"step", step_arg >= 0 ? step_arg : step_}};
+  } else {
+    e["args"] = {{"after_step", step_}};
+  }
   write_line(e.dump());
 }
 
 void Tracer::begin_step(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   step_ = step;
+  in_step_ = true;
   step_t0_ = Clock::now();
   busy_.fill(0);
   if (!out_.is_open()) return;
@@ -99,6 +104,7 @@ void Tracer::begin_step(int64_t step) {
 StepBreakdown Tracer::end_step() {
   const Clock::time_point t1 = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
+  in_step_ = false;
   StepBreakdown b;
   b.wall_s = std::chrono::duration<double>(t1 - step_t0_).count();
   b.busy_s = busy_;

@@ -10,7 +10,8 @@
 // File: with open_file(), each span is written as it is recorded, one JSON object per line
 // inside {"traceEvents": [ ... ]}; a run that dies keeps every line so far (the viewers
 // accept the unterminated array). Timestamps are microseconds since the Tracer was built;
-// pid is the rank, tid the activity.
+// pid is the rank, tid the activity; args.step is the step a span ended in, or
+// args.after_step the step it followed (evaluation, checkpoints, updates still running).
 // Threads: record() and span() are safe from any thread (the I/O threads, the optimizer
 // thread and the training thread all record); begin_step()/end_step() from the training
 // thread. Cost without a file: one clock read per span and a short locked add.
@@ -96,6 +97,7 @@ class Tracer {
   std::string path_;
   bool first_ = true;
   int64_t step_ = 0;
+  bool in_step_ = false;
   Clock::time_point step_t0_{};
   std::array<double, kActivities> busy_{};
 };
