@@ -34,6 +34,7 @@ void print_table(const Report& r) {
   std::cout << "headline: " << h.metric << " " << fixed(h.value, 2) << " vs " << h.reference << " "
             << fixed(h.reference_value, 2) << ": ratio " << fixed(ratio, 3) << " (goal " << fixed(h.goal, 2)
             << (ratio >= h.goal ? ", met" : ", not met") << ")\n";
+  for (const auto& [key, value] : h.extra.items()) std::cout << "  " << key << ": " << value.dump() << "\n";
 }
 
 void write_json(const Report& r, const std::string& path) {
@@ -49,6 +50,7 @@ void write_json(const Report& r, const std::string& path) {
         {"goal", h.goal}}},
       {"machine", {{"cpus", std::thread::hardware_concurrency()}, {"threads", r.threads}}},
       {"rows", r.rows}};
+  j["headline"].update(h.extra);
   std::ofstream out(path);
   out << j.dump(2) << "\n";
   if (!out) throw std::runtime_error("--json: cannot write '" + path + "'");

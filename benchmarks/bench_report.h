@@ -16,6 +16,7 @@ struct Headline {
   std::string reference;
   double reference_value = 0;
   double goal = 0;  // on the ratio value / reference_value
+  nlohmann::json extra = nlohmann::json::object();  // more headline figures, merged into it
 };
 
 struct Report {

@@ -7,6 +7,7 @@
 
 #include "benchmarks/bench_adam.h"
 #include "benchmarks/bench_ckpt.h"
+#include "benchmarks/bench_step.h"
 #include "benchmarks/bench_comm.h"
 #include "benchmarks/bench_io.h"
 #include "benchmarks/bench_model.h"
@@ -20,6 +21,7 @@ void usage(std::ostream& os) {
         "       ferry-bench adam [--json PATH] [--threads T] [--quick]\n"
         "       ferry-bench io --path DIR [--json PATH] [--quick]\n"
         "       ferry-bench ckpt --path DIR [--json PATH] [--quick]\n"
+        "       ferry-bench step --nvme-path DIR [--trace FILE] [--json PATH] [--quick]\n"
         "  model   forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT\n"
         "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n"
         "  comm    all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB,\n"
@@ -28,6 +30,8 @@ void usage(std::ostream& os) {
         "          STREAM-style triad measured in the same run\n"
         "  io      sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio\n"
         "          on the same file, block size and queue depth\n"
+        "  step    a step with parameters and optimizer state on NVMe: overlapped vs sequential, and vs\n"
+        "          the longest of its resources (CPU cores, NVMe traffic, communication) measured alone\n"
         "  ckpt    checkpoint write and read GB/s of a GPT with 1 GB of state against fio's\n"
         "          sequential write and read of as many bytes in the same folder\n";
 }
@@ -41,7 +45,7 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string name = argv[1];
-  std::string json_path, io_path;
+  std::string json_path, io_path, trace_path;
   ModelBenchOptions opt;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
@@ -49,8 +53,10 @@ int main(int argc, char** argv) {
       json_path = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
       opt.threads = std::atoi(argv[++i]);
-    } else if (a == "--path" && i + 1 < argc) {
+    } else if ((a == "--path" || a == "--nvme-path") && i + 1 < argc) {
       io_path = argv[++i];
+    } else if (a == "--trace" && i + 1 < argc) {
+      trace_path = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
       opt.only = argv[++i];
     } else if (a == "--quick") {
@@ -61,7 +67,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (name != "model" && name != "comm" && name != "adam" && name != "io" && name != "ckpt") {
+  if (name != "model" && name != "comm" && name != "adam" && name != "io" && name != "ckpt" && name != "step") {
     std::cerr << "ferry-bench: unknown benchmark '" << name << "'\n";
     usage(std::cerr);
     return 2;
@@ -74,6 +80,8 @@ int main(int argc, char** argv) {
       rc = run_model_bench(opt, report);
     } else if (name == "io") {
       rc = run_io_bench(IoBenchOptions{io_path, opt.quick}, report);
+    } else if (name == "step") {
+      rc = run_step_bench(StepBenchOptions{io_path, opt.quick, trace_path}, report);
     } else if (name == "ckpt") {
       rc = run_ckpt_bench(CkptBenchOptions{io_path, opt.quick}, report);
     } else if (name == "adam") {

@@ -89,7 +89,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
   // tiles' three arrays while Adam updates this one; the pool bounds how far ahead.
   const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
   const int64_t tiles = (o.length + tile - 1) / tile;
-  const int64_t ahead = std::max(0, buffers_ / 3 - 1);
+  const int64_t ahead = read_ahead_ ? std::max(0, buffers_ / 3 - 1) : 0;
   std::deque<std::array<offload::Swapper::Ticket, 3>> queued;
   int64_t next = 0;
   auto enqueue = [&] {

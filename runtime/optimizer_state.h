@@ -62,6 +62,7 @@ class OptimizerState {
   void write_state(int unit, Array array, const float* src);
 
   void set_tracer(Tracer* t) { tracer_ = t; }
+  void set_read_ahead(bool on) { read_ahead_ = on; }  // off: the plain sequential order
   Tier tier() const { return tier_; }
   bool aliased() const { return alias_; }
   std::string where() const { return store_->where(); }
@@ -78,6 +79,7 @@ class OptimizerState {
   int slots_ = 1;
   int current_ = 0;  // nvme: the slot holding the last committed step
   int buffers_ = 0;  // nvme: pool buffers this state may hold at once (its share of the pool)
+  bool read_ahead_ = true;  // nvme: read the next tiles while updating this one
   ShardedUnits& units_;
   const offload::CpuAdam& adam_;
   offload::PinnedPool* pool_;

@@ -118,8 +118,9 @@ void ShardedUnits::pump(size_t next) {
         wait_update(unit);
         f.shard = store(unit).tensor(region(unit));
       }
-      f.full = Tensor::empty(dev_, DType::f32, {p.padded});
-      f.gather = issue_gather(unit, f.read ? take_read(f) : f.shard, f.full);
+      const Tensor shard = f.read ? take_read(f) : f.shard;
+      f.full = p.world == 1 ? shard : Tensor::empty(dev_, DType::f32, {p.padded});  // alone: the shard is the unit
+      f.gather = issue_gather(unit, shard, f.full);
       ahead += p.padded;
     }
   }
@@ -157,7 +158,7 @@ void ShardedUnits::issue_reduction(int unit) {
     auto it = live_g_.find(unit);
     r.full = it->second.full;
     live_g_.erase(it);  // the full gradient lives on only until its reduction finishes
-    r.reduced = Tensor::empty(dev_, DType::f32, {p.shard});
+    r.reduced = p.world == 1 ? r.full : Tensor::empty(dev_, DType::f32, {p.shard});  // alone: nothing to reduce
     r.work = issue_reduce_scatter(comm_, dev_, r.full, r.reduced, p, zero_.reduce_bucket_size, name);
   } else if (zero_.stage == 1) {
     r.work = issue_reduce_scatter(comm_, dev_, full_g_[u], shard_g_[u], p, zero_.reduce_bucket_size, name);

@@ -169,16 +169,18 @@ Tensor ShardedUnits::acquire_weights(int unit) {
       if (prefetched) {
         Flight& f = flight->second;
         if (!f.gather.valid()) {
-          if (!f.full.defined()) f.full = Tensor::empty(dev_, DType::f32, {p.padded});
-          f.gather = issue_gather(unit, f.read ? take_read(f) : f.shard, f.full);
+          const Tensor shard = f.read ? take_read(f) : f.shard;
+          if (!f.full.defined()) f.full = p.world == 1 ? shard : Tensor::empty(dev_, DType::f32, {p.padded});
+          f.gather = issue_gather(unit, shard, f.full);
         }
         f.gather.finish(tracer_);
         full = f.full;
         flights_.erase(flight);
         ++prefetch_hits_;
       } else {
-        full = Tensor::empty(dev_, DType::f32, {p.padded});
-        issue_gather(unit, read_shard(unit), full).finish(tracer_);
+        const Tensor shard = read_shard(unit);
+        full = p.world == 1 ? shard : Tensor::empty(dev_, DType::f32, {p.padded});  // alone: the shard is the unit
+        issue_gather(unit, shard, full).finish(tracer_);
       }
       live_w_[unit].full = full;
     }

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <sys/resource.h>
+
 #include "nn/rng.h"
 #include "runtime/checkpoint.h"
 #include "runtime/stop_signal.h"
@@ -35,6 +37,12 @@ int compute_threads(const Config& c, const comm::Communicator& comm) {
 }
 
 }  // namespace
+
+size_t peak_resident_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
 
 std::string describe_breakdown(const StepBreakdown& b) {
   std::string line = fmt("%.3f s:", b.wall_s);
@@ -124,9 +132,31 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   units_->set_update_worker(worker_.get());
   units_->on_gradients_ready([this](int u) { gradients_ready(u); });
   opt_->set_tracer(tracer_.get());
+  opt_->set_read_ahead(cfg_.schedule.overlap_offload);
 }
 
 Trainer::~Trainer() = default;
+
+// The process's peak resident memory against what the configuration bounds: the device
+// arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
+// memory, optimizer state or parameters in host memory; the rest is the program itself,
+// the corpus, allocator slack and the I/O threads' stacks.
+void Trainer::describe_memory() {
+  const size_t rss = peak_resident_bytes();
+  const StateBytes sb = units_->state_bytes();
+  size_t bounded = device_->memory().capacity;
+  const size_t pool = pool_ ? pool_->bytes() : 0;
+  const size_t grads = units_->placement().grads_on_host ? sb.gradients : 0;
+  const size_t opt_host = opt_->tier() == Tier::cpu ? opt_->bytes() : 0;
+  const size_t params_host = cfg_.offload.param_device == "cpu" ? sb.weights : 0;
+  bounded += pool + grads + opt_host + params_host;
+  out_ << "memory: peak resident " << nn::format_bytes(rss) << " against " << nn::format_bytes(bounded)
+       << " configured (device arena cap " << nn::format_bytes(device_->memory().capacity) << ", peak used "
+       << nn::format_bytes(device_->memory().peak) << "; pinned pool " << nn::format_bytes(pool)
+       << "; host gradient shards " << nn::format_bytes(grads) << "; host optimizer state "
+       << nn::format_bytes(opt_host) << "; host parameters " << nn::format_bytes(params_host) << ")\n";
+  out_.flush();
+}
 
 void Trainer::describe_placement() {
   const int64_t params = model_->num_parameters();
@@ -404,6 +434,7 @@ TrainReport Trainer::run() {
     if (cfg_.train.eval_every > 0 && s.step % cfg_.train.eval_every == 0 && !last) eval(s.step);
   }
   eval(cfg_.train.steps);
+  describe_memory();
   const double final_val = report.val_losses.back().second;
   out_ << "final validation loss " << fmt("%.4f", final_val) << " nats/token vs unigram baseline "
        << fmt("%.4f", report.unigram_baseline) << " ("

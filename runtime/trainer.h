@@ -63,6 +63,7 @@ struct TrainReport {
 // "0.512 s: compute 0.401, param_read 0.120, adam 0.050 (overlap 1.11)": the activities
 // that took time, for the step line.
 std::string describe_breakdown(const StepBreakdown& b);
+size_t peak_resident_bytes();  // this process's high-water mark of resident memory
 
 class Trainer {
  public:
@@ -91,6 +92,7 @@ class Trainer {
 
  private:
   void describe_placement();
+  void describe_memory();
   nlohmann::json model_shape() const;
   double optimizer_step(int64_t step, double* grad_norm_out);
   void gradients_ready(int unit);           // ShardedUnits' callback: the unit's gradient is final

@@ -40,6 +40,7 @@ void PendingCollective::finish(Tracer* tracer) {
   works_.clear();
   keep_.clear();
   unpack_ = nullptr;
+  issued_ = false;
 }
 
 PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, const Tensor& shard, const Tensor& full,
@@ -48,7 +49,9 @@ PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, co
   pc.activity_ = Activity::all_gather;
   pc.name_ = std::move(name);
   pc.keep_ = {shard, full};
+  pc.issued_ = true;
   const int64_t W = p.world, S = p.shard;
+  if (W == 1 && shard.data() == full.data()) return pc;
   const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
   if (len >= S) {
     pc.works_.push_back(comm.all_gather(shard.data(), full.data(), static_cast<size_t>(S), comm::DataType::f32));
@@ -77,7 +80,9 @@ PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev
   pc.activity_ = Activity::reduce_scatter;
   pc.name_ = std::move(name);
   pc.keep_ = {full, shard};
+  pc.issued_ = true;
   const int64_t W = p.world, S = p.shard;
+  if (W == 1 && shard.data() == full.data()) return pc;
   const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
   if (len >= S) {
     pc.works_.push_back(comm.reduce_scatter(full.data(), shard.data(), static_cast<size_t>(S), comm::DataType::f32,
@@ -100,6 +105,7 @@ PendingCollective issue_all_reduce(comm::Communicator& comm, const Tensor& full,
   pc.activity_ = Activity::all_reduce;
   pc.name_ = std::move(name);
   pc.keep_ = {full};
+  pc.issued_ = true;
   const int64_t n = full.numel();
   const int64_t len = std::clamp<int64_t>(bucket, 1, std::max<int64_t>(n, 1));
   for (int64_t c0 = 0; c0 < n; c0 += len) {

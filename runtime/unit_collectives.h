@@ -7,6 +7,8 @@
 // chunks can be in flight at once.
 // A PendingCollective keeps every buffer it uses alive until finish(), which waits for its
 // chunks, unpacks, and records the span [first start, last finish] in the trace.
+// World size 1 with the result already in place (the same buffer in and out) issues
+// nothing: ShardedUnits lets a unit's shard be its full tensor there.
 // Threads: issue and finish on the thread that owns the communicator; done() anywhere.
 #pragma once
 
@@ -28,7 +30,7 @@ class PendingCollective {
   PendingCollective& operator=(PendingCollective&&) = default;
   ~PendingCollective();  // waits (errors dropped): buffers are never freed under a transfer
 
-  bool valid() const { return !works_.empty(); }
+  bool valid() const { return issued_; }  // issued and not yet finished
   bool done() const;  // every chunk finished (successfully or not)
   // Waits, rethrows a failed chunk's CommError, unpacks; then the result is in place.
   void finish(Tracer* tracer);
@@ -39,6 +41,7 @@ class PendingCollective {
   friend PendingCollective issue_reduce_scatter(comm::Communicator&, nn::Device&, const nn::Tensor&,
                                                 const nn::Tensor&, const Partition&, int64_t, std::string);
   friend PendingCollective issue_all_reduce(comm::Communicator&, const nn::Tensor&, int64_t, std::string);
+  bool issued_ = false;
   Activity activity_ = Activity::all_gather;
   std::string name_;
   std::vector<comm::WorkPtr> works_;

@@ -14,6 +14,7 @@
 
 #include "comm/mpi_communicator.h"
 #include "comm/shm_collectives.h"
+#include "nn/cpu_device.h"
 #include "runtime/trainer.h"
 
 using namespace ferry;
@@ -180,4 +181,34 @@ BOOST_AUTO_TEST_CASE(shared_memory_collectives_match_mpi) {
     shm.all_gather(mine.data(), all_got.data(), count);
     BOOST_TEST(all_got == all_want, boost::test_tools::per_element());
   }
+}
+
+// A rank that runs the units in another order is caught at the first differing unit,
+// before the collectives of different units could mismatch: every rank gets the message.
+BOOST_AUTO_TEST_CASE(unit_order_divergence_is_reported_on_every_rank) {
+  comm::Communicator& world = *Mpi::world;
+  if (world.size() < 2) return;
+  std::vector<nn::UnitSpec> units(3);
+  for (int u = 0; u < 3; ++u) {
+    units[static_cast<size_t>(u)].name = "unit" + std::to_string(u);
+    units[static_cast<size_t>(u)].add("w", {64 + 16 * u}, true);
+  }
+  nn::CpuDevice dev(16 << 20, 1);
+  runtime::ShardedUnits su(dev, world, units, {3}, [](int, const nn::Tensor&) {});
+  const int last = world.size() - 1;
+  const std::vector<int> order = world.rank() == last ? std::vector<int>{0, 2, 1} : std::vector<int>{0, 1, 2};
+  std::string message;
+  su.begin_step(1);
+  try {
+    for (int u : order) {
+      su.acquire_weights(u);
+      su.release_weights(u);
+    }
+  } catch (const runtime::OrderError& e) {
+    message = e.what();
+  }
+  BOOST_TEST(message.find("rank 0 uses unit 1 (unit1) and rank " + std::to_string(last) + " uses unit 2 (unit2)") !=
+                 std::string::npos,
+             message);
+  world.barrier()->wait();
 }

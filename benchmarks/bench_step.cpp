@@ -1,0 +1,198 @@
+// ferry-bench step: is the overlapped step as fast as its slowest resource?
+//
+// Cases, each a median over timed steps after warm-up steps (the first step records the
+// unit order; prefetching starts with the second):
+//   overlapped   the default schedule (overlap_comm, schedule.overlap_offload)
+//   sequential   both off: every read, collective and update waited for in turn
+//   compute      the same model and batch with every state in memory: the CPU cores alone
+//   nvme         the bytes the step moves, replayed through ferry's io_uring storage with
+//                the step's request sizes: reads on one thread, writes on another, then
+//                serially; the faster of the two is the disk alone
+// Headline: steps/s overlapped against sequential (speedup_vs_sequential, goal 1.6) and
+// step_over_longest_resource (goal <= 1.2).
+#include "benchmarks/bench_step.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <ostream>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "offload/storage.h"
+#include "runtime/partition.h"
+#include "runtime/trainer.h"
+
+namespace ferry::bench {
+
+namespace fs = std::filesystem;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+nlohmann::json bench_doc(const StepBenchOptions& opt, const std::string& dir, bool offload) {
+  const bool q = opt.quick;
+  nlohmann::json zero = {{"stage", 3}};
+  if (offload) {
+    zero["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir}};
+    zero["offload_param"] = {{"device", "nvme"}, {"nvme_path", dir}};
+  }
+  return {{"model", {{"n_layer", q ? 2 : 8}, {"n_head", q ? 2 : 12}, {"n_embd", q ? 64 : 768}, {"block_size", q ? 32 : 128}}},
+          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+          {"device", {{"memory", "8GiB"}}},
+          {"train_micro_batch_size_per_gpu", q ? 2 : 8},
+          {"zero_optimization", zero},
+          {"train", {{"steps", 1000}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
+}
+
+struct Timed {
+  double step_s = 0;
+  runtime::StepBreakdown last;
+  std::vector<int> order;
+  std::vector<int64_t> shards;  // per unit, elements (one rank: the whole padded unit)
+};
+
+Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& overrides, int warmup, int timed,
+                 const std::string& trace) {
+  comm::SingleProcessCommunicator alone;
+  std::ostream discard(nullptr);
+  runtime::Trainer t(runtime::config_from_json(doc, "ferry-bench step", "", overrides), alone, discard);
+  Timed r;
+  std::vector<double> times;
+  for (int s = 0; s < warmup + timed; ++s) {
+    if (!trace.empty() && s == warmup + timed - 1) t.tracer().open_file(trace);
+    const runtime::StepStats st = t.train_step(s);
+    if (s >= warmup) times.push_back(st.time.wall_s);
+    r.last = st.time;
+  }
+  r.step_s = median(times);
+  r.order = t.units().order().order();
+  for (int u = 0; u < t.model().num_units(); ++u) r.shards.push_back(t.units().partition_of(u).shard);
+  return r;
+}
+
+struct Replay {
+  double concurrent_s = 0, serial_s = 0;
+  uint64_t read_bytes = 0, write_bytes = 0;
+};
+
+// The step's NVMe requests: each parameter shard read whole at every position of the
+// order; per unit, master, m and v read and written in pool-buffer tiles, and the
+// parameter shard written back.
+Replay replay_nvme(const std::string& dir, const Timed& t, int repeats) {
+  const int64_t largest = *std::max_element(t.shards.begin(), t.shards.end());
+  const int64_t tile = (largest + 1023) / 1024 * 1024;
+  std::vector<uint64_t> base;  // per unit: its parameter region; then 3 optimizer arrays x 2 slots
+  uint64_t total = 0;
+  for (size_t u = 0; u < t.shards.size(); ++u) base.push_back(total), total += static_cast<uint64_t>(tile) * 4 * 7;
+  offload::StorageOptions so;
+  so.paths = {dir};
+  so.name = "ferry-bench-step-replay";
+  so.capacity = total;
+  std::string warning;
+  auto storage = offload::make_storage(so, &warning);
+  if (!warning.empty()) std::cerr << "ferry-bench step: " << warning << "\n";
+  auto alloc = [&] {
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, static_cast<size_t>(tile) * 4) != 0) throw std::bad_alloc();
+    std::memset(p, 1, static_cast<size_t>(tile) * 4);
+    return std::unique_ptr<char, decltype(&std::free)>(static_cast<char*>(p), &std::free);
+  };
+  auto rbuf = alloc(), wbuf = alloc();
+  auto bytes = [](int64_t n) { return static_cast<size_t>((n + 1023) / 1024 * 1024) * 4; };
+  // Every byte written once first: reading never-written extents would cost no I/O.
+  for (uint64_t off = 0; off < total; off += static_cast<uint64_t>(tile) * 4) storage->write(off, wbuf.get(), static_cast<size_t>(tile) * 4);
+  storage->sync();
+  Replay r;
+  auto reads = [&] {
+    for (int u : t.order) storage->read(base[static_cast<size_t>(u)], rbuf.get(), bytes(t.shards[static_cast<size_t>(u)]));
+    for (size_t u = 0; u < t.shards.size(); ++u)
+      for (int a = 0; a < 3; ++a) storage->read(base[u] + static_cast<uint64_t>(tile) * 4 * (1 + a), rbuf.get(), bytes(t.shards[u]));
+  };
+  auto writes = [&] {
+    for (size_t u = 0; u < t.shards.size(); ++u) {
+      for (int a = 0; a < 3; ++a) storage->write(base[u] + static_cast<uint64_t>(tile) * 4 * (4 + a), wbuf.get(), bytes(t.shards[u]));
+      storage->write(base[u], wbuf.get(), bytes(t.shards[u]));
+    }
+  };
+  for (int u : t.order) r.read_bytes += bytes(t.shards[static_cast<size_t>(u)]);
+  for (int64_t s : t.shards) r.read_bytes += 3 * bytes(s), r.write_bytes += 4 * bytes(s);
+  std::vector<double> conc, ser;
+  for (int k = 0; k < repeats; ++k) {
+    auto t0 = clock_type::now();
+    std::thread w(writes);
+    reads();
+    w.join();
+    conc.push_back(seconds_since(t0));
+    t0 = clock_type::now();
+    reads();
+    writes();
+    ser.push_back(seconds_since(t0));
+  }
+  r.concurrent_s = median(conc);
+  r.serial_s = median(ser);
+  storage.reset();
+  fs::remove(fs::path(dir) / "ferry-bench-step-replay.swp");
+  return r;
+}
+
+}  // namespace
+
+int run_step_bench(const StepBenchOptions& opt, Report& report) {
+  if (opt.nvme_path.empty()) throw std::runtime_error("ferry-bench step needs --nvme-path DIR (a folder on the disk to use)");
+  const std::string dir = (fs::path(opt.nvme_path) / "ferry-bench-step").string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string trace = opt.trace.empty() ? (fs::path(opt.nvme_path) / "ferry-bench-step.trace.json").string() : opt.trace;
+  const int warmup = 2, timed = opt.quick ? 1 : 3;
+  const std::vector<std::string> sequential = {"zero_optimization.overlap_comm=false", "schedule.overlap_offload=false"};
+  const Timed seq = time_steps(bench_doc(opt, dir, true), sequential, warmup, timed, "");
+  const Timed ovl = time_steps(bench_doc(opt, dir, true), {}, warmup, timed, trace);
+  const Timed cpu = time_steps(bench_doc(opt, dir, false), {}, warmup, timed, "");
+  const Replay io = replay_nvme(dir, ovl, opt.quick ? 1 : 3);
+  fs::remove_all(dir);
+  const double nvme_s = std::min(io.concurrent_s, io.serial_s), comm_s = 0;
+  const double longest = std::max({cpu.step_s, nvme_s, comm_s});
+  const char* longest_name = longest == cpu.step_s ? "compute" : "nvme";
+  const double speedup = seq.step_s / ovl.step_s, over_longest = ovl.step_s / longest;
+
+  report.columns = {"case", "step s", "what it measures; where the time went (seconds busy per activity)"};
+  auto row = [&](const std::string& name, double s, const std::string& what) {
+    report.table.push_back({name, fixed(s, 3), what});
+    report.rows.push_back({{"case", name}, {"step_s", s}, {"what", what}});
+  };
+  row("overlapped", ovl.step_s, "default schedule; " + runtime::describe_breakdown(ovl.last));
+  row("sequential", seq.step_s, "overlap off; " + runtime::describe_breakdown(seq.last));
+  row("compute alone", cpu.step_s, "every state in memory: the CPU cores");
+  row("nvme alone", nvme_s,
+      "replay of " + fixed(static_cast<double>(io.read_bytes) / 1e9, 2) + " GB read + " +
+          fixed(static_cast<double>(io.write_bytes) / 1e9, 2) + " GB written: concurrent " + fixed(io.concurrent_s, 3) +
+          " s, serial " + fixed(io.serial_s, 3) + " s");
+  row("comm alone", comm_s, "one rank: nothing crosses a process");
+  report.rows.push_back({{"speedup_vs_sequential", speedup},
+                         {"step_over_longest_resource", over_longest},
+                         {"longest_resource", longest_name},
+                         {"trace", trace}});
+  report.headline = {"steps_per_s_overlapped", 1.0 / ovl.step_s, "steps_per_s_sequential", 1.0 / seq.step_s, 1.6,
+                     {{"speedup_vs_sequential", speedup},
+                      {"step_over_longest_resource", over_longest},
+                      {"step_over_longest_resource_goal", 1.2},
+                      {"longest_resource", longest_name},
+                      {"trace", trace}}};
+  return 0;
+}
+
+}  // namespace ferry::bench

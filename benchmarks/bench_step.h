@@ -1,0 +1,22 @@
+#pragma once
+
+#include <string>
+
+#include "benchmarks/bench_report.h"
+
+namespace ferry::bench {
+
+struct StepBenchOptions {
+  std::string nvme_path;  // folder for the parameter and optimizer files
+  bool quick = false;     // a small model (smoke test)
+  std::string trace;      // Chrome trace of the overlapped run's last step ("" = <nvme_path>/ferry-bench-step.trace.json)
+};
+
+// One training step of a GPT with parameters and optimizer state on NVMe (stage 3, one
+// rank), overlapped and sequential, against each resource of the step measured alone in
+// the same run: the CPU cores (the same step with every state in memory), the NVMe
+// traffic the step moves (replayed through ferry's storage, reads and writes on two
+// threads), and communication (none at one rank).
+int run_step_bench(const StepBenchOptions& opt, Report& report);
+
+}  // namespace ferry::bench
