@@ -1,6 +1,7 @@
 // JSON-lines metrics: one object per line, flushed as written so that a crashed run keeps
 // every line up to the crash. Field names are stable; later releases only add fields.
-//   step:       {"step", "loss", "lr", "grad_norm", "tokens_per_s", "device_peak_bytes"}
+//   step:       {"step", "loss", "lr", "grad_norm", "tokens_per_s", "device_peak_bytes", "step_time_s",
+//                "time_s": {activity: busy seconds} (runtime/trace.h's keys), "overlap"}
 //   evaluation: {"step", "val_loss"}
 #pragma once
 
