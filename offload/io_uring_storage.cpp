@@ -13,23 +13,36 @@ IoUringStorage::IoUringStorage(std::unique_ptr<StripedFiles> files, bool direct,
                                FaultHook fault)
     : files_(std::move(files)), direct_(direct), aio_(aio), fault_(std::move(fault)) {
   const unsigned entries = static_cast<unsigned>(std::max(1, aio_.queue_depth));
-  const int rc = io_uring_queue_init(entries, &ring_, 0);
-  if (rc < 0) throw StorageError(files_->path(0), 0, 0, -rc, "io_uring_queue_init refused for");
+  for (int k = 0; k < 2; ++k) {
+    const int rc = io_uring_queue_init(entries, &lanes_[k].ring, 0);
+    if (rc < 0) {
+      if (k == 1) io_uring_queue_exit(&lanes_[0].ring);
+      throw StorageError(files_->path(0), 0, 0, -rc, "io_uring_queue_init refused for");
+    }
+  }
 }
 
-IoUringStorage::~IoUringStorage() { io_uring_queue_exit(&ring_); }
+IoUringStorage::~IoUringStorage() {
+  for (Lane& lane : lanes_) io_uring_queue_exit(&lane.ring);
+}
 
 std::string IoUringStorage::describe() const { return files_->describe("io_uring", direct_); }
 
 void IoUringStorage::register_buffers(const std::vector<std::pair<void*, size_t>>& buffers) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!fixed_.empty()) io_uring_unregister_buffers(&ring_), fixed_.clear();
+  std::scoped_lock lock(lanes_[0].mu, lanes_[1].mu);
+  if (!fixed_.empty()) {
+    for (Lane& lane : lanes_) io_uring_unregister_buffers(&lane.ring);
+    fixed_.clear();
+  }
   std::vector<iovec> iov;
   for (const auto& [p, n] : buffers) iov.push_back({p, n});
-  const int rc = io_uring_register_buffers(&ring_, iov.data(), static_cast<unsigned>(iov.size()));
-  if (rc < 0) {
-    throw StorageError(files_->path(0), 0, 0, -rc,
-                       "io_uring_register_buffers (pinned pool as fixed buffers; RLIMIT_MEMLOCK?) for");
+  for (int k = 0; k < 2; ++k) {
+    const int rc = io_uring_register_buffers(&lanes_[k].ring, iov.data(), static_cast<unsigned>(iov.size()));
+    if (rc < 0) {
+      if (k == 1) io_uring_unregister_buffers(&lanes_[0].ring);
+      throw StorageError(files_->path(0), 0, 0, -rc,
+                         "io_uring_register_buffers (pinned pool as fixed buffers; RLIMIT_MEMLOCK?) for");
+    }
   }
   for (const auto& [p, n] : buffers) fixed_.emplace_back(static_cast<char*>(p), n);
 }
@@ -54,7 +67,9 @@ void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t 
   files_->for_each_segment(offset, len, [&](size_t f, uint64_t foff, size_t boff, size_t n) {
     for (size_t k = 0; k < n; k += aio_.block_size) reqs.push_back({f, foff + k, buf + boff + k, std::min(aio_.block_size, n - k)});
   });
-  std::lock_guard<std::mutex> lock(mu_);
+  Lane& lane = lanes_[is_write ? 1 : 0];
+  io_uring* const ring = &lane.ring;
+  std::lock_guard<std::mutex> lock(lane.mu);
   std::deque<size_t> ready;
   for (size_t i = 0; i < reqs.size(); ++i) ready.push_back(i);
   const size_t depth = static_cast<size_t>(std::max(1, aio_.queue_depth));
@@ -65,7 +80,7 @@ void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t 
   size_t error_len = 0;
   auto prep = [&](size_t i) {
     Request& r = reqs[i];
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    io_uring_sqe* sqe = io_uring_get_sqe(ring);
     char* p = r.ptr + r.done;
     const unsigned n = static_cast<unsigned>(r.len - r.done);
     const uint64_t off = r.foff + r.done;
@@ -78,7 +93,7 @@ void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t 
     }
     io_uring_sqe_set_data64(sqe, i);
     ++inflight;
-    if (aio_.single_submit) io_uring_submit(&ring_);
+    if (aio_.single_submit) io_uring_submit(ring);
   };
   while (!ready.empty() || inflight > 0) {
     // Fill the queue (after an error, only drain what is in flight).
@@ -87,16 +102,16 @@ void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t 
         prep(ready.front());
         ready.pop_front();
       }
-      if (!aio_.single_submit) io_uring_submit(&ring_);
+      if (!aio_.single_submit) io_uring_submit(ring);
     }
     if (inflight == 0) break;
     io_uring_cqe* cqe = nullptr;
-    int rc = io_uring_wait_cqe(&ring_, &cqe);
+    int rc = io_uring_wait_cqe(ring, &cqe);
     if (rc == -EINTR) continue;
     if (rc < 0) throw StorageError(files_->path(0), offset, len, -rc, "io_uring_wait_cqe");
     const size_t i = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
     int64_t result = cqe->res;
-    io_uring_cqe_seen(&ring_, cqe);
+    io_uring_cqe_seen(ring, cqe);
     --inflight;
     Request& r = reqs[i];
     if (fault_) fault_(is_write, files_->path(r.file), r.foff + r.done, r.len - r.done, result);

@@ -2,8 +2,11 @@
 // flight per call, on O_DIRECT files striped over the nvme_paths; buffers registered with
 // register_buffers() are used as fixed buffers (no per-request page pinning).
 // aio.single_submit submits requests one at a time; aio.overlap_events refills the queue
-// as each completion arrives (else batch by batch). One ring, guarded by a mutex: calls
-// from several threads are serialised. Contracts: see storage.h.
+// as each completion arrives (else batch by batch). Two rings, one for reads and one for
+// writes, each guarded by its mutex: a read never waits behind a write in progress (the
+// overlapped step reads parameter shards ahead on one thread while another writes updated
+// ones), while calls of the same direction from several threads are serialised.
+// Contracts: see storage.h.
 #pragma once
 
 #include <liburing.h>
@@ -38,8 +41,11 @@ class IoUringStorage final : public Storage {
   bool direct_;
   AioConfig aio_;
   FaultHook fault_;
-  io_uring ring_{};
-  std::mutex mu_;
+  struct Lane {
+    io_uring ring{};
+    std::mutex mu;
+  };
+  Lane lanes_[2];  // [0] reads, [1] writes
   std::vector<std::pair<char*, size_t>> fixed_;
 };
 

@@ -15,7 +15,6 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
     : tier_(tier), units_(units), adam_(adam), pool_(pool) {
   std::vector<int64_t> lengths;
   for (int u = 0; u < units.num_units(); ++u) lengths.push_back(units.owned(u).length);
-  for (int u = 0; u < units.num_units(); ++u) names_.push_back(units.order().unit_name(u));
   // The default placement updates the device-resident compute weights in place.
   alias_ = tier_ == Tier::device && units.placement().params == Tier::device;
   per_unit_ = alias_ ? 2 : 3;
@@ -57,7 +56,7 @@ OptimizerState::OptimizerState(Tier tier, ShardedUnits& units, nn::Device& devic
 void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<DecayRange>& ranges, int64_t step,
                           double lr, double grad_scale) {
   const float* g = grads.data_as<float>();
-  const std::string& name = names_.at(static_cast<size_t>(unit));
+  const std::string& name = units_.order().unit_name(unit);
   auto adam_over = [&](float* p, float* m, float* v, int64_t t0, int64_t n) {
     Tracer::Span span(tracer_, Activity::adam, name);
     // Parts of [t0, t0 + n) that hold parameters, each with its own weight decay.

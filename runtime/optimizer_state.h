@@ -86,7 +86,6 @@ class OptimizerState {
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<offload::Swapper> swapper_;  // nvme: tile reads ahead of the update
   Tracer* tracer_ = nullptr;
-  std::vector<std::string> names_;
 };
 
 }  // namespace ferry::runtime

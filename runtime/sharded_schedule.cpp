@@ -21,7 +21,7 @@ Tensor ShardedUnits::read_shard(int unit) {
   if (store(unit).tier() != Tier::nvme) return store(unit).tensor(region(unit));
   Tensor shard = Tensor::empty(dev_, DType::f32, {p.shard});
   const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
-  Tracer::Span span(tracer_, Activity::param_read, names_[static_cast<size_t>(unit)]);
+  Tracer::Span span(tracer_, Activity::param_read, name(unit));
   float* staging = static_cast<float*>(place_.pool->acquire());
   try {
     for (int64_t k = 0; k < p.shard; k += piece) {
@@ -40,9 +40,9 @@ Tensor ShardedUnits::read_shard(int unit) {
 void ShardedUnits::start_read(Flight& f) {
   const int r = region(f.unit);
   const int64_t n = partition_of(f.unit).shard;
-  const std::string name = names_[static_cast<size_t>(f.unit)];
-  f.read = swapper_->submit([this, r, n, name](void* buf) {
-    Tracer::Span span(tracer_, Activity::param_read, name);
+  const std::string label = name(f.unit);
+  f.read = swapper_->submit([this, r, n, label](void* buf) {
+    Tracer::Span span(tracer_, Activity::param_read, label);
     params_->read(r, 0, n, static_cast<float*>(buf));
   });
 }
@@ -59,7 +59,7 @@ Tensor ShardedUnits::take_read(Flight& f) {
 
 PendingCollective ShardedUnits::issue_gather(int unit, const Tensor& shard, const Tensor& full) {
   return issue_all_gather(comm_, dev_, shard, full, partition_of(unit), zero_.allgather_bucket_size,
-                          names_[static_cast<size_t>(unit)]);
+                          name(unit));
 }
 
 int64_t ShardedUnits::gathered_elements() const {
@@ -94,7 +94,6 @@ void ShardedUnits::pump(size_t next) {
         wait_update(unit);
         Flight& f = flights_[k];
         f.unit = unit;
-        f.position = k;
         f.full = full_w_[u];
         f.gather = issue_gather(unit, f.full.view(p.begin(), {p.shard}), f.full);
         stale_[u] = false;
@@ -109,7 +108,6 @@ void ShardedUnits::pump(size_t next) {
       if (nvme && it == flights_.end() && p.shard > static_cast<int64_t>(place_.pool->buffer_size() / 4)) break;
       Flight& f = flights_[k];
       f.unit = unit;
-      f.position = k;
       if (nvme && !f.read && !f.shard.defined()) {
         wait_update(unit);
         start_read(f);
@@ -133,7 +131,6 @@ void ShardedUnits::pump(size_t next) {
       if (partition_of(unit).shard > piece || !update_ready(unit)) break;
       Flight& f = flights_[k];
       f.unit = unit;
-      f.position = k;
       start_read(f);
     }
   }
@@ -150,7 +147,7 @@ void ShardedUnits::cancel_flights() {
 void ShardedUnits::issue_reduction(int unit) {
   const auto u = static_cast<size_t>(unit);
   const Partition& p = partition_of(unit);
-  const std::string& name = names_[u];
+  const std::string& unit_name = name(unit);
   Reduction r;
   r.unit = unit;
   r.last = last_micro_ || !order_.in_step();
@@ -159,11 +156,11 @@ void ShardedUnits::issue_reduction(int unit) {
     r.full = it->second.full;
     live_g_.erase(it);  // the full gradient lives on only until its reduction finishes
     r.reduced = p.world == 1 ? r.full : Tensor::empty(dev_, DType::f32, {p.shard});  // alone: nothing to reduce
-    r.work = issue_reduce_scatter(comm_, dev_, r.full, r.reduced, p, zero_.reduce_bucket_size, name);
+    r.work = issue_reduce_scatter(comm_, dev_, r.full, r.reduced, p, zero_.reduce_bucket_size, unit_name);
   } else if (zero_.stage == 1) {
-    r.work = issue_reduce_scatter(comm_, dev_, full_g_[u], shard_g_[u], p, zero_.reduce_bucket_size, name);
+    r.work = issue_reduce_scatter(comm_, dev_, full_g_[u], shard_g_[u], p, zero_.reduce_bucket_size, unit_name);
   } else {
-    r.work = issue_all_reduce(comm_, full_g_[u], zero_.reduce_bucket_size, name);
+    r.work = issue_all_reduce(comm_, full_g_[u], zero_.reduce_bucket_size, unit_name);
   }
   reduced_[u] = true;
   reductions_.push_back(std::move(r));
@@ -197,7 +194,7 @@ void ShardedUnits::compute_begin(int unit) {
 
 void ShardedUnits::compute_end() {
   if (compute_depth_ == 0 || --compute_depth_ > 0) return;
-  if (tracer_) tracer_->record(Activity::compute, names_[static_cast<size_t>(compute_unit_)], compute_t0_, Tracer::Clock::now());
+  if (tracer_) tracer_->record(Activity::compute, name(compute_unit_), compute_t0_, Tracer::Clock::now());
 }
 
 }  // namespace ferry::runtime

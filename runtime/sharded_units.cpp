@@ -29,8 +29,7 @@ std::vector<std::string> unit_names(const std::vector<nn::UnitSpec>& units) {
 ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const std::vector<nn::UnitSpec>& units,
                            const ZeroConfig& zero, const std::function<void(int, const Tensor&)>& init,
                            const Placement& placement)
-    : dev_(device), comm_(comm), zero_(zero), place_(placement), order_(unit_names(units), comm),
-      names_(unit_names(units)) {
+    : dev_(device), comm_(comm), zero_(zero), place_(placement), order_(unit_names(units), comm) {
   if (zero.stage < 0 || zero.stage > 3) throw std::invalid_argument("ZeRO stage must be 0..3");
   if (!device.host_accessible()) {
     throw std::invalid_argument("ShardedUnits: the MPI communicator needs a host-accessible device");
@@ -139,7 +138,7 @@ void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, cons
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_weights outside the owned range");
   if (zero_.stage == 3) {
     const bool nvme = store(unit).tier() == Tier::nvme;
-    Tracer::Span span(nvme ? tracer_ : nullptr, Activity::param_write, names_[static_cast<size_t>(unit)]);
+    Tracer::Span span(nvme ? tracer_ : nullptr, Activity::param_write, name(unit));
     return store(unit).write(region(unit), offset, n, buf);
   }
   std::memcpy(o.weights.data_as<float>() + offset, buf, static_cast<size_t>(n) * 4);

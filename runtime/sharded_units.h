@@ -150,7 +150,6 @@ class ShardedUnits final : public nn::UnitAccess {
   // its gather issued.
   struct Flight {
     int unit = -1;
-    size_t position = 0;
     offload::Swapper::Ticket read = 0;
     nn::Tensor shard, full;
     PendingCollective gather;
@@ -177,6 +176,7 @@ class ShardedUnits final : public nn::UnitAccess {
   void poll_reductions(bool wait_all);
   void gradient_done(int unit);
   void zero_grad_if_needed(int unit);
+  const std::string& name(int unit) const { return order_.unit_name(unit); }
   void compute_begin(int unit);
   void compute_end();
 
@@ -210,7 +210,6 @@ class ShardedUnits final : public nn::UnitAccess {
   Tracer* tracer_ = nullptr;
   UpdateWorker* updates_ = nullptr;
   std::function<void(int)> grads_ready_;
-  std::vector<std::string> names_;
   int compute_depth_ = 0;
   int compute_unit_ = -1;
   Tracer::Clock::time_point compute_t0_{};

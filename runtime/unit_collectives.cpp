@@ -45,11 +45,7 @@ void PendingCollective::finish(Tracer* tracer) {
 
 PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, const Tensor& shard, const Tensor& full,
                                    const Partition& p, int64_t bucket, std::string name) {
-  PendingCollective pc;
-  pc.activity_ = Activity::all_gather;
-  pc.name_ = std::move(name);
-  pc.keep_ = {shard, full};
-  pc.issued_ = true;
+  PendingCollective pc(Activity::all_gather, std::move(name), {shard, full});
   const int64_t W = p.world, S = p.shard;
   if (W == 1 && shard.data() == full.data()) return pc;
   const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
@@ -76,11 +72,7 @@ PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, co
 
 PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev, const Tensor& full,
                                        const Tensor& shard, const Partition& p, int64_t bucket, std::string name) {
-  PendingCollective pc;
-  pc.activity_ = Activity::reduce_scatter;
-  pc.name_ = std::move(name);
-  pc.keep_ = {full, shard};
-  pc.issued_ = true;
+  PendingCollective pc(Activity::reduce_scatter, std::move(name), {full, shard});
   const int64_t W = p.world, S = p.shard;
   if (W == 1 && shard.data() == full.data()) return pc;
   const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
@@ -101,11 +93,7 @@ PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev
 }
 
 PendingCollective issue_all_reduce(comm::Communicator& comm, const Tensor& full, int64_t bucket, std::string name) {
-  PendingCollective pc;
-  pc.activity_ = Activity::all_reduce;
-  pc.name_ = std::move(name);
-  pc.keep_ = {full};
-  pc.issued_ = true;
+  PendingCollective pc(Activity::all_reduce, std::move(name), {full});
   const int64_t n = full.numel();
   const int64_t len = std::clamp<int64_t>(bucket, 1, std::max<int64_t>(n, 1));
   for (int64_t c0 = 0; c0 < n; c0 += len) {

@@ -41,6 +41,8 @@ class PendingCollective {
   friend PendingCollective issue_reduce_scatter(comm::Communicator&, nn::Device&, const nn::Tensor&,
                                                 const nn::Tensor&, const Partition&, int64_t, std::string);
   friend PendingCollective issue_all_reduce(comm::Communicator&, const nn::Tensor&, int64_t, std::string);
+  PendingCollective(Activity activity, std::string name, std::vector<nn::Tensor> keep)
+      : issued_(true), activity_(activity), name_(std::move(name)), keep_(std::move(keep)) {}
   bool issued_ = false;
   Activity activity_ = Activity::all_gather;
   std::string name_;

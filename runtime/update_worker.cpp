@@ -1,5 +1,7 @@
 #include "runtime/update_worker.h"
 
+#include <omp.h>
+
 namespace ferry::runtime {
 
 UpdateWorker::UpdateWorker(int num_units, bool threaded)
@@ -57,6 +59,7 @@ void UpdateWorker::drain() {
 }
 
 void UpdateWorker::loop() {
+  omp_set_num_threads(1);  // this thread's regions only (nthreads-var is per thread)
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });

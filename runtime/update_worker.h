@@ -10,7 +10,10 @@
 // Errors: the first exception a job throws is kept; later jobs are skipped, and wait(),
 // ready() and drain() rethrow it on the training thread (the run then stops, and the
 // optimizer's two-slot NVMe state keeps the last committed step intact).
-// Threads: submit/ready/wait/drain from one owner thread.
+// Threads: submit/ready/wait/drain from one owner thread. The worker's own OpenMP parallel
+// regions (Adam, sums of squares) use one thread: they run beside the compute team, and a
+// second full team on the same cores measured millisecond stalls of both (spinning OpenMP
+// threads outnumbering the cores). Both ops give the same bits at any thread count.
 #pragma once
 
 #include <condition_variable>
