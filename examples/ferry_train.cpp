@@ -1,5 +1,5 @@
 // ferry-train: trains the model a configuration describes.
-//   ferry-train --config FILE [--set key.path=value ...]
+//   ferry-train --config FILE [--deepspeed DS_CONFIG] [--set key.path=value ...]
 //   ferry-train --help-config
 //   mpiexec -n N ferry-train --config FILE ...      (data parallel, ZeRO stage from the config)
 //   ferry-train --config FILE --resume auto|DIR    (= --set checkpoint.resume=...)
@@ -30,7 +30,8 @@
 namespace {
 
 void usage(std::ostream& os) {
-  os << "usage: ferry-train --config FILE [--set key.path=value ...] [--resume auto|none|CHECKPOINT_DIR]\n"
+  os << "usage: ferry-train --config FILE [--deepspeed DS_CONFIG.json] [--set key.path=value ...]\n"
+        "                   [--resume auto|none|CHECKPOINT_DIR]\n"
         "       ferry-train --help-config     (every configuration key, its default and meaning)\n";
 }
 
@@ -38,12 +39,14 @@ void usage(std::ostream& os) {
 
 int main(int argc, char** argv) {
   using namespace ferry;
-  std::string config_path;
+  std::string config_path, deepspeed_path;
   std::vector<std::string> overrides;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if ((arg == "--config" || arg == "--set") && i + 1 < argc) {
       (arg == "--config" ? config_path = argv[++i] : overrides.emplace_back(argv[++i]));
+    } else if (arg == "--deepspeed" && i + 1 < argc) {
+      deepspeed_path = argv[++i];
     } else if (arg == "--resume" && i + 1 < argc) {
       overrides.push_back("checkpoint.resume=" + std::string(argv[++i]));
     } else if (arg.starts_with("--set=")) {
@@ -75,7 +78,7 @@ int main(int argc, char** argv) {
   const int rank = comm->rank();
   runtime::Config config;
   try {
-    config = runtime::load_config(config_path, overrides, comm->size());
+    config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path);
   } catch (const runtime::ConfigError& e) {
     // Every rank reads the same file and finds the same error: rank 0 reports it.
     if (rank == 0) std::cerr << "ferry-train: config error: " << e.what() << "\n";
@@ -95,8 +98,20 @@ int main(int argc, char** argv) {
       << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives | pids:";
   for (size_t r = 0; r < pids.size(); ++r) out << " r" << r << "=" << static_cast<long>(pids[r]);
   out << "\n"
-      << "resolved config (" << config_path << (overrides.empty() ? "" : " + --set") << "):\n"
+      << "resolved config (" << config_path << (deepspeed_path.empty() ? "" : " + " + deepspeed_path)
+      << (overrides.empty() ? "" : " + --set") << "):\n"
       << config.resolved.dump(2) << "\n";
+  if (!config.deepspeed.autos_resolved.empty()) {
+    out << "deepspeed config " << deepspeed_path << ": \"auto\" resolved:";
+    for (const std::string& a : config.deepspeed.autos_resolved) out << "\n  " << a;
+    out << "\n";
+  }
+  if (!config.deepspeed.ignored.empty() && rank == 0) {
+    std::cerr << "ferry-train: warning: " << deepspeed_path << ": " << config.deepspeed.ignored.size()
+              << " key(s) ferry does not implement, ignored (none changes what is computed):";
+    for (const std::string& k : config.deepspeed.ignored) std::cerr << " " << k << (&k == &config.deepspeed.ignored.back() ? "" : ",");
+    std::cerr << "\n";
+  }
   if (!config.checkpoint.dir.empty()) runtime::install_stop_handlers();
   std::string failure;
   try {

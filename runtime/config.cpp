@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "runtime/config_schema.h"
+#include "runtime/deepspeed_config.h"
 
 namespace ferry::runtime {
 
@@ -401,9 +402,11 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+namespace {
+
+json read_json_file(const std::string& path, const char* what) {
   std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot open the configuration file");
+  if (!in) throw ConfigError(path + ": cannot open the " + std::string(what) + " file");
   json doc = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (doc.is_discarded()) {
     // Parse again with exceptions for the position of the error.
@@ -415,8 +418,72 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
       throw ConfigError(path + ": not valid JSON: " + e.what());
     }
   }
+  return doc;
+}
+
+std::string folder_of(const std::string& path) {
   const std::string base = fs::path(path).parent_path().string();
-  return config_from_json(doc, path, base.empty() ? "." : base, overrides, world_size);
+  return base.empty() ? "." : base;
+}
+
+// Copies every leaf of `from` (the DeepSpeed file's translation) into `into` (ferry's
+// file); a key both files set to different values is an error naming both.
+void merge_runtime(json& into, const json& from, const std::string& prefix, const std::string& ferry_path,
+                   const std::string& ds_path) {
+  for (const auto& [key, value] : from.items()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (value.is_object()) {
+      if (!into.contains(key) || !into[key].is_object()) into[key] = json::object();
+      merge_runtime(into[key], value, path, ferry_path, ds_path);
+    } else if (into.contains(key) && into[key] != value) {
+      fail(ds_path, "key '" + path + "' is " + value.dump() + " here but " + into[key].dump() + " in " + ferry_path +
+                        "; set it in one file");
+    } else {
+      into[key] = value;
+    }
+  }
+}
+
+// "auto" values the Hugging Face integration computes rather than copies.
+void compute_autos(json& doc, const DeepSpeedImport& imp, const Config& first) {
+  const double h = static_cast<double>(first.model.n_embd);
+  for (const std::string& key : imp.autos) {
+    if (get_path(doc, key)) continue;  // ferry's file sets it: that value
+    if (key == "zero_optimization.reduce_bucket_size") set_path(doc, key, h * h);
+    if (key == "zero_optimization.stage3_prefetch_bucket_size") set_path(doc, key, std::floor(0.9 * h * h));
+    if (key == "scheduler.params.warmup_max_lr" && first.scheduler.type != "WarmupCosineLR") {
+      set_path(doc, key, first.optimizer.lr);
+    }
+  }
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size,
+                   const std::string& deepspeed_path) {
+  json doc = read_json_file(path, "configuration");
+  if (deepspeed_path.empty()) return config_from_json(doc, path, folder_of(path), overrides, world_size);
+
+  const json ds = read_json_file(deepspeed_path, "DeepSpeed configuration");
+  const DeepSpeedImport imp = translate_deepspeed(ds, deepspeed_path, folder_of(deepspeed_path));
+  json scratch = json::object();  // the DeepSpeed file's values checked under its own name
+  merge_document(scratch, imp.runtime, "", deepspeed_path, folder_of(deepspeed_path));
+  merge_runtime(doc, imp.runtime, "", path, deepspeed_path);
+  // DeepSpeed's default where it differs from ferry's and changes the result: no clipping.
+  if (!get_path(doc, "gradient_clipping") &&
+      std::find(imp.autos.begin(), imp.autos.end(), "gradient_clipping") == imp.autos.end()) {
+    doc["gradient_clipping"] = 0.0;
+  }
+  compute_autos(doc, imp, config_from_json(doc, path, folder_of(path), overrides, world_size));
+  Config c = config_from_json(doc, path, folder_of(path), overrides, world_size);
+  c.deepspeed.path = deepspeed_path;
+  for (const std::string& key : imp.autos) {
+    const json* v = get_path(c.resolved, key);
+    c.deepspeed.autos_resolved.push_back(key + " = " + (v ? v->dump() : std::string("(unset)")));
+  }
+  for (const std::string& fixed : imp.fixed_autos) c.deepspeed.autos_resolved.push_back(fixed);
+  c.deepspeed.ignored = imp.ignored;
+  return c;
 }
 
 std::string describe_knobs() {

@@ -86,15 +86,24 @@ struct Config {
   offload::AdamWParams optimizer;
   SchedulerConfig scheduler;
   int world_size = 1;
+  struct {
+    std::string path;                          // "" = no --deepspeed file
+    std::vector<std::string> autos_resolved;   // "key = value" for each "auto" in it
+    std::vector<std::string> ignored;          // its keys ferry ignores (runtime/deepspeed_config.h)
+  } deepspeed;
   nlohmann::json resolved;  // every effective value, for printing and for the metrics header
 
   int64_t global_batch() const { return micro_batch * grad_accum * world_size; }
 };
 
 // Reads `path`, applies `overrides` ("a.b=value"; the value is JSON if it parses as JSON,
-// else a string), checks everything, fills defaults.
+// else a string), checks everything, fills defaults. With `deepspeed_path`, that
+// DeepSpeed configuration supplies the runtime keys (runtime/deepspeed_config.h): a key
+// both files set differently is an error; "auto" takes ferry's file, ferry's default or
+// the computed value; `overrides` apply last. Where neither file sets gradient_clipping,
+// DeepSpeed's default (0, no clipping) applies.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
-                   int world_size = 1);
+                   int world_size = 1, const std::string& deepspeed_path = "");
 // The same from an in-memory document; `source` names it in errors, `base_dir` resolves
 // relative paths.
 Config config_from_json(const nlohmann::json& doc, const std::string& source,
