@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <unistd.h>
 
+#include "runtime/log.h"
+
 namespace ferry::comm {
 
 namespace {
@@ -61,6 +63,10 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::world(double timeout_s) {
     world->fault_rank_ = rank;
     world->fault_seq_ = seq;
   }
+  log::set_rank(world->rank());
+  log::info(log::Subsys::comm, "MPI world: rank " + std::to_string(world->rank()) + " of " +
+                                   std::to_string(world->size()) + ", local rank " + std::to_string(world->local_rank()) +
+                                   " of " + std::to_string(world->local_size()) + " on this node");
   return world;
 }
 
@@ -76,13 +82,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi)
   FERRY_MPI_CHECK(MPI_Comm_free(&node));
   const int r = rank_;
   watchdog_ = std::make_unique<Watchdog>(timeout_s_, [this, r](const std::string& report) {
-    char host[256] = "?";
-    gethostname(host, sizeof host - 1);
-    std::fprintf(stderr,
-                 "[ferry %s:%d r%d] watchdog: rank %d: %s; another rank did not reach this collective or "
-                 "died. Recent collectives on rank %d:\n%sAborting the job (MPI_Abort).\n",
-                 host, static_cast<int>(getpid()), r, r, report.c_str(), r, recent_ops().c_str());
-    std::fflush(stderr);
+    log::error(log::Subsys::comm, "watchdog: rank " + std::to_string(r) + ": " + report +
+                                      "; another rank did not reach this collective or died. Recent collectives on rank " +
+                                      std::to_string(r) + ":\n" + recent_ops() + "Aborting the job (MPI_Abort).");
     // mpiexec tears the job down on MPI_Abort, and lines still in its stderr forwarding
     // are lost (seen in CI): give the forwarder a moment first.
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -107,8 +109,7 @@ MpiCommunicator::~MpiCommunicator() {
 void MpiCommunicator::abort_job(const std::string& message, int code) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  std::fprintf(stderr, "[ferry r%d] %s\n[ferry r%d] ending the job (MPI_Abort)\n", rank, message.c_str(), rank);
-  std::fflush(stderr);
+  log::error(log::Subsys::comm, message + "\nending the job (MPI_Abort)");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // see the watchdog's abort
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest
@@ -131,8 +132,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) {
 void MpiCommunicator::execute(const Op& op, const WorkPtr& work) {
   const uint64_t id = watchdog_->begin("rank " + std::to_string(rank_) + ": " + op.describe());
   if (rank_ == fault_rank_ && op.seq == fault_seq_) {
-    std::fprintf(stderr, "[ferry r%d] FERRY_FAULT_SKIP_COLLECTIVE: not taking part in %s\n", rank_,
-                 op.describe().c_str());
+    log::warn(log::Subsys::comm, "FERRY_FAULT_SKIP_COLLECTIVE: not taking part in " + op.describe());
     return;  // `work` never completes; the watchdog (id) stays armed
   }
   {

@@ -23,6 +23,7 @@
 #include "runtime/allocator.h"
 #include "runtime/checkpoint.h"
 #include "runtime/config.h"
+#include "runtime/log.h"
 #include "runtime/stop_signal.h"
 #include "runtime/trainer.h"
 #include "runtime/version.h"
@@ -107,10 +108,10 @@ int main(int argc, char** argv) {
     out << "\n";
   }
   if (!config.deepspeed.ignored.empty() && rank == 0) {
-    std::cerr << "ferry-train: warning: " << deepspeed_path << ": " << config.deepspeed.ignored.size()
-              << " key(s) ferry does not implement, ignored (none changes what is computed):";
-    for (const std::string& k : config.deepspeed.ignored) std::cerr << " " << k << (&k == &config.deepspeed.ignored.back() ? "" : ",");
-    std::cerr << "\n";
+    std::string keys;
+    for (const std::string& k : config.deepspeed.ignored) keys += (keys.empty() ? " " : ", ") + k;
+    log::warn(log::Subsys::config, deepspeed_path + ": " + std::to_string(config.deepspeed.ignored.size()) +
+                                       " key(s) ferry does not implement, ignored (none changes what is computed):" + keys);
   }
   if (!config.checkpoint.dir.empty()) runtime::install_stop_handlers();
   std::string failure;

@@ -4,6 +4,7 @@
 
 #include "offload/io_uring_storage.h"
 #include "offload/posix_storage.h"
+#include "runtime/log.h"
 
 namespace ferry::offload {
 
@@ -42,6 +43,9 @@ std::unique_ptr<Storage> make_storage(const StorageOptions& o, std::string* warn
     try {
       auto s = std::make_unique<IoUringStorage>(std::move(files), direct, o.aio, o.fault);
       if (warning) *warning = why;
+      log::info(log::Subsys::offload, "storage " + o.name + ": io_uring, " + (direct ? "O_DIRECT" : "buffered") + ", " +
+                                          std::to_string(o.capacity) + " bytes over " + std::to_string(o.paths.size()) +
+                                          " folder(s)" + (o.paths.empty() ? "" : ", first " + o.paths.front()));
       return s;
     } catch (const StorageError& e) {
       why += std::string(why.empty() ? "" : "; ") + "io_uring unavailable (" + e.what() + "): pread/pwrite";
@@ -50,6 +54,8 @@ std::unique_ptr<Storage> make_storage(const StorageOptions& o, std::string* warn
     }
   }
   if (warning) *warning = why;
+  log::info(log::Subsys::offload, "storage " + o.name + ": pread/pwrite, " + (direct ? "O_DIRECT" : "buffered") + ", " +
+                                      std::to_string(o.capacity) + " bytes");
   return std::make_unique<PosixStorage>(std::move(files), direct, o.aio, o.fault);
 }
 

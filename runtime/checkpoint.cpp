@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "runtime/crc32c.h"
+#include "runtime/log.h"
 #include "runtime/partition.h"
 #include "runtime/posix_file.h"
 #include "runtime/stream_io.h"
@@ -75,8 +76,7 @@ void write_rank_files(const std::string& tmp, const std::vector<nn::UnitSpec>& l
   }
   data.finish();  // synced
   if (fault_kill_here(rank, step)) {
-    std::fprintf(stderr, "[ferry r%d] FERRY_FAULT_KILL_IN_CHECKPOINT: killing myself while writing step %lld\n", rank,
-                 static_cast<long long>(step));
+    log::warn(log::Subsys::ckpt, "FERRY_FAULT_KILL_IN_CHECKPOINT: killing myself while writing step " + std::to_string(step));
     ::raise(SIGKILL);
   }
   const json index = {{"rank", rank}, {"world_size", world}, {"bytes", offset}, {"segments", segments}};
@@ -154,6 +154,7 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
     throw std::runtime_error("checkpoint at step " + std::to_string(req.step) + " could not be completed" +
                              (error.empty() ? " (rank 0 failed)" : ": " + error));
   }
+  log::info(log::Subsys::ckpt, "checkpoint of step " + std::to_string(req.step) + " written: " + final_dir);
   return final_dir;
 }
 

@@ -505,6 +505,11 @@ std::string describe_knobs() {
     }
     os << " | " << k.description << " |\n";
   }
+  os << "\n| environment variable | default | description |\n|---|---|---|\n";
+  for (const EnvKnob& e : environment_knobs()) {
+    os << "| `" << e.name << "` | " << (e.default_value == "-" ? "-" : "`" + e.default_value + "`") << " | "
+       << e.description << " |\n";
+  }
   return os.str();
 }
 

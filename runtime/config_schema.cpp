@@ -123,6 +123,20 @@ const std::vector<Knob>& config_knobs() {
   return knobs;
 }
 
+const std::vector<EnvKnob>& environment_knobs() {
+  static const std::vector<EnvKnob> env = {
+      {"FERRY_LOG", "warn",
+       "diagnostic lines on stderr up to this level: error, warn, info (what was set up where), debug (per step), "
+       "trace (per unit); each line prefixed [ferry host:pid rank LEVEL subsystem]"},
+      {"FERRY_LOG_SUBSYS", "all",
+       "subsystems whose info/debug/trace lines print, comma-separated, ^name excludes: init, config, comm, offload, "
+       "sched, optim, ckpt, train"},
+      {"FERRY_FAULT_SKIP_COLLECTIVE", "-", "tests only: RANK:SEQ makes that rank skip that collective (watchdog test)"},
+      {"FERRY_FAULT_KILL_IN_CHECKPOINT", "-", "tests only: RANK:STEP kills that rank while it writes that checkpoint"},
+  };
+  return env;
+}
+
 const Knob* find_knob(const std::string& path) {
   for (const Knob& k : config_knobs())
     if (k.path == path) return &k;

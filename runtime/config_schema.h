@@ -40,6 +40,13 @@ struct Knob {
 };
 
 const std::vector<Knob>& config_knobs();
+
+// Environment variables ferry reads (not configuration keys: they concern the process, not
+// the run), listed by --help-config beside the keys.
+struct EnvKnob {
+  std::string name, default_value, description;
+};
+const std::vector<EnvKnob>& environment_knobs();
 const Knob* find_knob(const std::string& path);
 // The closest known key or section to `path`, or "" when nothing is close.
 std::string closest_key(const std::string& path);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "runtime/log.h"
 #include "runtime/sharded_units.h"
 
 namespace ferry::runtime {
@@ -120,6 +121,11 @@ void ShardedUnits::pump(size_t next) {
       f.full = p.world == 1 ? shard : Tensor::empty(dev_, DType::f32, {p.padded});  // alone: the shard is the unit
       f.gather = issue_gather(unit, shard, f.full);
       ahead += p.padded;
+      if (log::enabled(log::Level::trace, log::Subsys::sched)) {
+        log::trace(log::Subsys::sched, "position " + std::to_string(next) + ": all-gather of " + name(unit) +
+                                           " (position " + std::to_string(k) + ") issued ahead, " +
+                                           std::to_string(ahead) + " elements in flight");
+      }
     }
   }
   if (zero_.stage == 3 && swapper_ && place_.overlap_io) {
@@ -132,6 +138,10 @@ void ShardedUnits::pump(size_t next) {
       Flight& f = flights_[k];
       f.unit = unit;
       start_read(f);
+      if (log::enabled(log::Level::trace, log::Subsys::sched)) {
+        log::trace(log::Subsys::sched, "position " + std::to_string(next) + ": nvme read of " + name(unit) +
+                                           " (position " + std::to_string(k) + ") started ahead");
+      }
     }
   }
 }

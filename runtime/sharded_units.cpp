@@ -5,6 +5,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "runtime/log.h"
+
 namespace ferry::runtime {
 
 using nn::DType;
@@ -116,10 +118,10 @@ void ShardedUnits::init_param_stores(const std::vector<int64_t>& shard_sizes) {
   for (size_t u = 0; u < n; ++u) {
     home_.emplace_back(in_cpu[u] ? params_cpu_.get() : params_.get(), in_cpu[u] ? cpu_index++ : main_index++);
   }
-  if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: %s\n", rank, warning.c_str());
+  if (!warning.empty()) log::warn(log::Subsys::offload, "parameters: " + warning);
   if (place_.params == Tier::nvme) {
     const std::string why = params_->use_pool(*place_.pool);
-    if (!why.empty()) std::fprintf(stderr, "[ferry r%d] warning: parameters: no fixed buffers: %s\n", rank, why.c_str());
+    if (!why.empty()) log::warn(log::Subsys::offload, "parameters: no fixed buffers: " + why);
   }
   if (place_.params == Tier::nvme && place_.prefetch_depth > 0 && place_.overlap_io) {
     swapper_ = std::make_unique<offload::Swapper>(*place_.pool, place_.prefetch_depth);

@@ -12,6 +12,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/stop_signal.h"
 #include "runtime/version.h"
+#include "runtime/log.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/partition.h"
 
@@ -102,9 +103,10 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     // One buffer stays for reads on demand.
     place.prefetch_depth = off.param_buffers - 1;
     if (comm_.rank() == 0) {
-      std::fprintf(stderr, "[ferry r0] warning: schedule.prefetch_depth %d needs offload_param.buffer_count >= %d; "
-                   "prefetching %d units ahead\n", cfg_.schedule.prefetch_depth, cfg_.schedule.prefetch_depth + 1,
-                   place.prefetch_depth);
+      log::warn(log::Subsys::sched, "schedule.prefetch_depth " + std::to_string(cfg_.schedule.prefetch_depth) +
+                                        " needs offload_param.buffer_count >= " +
+                                        std::to_string(cfg_.schedule.prefetch_depth + 1) + "; prefetching " +
+                                        std::to_string(place.prefetch_depth) + " units ahead");
     }
   }
   place.overlap_io = cfg_.schedule.overlap_offload;
@@ -114,7 +116,13 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   std::string warning;
   opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, *device_, *host_, adam_, off, pool_.get(), comm_.rank(),
                                           &warning);
-  if (!warning.empty()) std::fprintf(stderr, "[ferry r%d] warning: optimizer state: %s\n", comm_.rank(), warning.c_str());
+  if (!warning.empty()) log::warn(log::Subsys::optim, "optimizer state: " + warning);
+  log::info(log::Subsys::optim, "optimizer state: " + nn::format_bytes(opt_->bytes()) + " in " + opt_->where());
+  if (pool_) {
+    log::info(log::Subsys::offload, "pinned pool: " + std::to_string(pool_->buffer_count()) + " x " +
+                                        nn::format_bytes(pool_->buffer_size()) +
+                                        (pool_->pinned() ? ", page-locked" : ", not page-locked"));
+  }
   for (int u = 0; u < model_->num_units(); ++u) {
     const ShardedUnits::Owned o = units_->owned(u);
     std::vector<DecayRange> ranges;
@@ -272,6 +280,10 @@ StepStats Trainer::train_step(int64_t step) {
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
   s.device_peak_bytes = device_->memory().peak;
   s.time = tracer_->end_step();
+  if (log::enabled(log::Level::debug, log::Subsys::train)) {
+    log::debug(log::Subsys::train, "step " + std::to_string(s.step) + ": " + describe_breakdown(s.time) +
+                                       ", device peak " + nn::format_bytes(s.device_peak_bytes));
+  }
   return s;
 }
 
@@ -357,7 +369,7 @@ int64_t Trainer::load_checkpoint(const std::string& step_dir) {
   // Allowed to differ (a user may mean it), but the run then no longer continues the saved one.
   const nlohmann::json& t = manifest.at("trainer");
   auto warn = [&](const std::string& what) {
-    if (comm_.rank() == 0) std::fprintf(stderr, "[ferry r0] warning: resuming %s: %s\n", step_dir.c_str(), what.c_str());
+    if (comm_.rank() == 0) log::warn(log::Subsys::ckpt, "resuming " + step_dir + ": " + what);
   };
   if (t.at("data").at("seed") != cfg_.data.seed) warn("data.seed differs: other batches than the saved run's");
   if (t.at("data").at("global_batch") != cfg_.global_batch()) {
