@@ -362,6 +362,8 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.log.metrics = at("log.metrics").is_null() ? "" : at("log.metrics").get<std::string>();
   c.log.every = at("log.every").get<int64_t>();
   c.log.trace = at("log.trace").is_null() ? "" : at("log.trace").get<std::string>();
+  c.log.progress = at("log.progress").get<std::string>();
+  c.log.peak_tflops = at("log.peak_tflops").is_null() ? 0.0 : at("log.peak_tflops").get<double>();
   c.schedule.prefetch_depth = at("schedule.prefetch_depth").get<int>();
   c.schedule.overlap_offload = at("schedule.overlap_offload").get<bool>();
   c.checkpoint.dir = at("checkpoint.dir").is_null() ? "" : at("checkpoint.dir").get<std::string>();

@@ -66,6 +66,8 @@ struct Config {
     std::string metrics;  // "" = none
     int64_t every = 1;
     std::string trace;    // "" = none; per rank: trace_path_for_rank()
+    std::string progress = "auto";  // auto | bar | lines
+    double peak_tflops = 0;         // per rank; 0 = not configured (no MFU)
   } log;
   struct {
     int prefetch_depth = 2;

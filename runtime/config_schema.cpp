@@ -108,6 +108,12 @@ const std::vector<Knob>& config_knobs() {
       {"train.sample_temperature", KnobType::number, 0.8, "softmax temperature of the sample", 0, {}, true},
       {"log.metrics", KnobType::path, nullptr, "JSON-lines metrics file (one object per step and per evaluation)"},
       {"log.every", KnobType::integer, 10, "print a step line every this many steps", 1, {}},
+      {"log.progress", KnobType::string, "auto",
+       "a progress bar with ETA redrawn after every step (bar), plain step lines only (lines), or a bar when "
+       "stdout is a terminal (auto)", {}, {}, false, {"auto", "bar", "lines"}},
+      {"log.peak_tflops", KnobType::number, nullptr,
+       "peak TFLOP/s of one rank's device, for the model FLOPs utilisation (MFU) in step lines and metrics; "
+       "ferry-bench model measures a CPU's, an H200's dense bf16 peak is 989", 0, {}, true},
       {"log.trace", KnobType::path, nullptr,
        "Chrome trace event file; every rank writes its own (trace.json -> trace.rank0.json, ...): one track per "
        "activity (compute, nvme reads and writes, each collective, cpu adam), steps marked"},

@@ -1,7 +1,12 @@
 // JSON-lines metrics: one object per line, flushed as written so that a crashed run keeps
 // every line up to the crash. Field names are stable; later releases only add fields.
-//   step:       {"step", "loss", "lr", "grad_norm", "tokens_per_s", "device_peak_bytes", "step_time_s",
-//                "time_s": {activity: busy seconds} (runtime/trace.h's keys), "overlap"}
+//   step:       {"step", "loss", "lr", "grad_norm", "tokens_per_s", "tflops", "mfu" (with log.peak_tflops),
+//                "device_peak_bytes", "step_time_s", "time_s": {activity: busy seconds} (runtime/trace.h's
+//                keys), "bytes": {activity: bytes moved by this rank}, "memory": {"device_cap",
+//                "device_peak", "device_in_use", "host_pinned", "host_states", "nvme"} (this rank's
+//                bytes per tier), "overlap"}
+//                Work is counted in the step in which it ends: with clipping, step N's updates
+//                (and their nvme traffic) run during step N+1's forward and count there.
 //   evaluation: {"step", "val_loss"}
 #pragma once
 

@@ -97,7 +97,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     for (int which = 0; which < 3; ++which) {
       const int r = region(unit, which, current_);
       tickets[static_cast<size_t>(which)] = swapper_->submit([this, r, t0, n, &name](void* buf) {
-        Tracer::Span span(tracer_, Activity::optim_read, name);
+        Tracer::Span span(tracer_, Activity::optim_read, name, static_cast<uint64_t>(n) * 4);
         store_->read(r, t0, n, static_cast<float*>(buf));
       });
     }
@@ -115,7 +115,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
       adam_over(p, m, v, t0, n);
       const int next_slot = 1 - current_;
       {
-        Tracer::Span span(tracer_, Activity::optim_write, name);
+        Tracer::Span span(tracer_, Activity::optim_write, name, static_cast<uint64_t>(n) * 12);
         store_->write(region(unit, kMaster, next_slot), t0, n, p);
         store_->write(region(unit, kM, next_slot), t0, n, m);
         store_->write(region(unit, kV, next_slot), t0, n, v);

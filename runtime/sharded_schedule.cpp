@@ -22,7 +22,7 @@ Tensor ShardedUnits::read_shard(int unit) {
   if (store(unit).tier() != Tier::nvme) return store(unit).tensor(region(unit));
   Tensor shard = Tensor::empty(dev_, DType::f32, {p.shard});
   const int64_t piece = static_cast<int64_t>(place_.pool->buffer_size() / 4);
-  Tracer::Span span(tracer_, Activity::param_read, name(unit));
+  Tracer::Span span(tracer_, Activity::param_read, name(unit), static_cast<uint64_t>(p.shard) * 4);
   float* staging = static_cast<float*>(place_.pool->acquire());
   try {
     for (int64_t k = 0; k < p.shard; k += piece) {
@@ -43,7 +43,7 @@ void ShardedUnits::start_read(Flight& f) {
   const int64_t n = partition_of(f.unit).shard;
   const std::string label = name(f.unit);
   f.read = swapper_->submit([this, r, n, label](void* buf) {
-    Tracer::Span span(tracer_, Activity::param_read, label);
+    Tracer::Span span(tracer_, Activity::param_read, label, static_cast<uint64_t>(n) * 4);
     params_->read(r, 0, n, static_cast<float*>(buf));
   });
 }

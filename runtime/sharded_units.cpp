@@ -140,7 +140,7 @@ void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, cons
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_weights outside the owned range");
   if (zero_.stage == 3) {
     const bool nvme = store(unit).tier() == Tier::nvme;
-    Tracer::Span span(nvme ? tracer_ : nullptr, Activity::param_write, name(unit));
+    Tracer::Span span(nvme ? tracer_ : nullptr, Activity::param_write, name(unit), static_cast<uint64_t>(n) * 4);
     return store(unit).write(region(unit), offset, n, buf);
   }
   std::memcpy(o.weights.data_as<float>() + offset, buf, static_cast<size_t>(n) * 4);

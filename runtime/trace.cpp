@@ -72,11 +72,12 @@ void Tracer::write_line(const std::string& line) {
 }
 
 void Tracer::record(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
-                    int64_t step_arg) {
+                    int64_t step_arg, uint64_t bytes) {
   if (t1 < t0) t1 = t0;
   const auto a = static_cast<size_t>(activity);
   std::lock_guard<std::mutex> lock(mu_);
   busy_[a] += std::chrono::duration<double>(t1 - t0).count();
+  bytes_[a] += bytes;
   if (!out_.is_open()) return;
   nlohmann::json e = {{"ph", "X"},       {"pid", rank_},   {"tid", static_cast<int>(a) + 1},
                       {"name", name},    {"cat", kKeys[a]}, {"ts", us(t0)},
@@ -95,6 +96,7 @@ void Tracer::begin_step(int64_t step) {
   in_step_ = true;
   step_t0_ = Clock::now();
   busy_.fill(0);
+  bytes_.fill(0);
   if (!out_.is_open()) return;
   nlohmann::json e = {{"ph", "i"}, {"s", "p"}, {"pid", rank_}, {"tid", kStepTid}, {"name", "step " + std::to_string(step) + " begins"},
                       {"ts", us(step_t0_)}};
@@ -108,6 +110,7 @@ StepBreakdown Tracer::end_step() {
   StepBreakdown b;
   b.wall_s = std::chrono::duration<double>(t1 - step_t0_).count();
   b.busy_s = busy_;
+  b.bytes = bytes_;
   if (out_.is_open()) {
     nlohmann::json e = {{"ph", "X"}, {"pid", rank_}, {"tid", kStepTid}, {"name", "step " + std::to_string(step_)},
                         {"cat", "step"}, {"ts", us(step_t0_)}, {"dur", us(t1) - us(step_t0_)}};

@@ -45,6 +45,7 @@ const char* activity_key(Activity a);   // "compute", "param_read", ...: metrics
 struct StepBreakdown {
   double wall_s = 0;
   std::array<double, kActivities> busy_s{};  // seconds per activity
+  std::array<uint64_t, kActivities> bytes{};  // bytes moved per activity: nvme transfers, collective buffers
   double sum() const;
   double overlap() const { return wall_s > 0 ? sum() / wall_s : 0; }
 };
@@ -63,14 +64,16 @@ class Tracer {
   const std::string& path() const { return path_; }
 
   // A span [t0, t1] of `activity`; `name` labels it ("block.3", "adam block.3").
+  // `bytes`: what the span moved (nvme bytes, a collective's full buffer), summed per step.
   void record(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
-              int64_t step_arg = -1);
+              int64_t step_arg = -1, uint64_t bytes = 0);
   // RAII: records from construction to destruction. A null tracer records nothing.
   class Span {
    public:
-    Span(Tracer* t, Activity a, std::string name) : t_(t), a_(a), name_(std::move(name)), t0_(Clock::now()) {}
+    Span(Tracer* t, Activity a, std::string name, uint64_t bytes = 0)
+        : t_(t), a_(a), name_(std::move(name)), bytes_(bytes), t0_(Clock::now()) {}
     ~Span() {
-      if (t_) t_->record(a_, name_, t0_, Clock::now());
+      if (t_) t_->record(a_, name_, t0_, Clock::now(), -1, bytes_);
     }
     Span(const Span&) = delete;
     Span& operator=(const Span&) = delete;
@@ -79,6 +82,7 @@ class Tracer {
     Tracer* t_;
     Activity a_;
     std::string name_;
+    uint64_t bytes_;
     Clock::time_point t0_;
   };
 
@@ -100,6 +104,7 @@ class Tracer {
   bool in_step_ = false;
   Clock::time_point step_t0_{};
   std::array<double, kActivities> busy_{};
+  std::array<uint64_t, kActivities> bytes_{};
 };
 
 // "trace.json" at rank 3 -> "trace.rank3.json": every rank writes its own file.

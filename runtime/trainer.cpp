@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 #include <stdexcept>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include "runtime/log.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/partition.h"
+#include "runtime/progress.h"
 
 namespace ferry::runtime {
 
@@ -149,20 +151,35 @@ Trainer::~Trainer() = default;
 // arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
 // memory, optimizer state or parameters in host memory; the rest is the program itself,
 // the corpus, allocator slack and the I/O threads' stacks.
+TierMemory Trainer::memory_by_tier() const {
+  const StateBytes sb = units_->state_bytes();
+  TierMemory m;
+  m.device_cap = device_->memory().capacity;
+  m.device_peak = device_->memory().peak;
+  m.device_in_use = device_->memory().in_use;
+  m.host_pinned = pool_ ? pool_->bytes() : 0;
+  const bool params_nvme = cfg_.zero.stage == 3 && cfg_.offload.param_device == "nvme";
+  m.host_states = (units_->placement().grads_on_host ? sb.gradients : 0) +
+                  (opt_->tier() == Tier::cpu ? opt_->bytes() : 0) +
+                  (cfg_.zero.stage == 3 && cfg_.offload.param_device == "cpu" ? sb.weights : 0);
+  m.nvme = (opt_->tier() == Tier::nvme ? opt_->bytes() : 0) + (params_nvme ? sb.weights : 0);
+  return m;
+}
+
+nlohmann::json TierMemory::to_json() const {
+  return {{"device_cap", device_cap}, {"device_peak", device_peak}, {"device_in_use", device_in_use},
+          {"host_pinned", host_pinned}, {"host_states", host_states}, {"nvme", nvme}};
+}
+
 void Trainer::describe_memory() {
   const size_t rss = peak_resident_bytes();
-  const StateBytes sb = units_->state_bytes();
-  size_t bounded = device_->memory().capacity;
-  const size_t pool = pool_ ? pool_->bytes() : 0;
-  const size_t grads = units_->placement().grads_on_host ? sb.gradients : 0;
-  const size_t opt_host = opt_->tier() == Tier::cpu ? opt_->bytes() : 0;
-  const size_t params_host = cfg_.offload.param_device == "cpu" ? sb.weights : 0;
-  bounded += pool + grads + opt_host + params_host;
+  const TierMemory m = memory_by_tier();
+  const size_t bounded = m.device_cap + m.host_pinned + m.host_states;
   out_ << "memory: peak resident " << nn::format_bytes(rss) << " against " << nn::format_bytes(bounded)
-       << " configured (device arena cap " << nn::format_bytes(device_->memory().capacity) << ", peak used "
-       << nn::format_bytes(device_->memory().peak) << "; pinned pool " << nn::format_bytes(pool)
-       << "; host gradient shards " << nn::format_bytes(grads) << "; host optimizer state "
-       << nn::format_bytes(opt_host) << "; host parameters " << nn::format_bytes(params_host) << ")\n";
+       << " configured (device arena cap " << nn::format_bytes(m.device_cap) << ", peak used "
+       << nn::format_bytes(m.device_peak) << "; pinned pool " << nn::format_bytes(m.host_pinned)
+       << "; host gradient shards, optimizer state and parameters " << nn::format_bytes(m.host_states)
+       << "); on nvme " << nn::format_bytes(m.nvme) << "\n";
   out_.flush();
 }
 
@@ -278,6 +295,7 @@ StepStats Trainer::train_step(int64_t step) {
   s.lr = optimizer_step(step, &s.grad_norm);
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
+  s.tflops = model_->flops_per_token(T) * s.tokens_per_s / 1e12;
   s.device_peak_bytes = device_->memory().peak;
   s.time = tracer_->end_step();
   if (log::enabled(log::Level::debug, log::Subsys::train)) {
@@ -332,6 +350,29 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
   return ByteTokenizer::decode(seq);
 }
 
+nlohmann::json Trainer::step_record(const StepStats& s) const {
+  nlohmann::json busy = nlohmann::json::object(), moved = nlohmann::json::object();
+  for (size_t a = 0; a < kActivities; ++a) {
+    const char* key = activity_key(static_cast<Activity>(a));
+    busy[key] = s.time.busy_s[a];
+    if (a != static_cast<size_t>(Activity::compute) && a != static_cast<size_t>(Activity::adam)) moved[key] = s.time.bytes[a];
+  }
+  nlohmann::json r = {{"step", s.step},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"tflops", s.tflops},
+                      {"device_peak_bytes", s.device_peak_bytes},
+                      {"step_time_s", s.time.wall_s},
+                      {"time_s", busy},
+                      {"bytes", moved},
+                      {"memory", memory_by_tier().to_json()},
+                      {"overlap", s.time.overlap()}};
+  if (cfg_.log.peak_tflops > 0) r["mfu"] = s.tflops / (cfg_.log.peak_tflops * comm_.size());
+  return r;
+}
+
 nlohmann::json Trainer::model_shape() const {
   return {{"arch", "gpt2"},
           {"n_layer", cfg_.model.n_layer},
@@ -383,13 +424,17 @@ int64_t Trainer::load_checkpoint(const std::string& step_dir) {
 TrainReport Trainer::run() {
   TrainReport report;
   describe_placement();
+  // auto: a bar only where rank 0 writes to a terminal (other ranks' stream discards).
+  const bool bar = cfg_.log.progress == "bar" || (&out_ == &std::cout && progress_bar_wanted(cfg_.log.progress, 1));
+  Progress progress(out_, cfg_.train.steps, bar);
+  auto say = [&](const std::string& text) { progress.say(text); };
   report.unigram_baseline = unigram_baseline(data_, cfg_.model.vocab_size);
   out_ << "unigram baseline (validation bytes scored by training byte frequencies): "
        << fmt("%.4f", report.unigram_baseline) << " nats/token\n";
   auto eval = [&](int64_t step) {
     const double v = evaluate();
     report.val_losses.emplace_back(step, v);
-    out_ << "eval  step " << step << " | val loss " << fmt("%.4f", v) << "\n";
+    say("eval  step " + std::to_string(step) + " | val loss " + fmt("%.4f", v) + "\n");
     metrics_.write({{"step", step}, {"val_loss", v}});
   };
   const std::string from = [&] {
@@ -410,32 +455,24 @@ TrainReport Trainer::run() {
     const StepStats s = train_step(step);
     report.steps.push_back(s);
     report.device_peak_bytes = std::max(report.device_peak_bytes, s.device_peak_bytes);
-    nlohmann::json busy = nlohmann::json::object();
-    for (size_t a = 0; a < kActivities; ++a) busy[activity_key(static_cast<Activity>(a))] = s.time.busy_s[a];
-    metrics_.write({{"step", s.step},
-                    {"loss", s.loss},
-                    {"lr", s.lr},
-                    {"grad_norm", s.grad_norm},
-                    {"tokens_per_s", s.tokens_per_s},
-                    {"device_peak_bytes", s.device_peak_bytes},
-                    {"step_time_s", s.time.wall_s},
-                    {"time_s", busy},
-                    {"overlap", s.time.overlap()}});
+    metrics_.write(step_record(s));
+    progress.step(s.step, s.loss, s.tokens_per_s, s.time.wall_s);
     if (s.step % cfg_.log.every == 0 || s.step == 1 || s.step == cfg_.train.steps) {
-      out_ << "step " << s.step << "/" << cfg_.train.steps << " | loss " << fmt("%.4f", s.loss) << " | lr "
-           << fmt("%.3e", s.lr) << " | grad norm " << fmt("%.3f", s.grad_norm) << " | "
-           << fmt("%.0f", s.tokens_per_s) << " tok/s | device peak " << nn::format_bytes(s.device_peak_bytes)
-           << " | " << describe_breakdown(s.time) << "\n";
-      out_.flush();
+      std::string perf = fmt("%.3f TFLOP/s", s.tflops);
+      if (cfg_.log.peak_tflops > 0) perf += fmt(" (MFU %.1f%%)", 100.0 * s.tflops / (cfg_.log.peak_tflops * comm_.size()));
+      say("step " + std::to_string(s.step) + "/" + std::to_string(cfg_.train.steps) + " | loss " + fmt("%.4f", s.loss) +
+          " | lr " + fmt("%.3e", s.lr) + " | grad norm " + fmt("%.3f", s.grad_norm) + " | " +
+          fmt("%.0f", s.tokens_per_s) + " tok/s | " + perf + " | device peak " + nn::format_bytes(s.device_peak_bytes) +
+          " | " + describe_breakdown(s.time) + "\n");
     }
     const bool last = s.step == cfg_.train.steps;
     if (!ck.dir.empty() && (s.stop || last || (ck.every_steps > 0 && s.step % ck.every_steps == 0))) {
       report.last_checkpoint = save_checkpoint(s.step, s.lr);
-      out_ << "checkpoint: step " << s.step << " saved to " << report.last_checkpoint << "\n";
-      out_.flush();
+      say("checkpoint: step " + std::to_string(s.step) + " saved to " + report.last_checkpoint + "\n");
     }
     if (s.stop) {
       report.stopped = true;
+      progress.finish();
       out_ << "stopped after step " << s.step << " on a stop signal; "
            << (ck.dir.empty() ? "no checkpoint.dir, nothing saved"
                               : "continue with --resume auto (or --resume " + report.last_checkpoint + ")")
@@ -446,6 +483,7 @@ TrainReport Trainer::run() {
     if (cfg_.train.eval_every > 0 && s.step % cfg_.train.eval_every == 0 && !last) eval(s.step);
   }
   eval(cfg_.train.steps);
+  progress.finish();
   describe_memory();
   const double final_val = report.val_losses.back().second;
   out_ << "final validation loss " << fmt("%.4f", final_val) << " nats/token vs unigram baseline "

@@ -44,6 +44,7 @@ namespace ferry::runtime {
 struct StepStats {
   int64_t step = 0;  // 1-based
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
+  double tflops = 0;  // achieved model TFLOP/s of the whole job (nn::GPT::flops_per_token x tokens / wall)
   size_t device_peak_bytes = 0;
   bool stop = false;  // some rank received SIGTERM/SIGINT (runtime/stop_signal.h)
   StepBreakdown time;  // this rank's seconds per activity and the step's wall time
@@ -64,6 +65,15 @@ struct TrainReport {
 // that took time, for the step line.
 std::string describe_breakdown(const StepBreakdown& b);
 size_t peak_resident_bytes();  // this process's high-water mark of resident memory
+
+// One rank's model-state memory per tier, as placed by the configuration.
+struct TierMemory {
+  size_t device_cap = 0, device_peak = 0, device_in_use = 0;  // the device arena
+  size_t host_pinned = 0;  // the pinned staging pool
+  size_t host_states = 0;  // gradient shards, optimizer state and parameters kept in host memory
+  size_t nvme = 0;         // parameter and optimizer-state bytes in nvme files
+  nlohmann::json to_json() const;
+};
 
 class Trainer {
  public:
@@ -89,10 +99,12 @@ class Trainer {
   OptimizerState& optimizer() { return *opt_; }
   nn::Device& device() { return *device_; }
   Tracer& tracer() { return *tracer_; }
+  TierMemory memory_by_tier() const;
 
  private:
   void describe_placement();
   void describe_memory();
+  nlohmann::json step_record(const StepStats& s) const;  // the metrics file's line for a step
   nlohmann::json model_shape() const;
   double optimizer_step(int64_t step, double* grad_norm_out);
   void gradients_ready(int unit);           // ShardedUnits' callback: the unit's gradient is final

@@ -34,7 +34,7 @@ void PendingCollective::finish(Tracer* tracer) {
   if (tracer && !works_.empty()) {
     auto t0 = works_.front()->started_at(), t1 = works_.front()->finished_at();
     for (const comm::WorkPtr& w : works_) t0 = std::min(t0, w->started_at()), t1 = std::max(t1, w->finished_at());
-    tracer->record(activity_, name_, t0, t1);
+    tracer->record(activity_, name_, t0, t1, -1, bytes_);
   }
   if (unpack_) unpack_();
   works_.clear();

@@ -12,6 +12,8 @@
 // Threads: issue and finish on the thread that owns the communicator; done() anywhere.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -42,10 +44,13 @@ class PendingCollective {
                                                 const nn::Tensor&, const Partition&, int64_t, std::string);
   friend PendingCollective issue_all_reduce(comm::Communicator&, const nn::Tensor&, int64_t, std::string);
   PendingCollective(Activity activity, std::string name, std::vector<nn::Tensor> keep)
-      : issued_(true), activity_(activity), name_(std::move(name)), keep_(std::move(keep)) {}
+      : issued_(true), activity_(activity), name_(std::move(name)), keep_(std::move(keep)) {
+    for (const nn::Tensor& t : keep_) bytes_ = std::max<uint64_t>(bytes_, t.defined() ? t.nbytes() : 0);
+  }
   bool issued_ = false;
   Activity activity_ = Activity::all_gather;
   std::string name_;
+  uint64_t bytes_ = 0;  // the largest buffer taking part: the collective's full size
   std::vector<comm::WorkPtr> works_;
   std::vector<nn::Tensor> keep_;       // pack buffers and the tensors the chunks read or write
   std::function<void()> unpack_;       // after every chunk finished

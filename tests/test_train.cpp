@@ -10,6 +10,7 @@
 
 #include "nn/device.h"
 #include "runtime/allocator.h"
+#include "runtime/progress.h"
 #include "runtime/trainer.h"
 
 using namespace ferry;
@@ -68,13 +69,15 @@ BOOST_AUTO_TEST_CASE(runs_are_bit_identical) {
 
 BOOST_AUTO_TEST_CASE(metrics_file_has_the_documented_fields) {
   const fs::path path = fs::temp_directory_path() / ("ferry_metrics_" + std::to_string(::getpid()) + ".jsonl");
+  double flops_per_token = 0;
   {
     std::ostringstream log;
     comm::SingleProcessCommunicator comm;
-    runtime::Trainer trainer(
-        small_config({"train.steps=4", "train.eval_every=2", "train.sample_tokens=0", "log.metrics=" + path.string()}),
-        comm, log);
+    runtime::Trainer trainer(small_config({"train.steps=4", "train.eval_every=2", "train.sample_tokens=0",
+                                           "log.metrics=" + path.string(), "log.peak_tflops=0.5"}),
+                             comm, log);
     trainer.run();
+    flops_per_token = trainer.model().flops_per_token(32);
   }
   std::ifstream in(path);
   std::string line;
@@ -87,15 +90,105 @@ BOOST_AUTO_TEST_CASE(metrics_file_has_the_documented_fields) {
       continue;
     }
     ++steps;
-    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "device_peak_bytes"}) {
+    for (const char* k : {"step", "loss", "lr", "grad_norm", "tokens_per_s", "device_peak_bytes", "tflops", "mfu",
+                          "step_time_s", "overlap"}) {
       BOOST_TEST_INFO(k);
       BOOST_TEST(j.contains(k));
     }
     BOOST_TEST(j["step"] == steps);
+    // Achieved TFLOP/s: the model's FLOPs per token x tokens/s; MFU against log.peak_tflops x ranks.
+    const double tflops = j["tflops"].get<double>();
+    BOOST_TEST(tflops == flops_per_token * j["tokens_per_s"].get<double>() / 1e12, boost::test_tools::tolerance(1e-9));
+    BOOST_TEST(j["mfu"].get<double>() == tflops / 0.5, boost::test_tools::tolerance(1e-9));
+    BOOST_TEST(j["time_s"]["compute"].get<double>() > 0);
+    // One rank, stage 0: the gradients' all-reduce is the only transfer (the whole gradient).
+    BOOST_TEST(j["bytes"]["all_reduce"].get<uint64_t>() > 0u);
+    BOOST_TEST(j["bytes"]["param_read"] == 0);
+    const json& m = j["memory"];
+    BOOST_TEST(m["device_cap"] == 256u << 20);
+    BOOST_TEST(m["device_peak"] == j["device_peak_bytes"]);
+    BOOST_TEST(m["host_pinned"] == 0);
+    BOOST_TEST(m["nvme"] == 0);
   }
   BOOST_TEST(steps == 4);
   BOOST_TEST(evals == 2);  // at step 2 and at the end
   fs::remove(path);
+}
+
+// With parameters and optimizer state on NVMe the metrics count what moved and where the
+// state lives: every optimizer tile read and written once per step (master, m, v: 12 bytes
+// per parameter), every parameter written once and read at least twice (forward and
+// backward). With clipping, step N's updates run during step N+1's forward and count there.
+BOOST_AUTO_TEST_CASE(metrics_count_bytes_per_tier) {
+  const fs::path dir = fs::temp_directory_path() / ("ferry_metrics_nvme_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path path = dir / "m.jsonl";
+  int64_t params = 0;
+  size_t opt_bytes = 0, pool_bytes = 0;
+  {
+    std::ostringstream log;
+    comm::SingleProcessCommunicator comm;
+    runtime::Trainer trainer(
+        small_config({"train.steps=3", "train.sample_tokens=0", "log.metrics=" + path.string(),
+                      "zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+                      "zero_optimization.offload_optimizer.nvme_path=" + dir.string(),
+                      "zero_optimization.offload_param.device=nvme",
+                      "zero_optimization.offload_param.nvme_path=" + dir.string()}),
+        comm, log);
+    trainer.run();
+    params = trainer.model().num_parameters();
+    opt_bytes = trainer.optimizer().bytes();
+    pool_bytes = trainer.memory_by_tier().host_pinned;
+  }
+  std::ifstream in(path);
+  std::string line;
+  int steps = 0;
+  const auto P = static_cast<uint64_t>(params);
+  while (std::getline(in, line)) {
+    const json j = json::parse(line);
+    if (j.contains("val_loss")) continue;
+    ++steps;
+    BOOST_TEST_INFO("step " << j["step"]);
+    const uint64_t updated = steps == 1 ? 0 : P;
+    BOOST_TEST(j["bytes"]["optim_read"] == 12 * updated);
+    BOOST_TEST(j["bytes"]["optim_write"] == 12 * updated);
+    BOOST_TEST(j["bytes"]["param_write"] == 4 * updated);
+    BOOST_TEST(j["bytes"]["param_read"].get<uint64_t>() >= 8 * P);
+    BOOST_TEST(j["memory"]["nvme"] == opt_bytes + 4 * P);
+    BOOST_TEST(j["memory"]["host_pinned"] == pool_bytes);
+    BOOST_TEST(pool_bytes > 0u);
+    BOOST_TEST(j["memory"]["host_states"] == 4 * P);  // the gradient shards
+  }
+  BOOST_TEST(steps == 3);
+  fs::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(progress_bar_and_eta) {
+  std::ostringstream bar_out;
+  {
+    runtime::Progress p(bar_out, 10, true);
+    for (int s = 1; s <= 4; ++s) p.step(s, 2.5, 1000, 1.0);
+    BOOST_TEST(p.eta_seconds() == 6.0);  // 6 steps left at 1 s each
+    p.say("eval line\n");
+  }
+  const std::string b = bar_out.str();
+  BOOST_TEST(b.find("\r[########............] 4/10  40% | loss 2.5000 | 1.0k tok/s | 1.00 s/step | ETA 0:06") != std::string::npos, b);
+  // A line said while the bar is up: the bar erased, the line, the bar again; a newline at the end.
+  BOOST_TEST(b.find("\r\x1b[Keval line\n\r[########") != std::string::npos, b);
+  BOOST_TEST(b.back() == '\n');
+  std::ostringstream lines_out;
+  {
+    runtime::Progress p(lines_out, 10, false);
+    p.step(1, 2.5, 1000, 1.0);
+    p.say("step line\n");
+  }
+  BOOST_TEST(lines_out.str() == "step line\n");  // no bar, no control characters
+  BOOST_TEST(runtime::format_duration(7) == "0:07");
+  BOOST_TEST(runtime::format_duration(245) == "4:05");
+  BOOST_TEST(runtime::format_duration(3723) == "1:02:03");
+  BOOST_TEST(runtime::progress_bar_wanted("bar", -1));
+  BOOST_TEST(!runtime::progress_bar_wanted("lines", 1));
+  BOOST_TEST(!runtime::progress_bar_wanted("auto", -1));  // not a terminal
 }
 
 BOOST_AUTO_TEST_CASE(a_model_larger_than_the_cap_fails_at_start) {
