@@ -3,19 +3,59 @@
 //       consolidated weights from a sharded checkpoint (a step directory, or a
 //       checkpoint.dir whose `latest` is taken), with GPT-2 tensor names, streamed unit by
 //       unit (runtime/export.h)
-// Exit status: 0 done; 1 the checkpoint was refused or the output could not be written;
+//   ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]
+//       loss and throughput curves of a metrics file, drawn by gnuplot (runtime/plot.h);
+//       --script also keeps the gnuplot program (with its data) in FILE.gp
+// Exit status: 0 done; 1 the input was refused or the output could not be written;
 // 2 the command line is wrong.
+#include <fstream>
 #include <iostream>
 #include <string>
 
 #include "nn/device.h"
 #include "runtime/checkpoint.h"
 #include "runtime/export.h"
+#include "runtime/plot.h"
 
 namespace {
 
 void usage(std::ostream& os) {
-  os << "usage: ferry export --checkpoint DIR --out FILE.safetensors [--dtype fp32|bf16]\n";
+  os << "usage: ferry export --checkpoint DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
+        "       ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]\n";
+}
+
+int plot_command(int argc, char** argv) {
+  std::string metrics, png, title, script_path;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 < argc && (arg == "-o" || arg == "--out" || arg == "--title" || arg == "--script")) {
+      (arg == "--title" ? title : arg == "--script" ? script_path : png) = argv[++i];
+    } else if (metrics.empty() && !arg.starts_with("-")) {
+      metrics = arg;
+    } else {
+      std::cerr << "ferry plot: unknown argument '" << arg << "'\n";
+      usage(std::cerr);
+      return 2;
+    }
+  }
+  if (metrics.empty() || png.empty()) {
+    usage(std::cerr);
+    return 2;
+  }
+  try {
+    const ferry::runtime::MetricsSeries m = ferry::runtime::read_metrics(metrics);
+    const std::string script = ferry::runtime::gnuplot_script(m, png, title.empty() ? metrics : title);
+    if (!script_path.empty()) {
+      std::ofstream(script_path) << script;
+    }
+    ferry::runtime::run_gnuplot(script, png);
+    std::cout << "plotted " << m.step.size() << " steps and " << m.eval_step.size() << " evaluations of " << metrics
+              << " -> " << png << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "ferry plot: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
 }
 
 int export_command(int argc, char** argv) {
@@ -54,6 +94,7 @@ int export_command(int argc, char** argv) {
 int main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "export") return export_command(argc, argv);
+  if (cmd == "plot") return plot_command(argc, argv);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     usage(std::cout);
     return 0;

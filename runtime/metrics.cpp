@@ -4,7 +4,8 @@
 
 namespace ferry::runtime {
 
-MetricsWriter::MetricsWriter(const std::string& path) : out_(path, std::ios::trunc), path_(path) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : out_(path, append ? std::ios::app : std::ios::trunc), path_(path) {
   if (!out_) throw std::runtime_error("log.metrics: cannot create '" + path + "'");
 }
 

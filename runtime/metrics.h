@@ -20,8 +20,10 @@ namespace ferry::runtime {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // writes nothing
-  // Truncates `path`; throws std::runtime_error naming it when it cannot be created.
-  explicit MetricsWriter(const std::string& path);
+  // Truncates `path`, or appends to it (a resumed run continues its file: readers such as
+  // ferry plot keep the last record of a step seen twice); throws std::runtime_error
+  // naming it when it cannot be opened.
+  explicit MetricsWriter(const std::string& path, bool append = false);
   void write(const nlohmann::json& record);
   bool enabled() const { return out_.is_open(); }
 

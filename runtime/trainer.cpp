@@ -134,7 +134,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     }
     decay_.push_back(std::move(ranges));
   }
-  if (!cfg_.log.metrics.empty() && comm_.rank() == 0) metrics_ = MetricsWriter(cfg_.log.metrics);
+  if (!cfg_.log.metrics.empty() && comm_.rank() == 0) {
+    metrics_ = MetricsWriter(cfg_.log.metrics, /*append=*/cfg_.checkpoint.resume != "none");
+  }
   tracer_ = std::make_unique<Tracer>(comm_.rank());
   if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
   worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload);

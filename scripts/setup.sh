@@ -14,6 +14,7 @@ packages=(
   libboost-test-dev
   nlohmann-json3-dev
   fio
+  gnuplot-nox
 )
 
 missing=()
