@@ -1,0 +1,41 @@
+// ferry-launch: the command lines and batch scripts that start ferry-train on several
+// nodes, printed for the user to read, keep and submit (nothing is run).
+//   slurm:   an sbatch script; inside the allocation either MPICH's mpiexec (Hydra finds
+//            the nodes through Slurm and starts ranks with srun) or srun itself with PMI
+//            (--launcher srun, where the MPI library was built with Slurm's PMI).
+//   mpiexec: one mpiexec command over a hosts file ("host" or "host:ranks" per line).
+// Paths to the program and to --config/--deepspeed files are made absolute: every node
+// must see them at the same path (a shared file system or an identical install).
+// Errors (std::invalid_argument) name the option or the hosts file and line.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ferry::runtime {
+
+struct LaunchOptions {
+  int nodes = 1;
+  int ranks_per_node = 1;         // --gpus-per-node (one rank per GPU) or --ranks-per-node
+  bool gpus = false;              // --gpus-per-node given: request GPUs from Slurm
+  int cpus_per_rank = 0;          // 0: not requested; OMP_NUM_THREADS follows Slurm's value
+  std::string time, partition, account, job_name = "ferry", output = "ferry-%j.out";
+  std::string launcher = "mpiexec";  // slurm only: mpiexec | srun
+  std::string hosts_file;            // mpiexec only
+  std::string program;               // absolute path of ferry-train
+  std::vector<std::string> args;     // ferry-train's arguments
+};
+
+struct HostEntry {
+  std::string host;
+  int ranks = 0;  // 0: not given in the file (ranks_per_node applies)
+};
+std::vector<HostEntry> read_hosts_file(const std::string& path);
+
+std::string slurm_script(const LaunchOptions& o);
+std::string mpiexec_command(const LaunchOptions& o);
+
+// Single-quotes `s` for a POSIX shell where it holds anything but [A-Za-z0-9_./:=,+-@%].
+std::string shell_quote(const std::string& s);
+
+}  // namespace ferry::runtime
