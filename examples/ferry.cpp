@@ -3,6 +3,10 @@
 //       consolidated weights from a sharded checkpoint (a step directory, or a
 //       checkpoint.dir whose `latest` is taken), with GPT-2 tensor names, streamed unit by
 //       unit (runtime/export.h)
+//   ferry plan --config FILE --ranks N [--deepspeed DS.json] [--set key=value ...]
+//              [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--json FILE]
+//       bytes per rank in every tier for every stage and offload choice, whether they fit,
+//       and a step-time estimate (runtime/plan.h); --bench reads ferry-bench's JSON results
 //   ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]
 //       loss and throughput curves of a metrics file, drawn by gnuplot (runtime/plot.h);
 //       --script also keeps the gnuplot program (with its data) in FILE.gp
@@ -11,17 +15,76 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "nn/device.h"
 #include "runtime/checkpoint.h"
 #include "runtime/export.h"
+#include "runtime/plan.h"
 #include "runtime/plot.h"
 
 namespace {
 
 void usage(std::ostream& os) {
   os << "usage: ferry export --checkpoint DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
+        "       ferry plan --config FILE --ranks N [--deepspeed DS.json] [--set key=value ...]\n"
+        "                  [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--json FILE]\n"
         "       ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]\n";
+}
+
+int plan_command(int argc, char** argv) {
+  using namespace ferry::runtime;
+  std::string config, deepspeed, bench, json_out;
+  std::vector<std::string> sets;
+  int ranks = 1;
+  size_t device_memory = 0, host_memory = 0;
+  double nvme_bw = 0;
+  try {
+    for (int i = 2; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (i + 1 >= argc) throw ConfigError("option '" + arg + "' needs a value (or is unknown)");
+      const std::string v = argv[++i];
+      if (arg == "--config") config = v;
+      else if (arg == "--deepspeed") deepspeed = v;
+      else if (arg == "--set") sets.push_back(v);
+      else if (arg == "--ranks") ranks = std::stoi(v);
+      else if (arg == "--device-memory") device_memory = parse_bytes(v, "--device-memory");
+      else if (arg == "--host-memory") host_memory = parse_bytes(v, "--host-memory");
+      else if (arg == "--nvme-bandwidth") nvme_bw = static_cast<double>(parse_bytes(v, "--nvme-bandwidth"));
+      else if (arg == "--bench") bench = v;
+      else if (arg == "--json") json_out = v;
+      else throw ConfigError("unknown option '" + arg + "'");
+    }
+    if (config.empty() || ranks < 1) throw ConfigError("--config FILE and --ranks N (>= 1) are required");
+  } catch (const std::exception& e) {
+    std::cerr << "ferry plan: " << e.what() << "\n";
+    usage(std::cerr);
+    return 2;
+  }
+  try {
+    const Config base = load_config(config, sets, ranks, deepspeed);
+    Rates rates = bench.empty() ? Rates{} : rates_from_bench(bench);
+    if (nvme_bw > 0) {
+      rates.nvme_bytes_per_s = nvme_bw;
+      rates.sources.push_back("nvme bandwidth from --nvme-bandwidth");
+    }
+    const std::vector<PlanRow> rows = plan_all(base, ranks, rates, device_memory, host_memory);
+    std::cout << format_plan(base, ranks, rates, rows, device_memory, host_memory);
+    const MemoryPlan chosen = plan_memory(base, ranks);
+    std::cout << "\nthis configuration (stage " << base.zero.stage << ", optimizer " << base.offload.optimizer_device
+              << ", params " << (base.zero.stage == 3 ? base.offload.param_device : "none")
+              << "): device peak " << ferry::nn::format_bytes(chosen.device_peak) << ", host "
+              << ferry::nn::format_bytes(chosen.host_states + chosen.host_pinned) << ", nvme "
+              << ferry::nn::format_bytes(chosen.nvme) << " per rank\n";
+    if (!json_out.empty()) std::ofstream(json_out) << plan_json(rows).dump(1) << "\n";
+  } catch (const ConfigError& e) {
+    std::cerr << "ferry plan: config error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ferry plan: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
 }
 
 int plot_command(int argc, char** argv) {
@@ -95,6 +158,7 @@ int main(int argc, char** argv) {
   const std::string cmd = argc > 1 ? argv[1] : "";
   if (cmd == "export") return export_command(argc, argv);
   if (cmd == "plot") return plot_command(argc, argv);
+  if (cmd == "plan") return plan_command(argc, argv);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     usage(std::cout);
     return 0;

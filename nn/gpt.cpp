@@ -74,10 +74,10 @@ int64_t GPT::num_parameters() const {
   return n;
 }
 
-double GPT::flops_per_token(int64_t T) const {
-  const int64_t C = cfg_.n_embd;
-  const double matmul_weights = static_cast<double>(cfg_.n_layer * 12 * C * C + cfg_.vocab_size * C);
-  const double attention = static_cast<double>(cfg_.n_layer) * 12.0 * static_cast<double>(T * C);
+double GPT::flops_per_token(const GPTConfig& cfg, int64_t T) {
+  const int64_t C = cfg.n_embd;
+  const double matmul_weights = static_cast<double>(cfg.n_layer * 12 * C * C + cfg.vocab_size * C);
+  const double attention = static_cast<double>(cfg.n_layer) * 12.0 * static_cast<double>(T * C);
   return 6.0 * matmul_weights + attention;
 }
 

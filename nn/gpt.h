@@ -59,7 +59,8 @@ class GPT {
 
   // Floating-point operations of one forward+backward per token at sequence length T:
   // 6 per matmul weight, plus attention's 4 (QK^T, PV) x 3 (fwd+bwd) x T x C per layer.
-  double flops_per_token(int64_t T) const;
+  double flops_per_token(int64_t T) const { return flops_per_token(cfg_, T); }
+  static double flops_per_token(const GPTConfig& config, int64_t T);
 
  private:
   struct BlockActs {

@@ -313,11 +313,17 @@ std::vector<float> ShardedUnits::full_weights(int unit) {
 
 StateBytes ShardedUnits::state_bytes() const {
   StateBytes s;
-  if (params_) s.weights += params_->bytes();
-  if (params_cpu_) s.weights += params_cpu_->bytes();
+  if (params_) {
+    s.weights += params_->bytes();
+    if (params_->tier() == Tier::cpu) s.weights_host += params_->bytes();
+    if (params_->tier() == Tier::nvme) s.weights_nvme += params_->bytes();
+  }
+  if (params_cpu_) s.weights += params_cpu_->bytes(), s.weights_host += params_cpu_->bytes();
   for (size_t u = 0; u < parts_.size(); ++u) {
     s.weights += full_w_[u].defined() ? full_w_[u].nbytes() : 0;
-    s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + (shard_g_[u].defined() ? shard_g_[u].nbytes() : 0);
+    const size_t shard = shard_g_[u].defined() ? shard_g_[u].nbytes() : 0;
+    s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + shard;
+    if (place_.grads_on_host) s.gradients_host += shard;
   }
   return s;
 }

@@ -82,6 +82,9 @@ struct Placement {
 
 struct StateBytes {
   size_t weights = 0, gradients = 0;  // persistent, this rank
+  size_t weights_host = 0;             // of `weights`: shards in host memory (offload cpu, nvme's max_in_cpu)
+  size_t weights_nvme = 0;             // of `weights`: shards in nvme files
+  size_t gradients_host = 0;           // of `gradients`: shards in host memory (optimizer offloaded)
 };
 
 class ShardedUnits final : public nn::UnitAccess {

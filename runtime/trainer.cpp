@@ -160,11 +160,9 @@ TierMemory Trainer::memory_by_tier() const {
   m.device_peak = device_->memory().peak;
   m.device_in_use = device_->memory().in_use;
   m.host_pinned = pool_ ? pool_->bytes() : 0;
-  const bool params_nvme = cfg_.zero.stage == 3 && cfg_.offload.param_device == "nvme";
-  m.host_states = (units_->placement().grads_on_host ? sb.gradients : 0) +
-                  (opt_->tier() == Tier::cpu ? opt_->bytes() : 0) +
-                  (cfg_.zero.stage == 3 && cfg_.offload.param_device == "cpu" ? sb.weights : 0);
-  m.nvme = (opt_->tier() == Tier::nvme ? opt_->bytes() : 0) + (params_nvme ? sb.weights : 0);
+  m.host_states = sb.gradients_host +
+                  (opt_->tier() == Tier::cpu ? opt_->bytes() : 0) + sb.weights_host;
+  m.nvme = (opt_->tier() == Tier::nvme ? opt_->bytes() : 0) + sb.weights_nvme;
   return m;
 }
 

@@ -1,0 +1,253 @@
+#include "runtime/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "nn/gpt.h"
+#include "runtime/partition.h"
+#include "runtime/shard_store.h"
+
+namespace ferry::runtime {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+size_t f32(int64_t n) { return static_cast<size_t>(std::max<int64_t>(n, 0)) * 4; }
+// The CPU device's arena rounds every allocation to 64 bytes (nn/cpu_device.cpp).
+size_t arena(size_t bytes) { return (std::max<size_t>(bytes, 1) + 63) / 64 * 64; }
+int64_t round_up(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
+
+// Activations of one micro-batch (nn/gpt.cpp's allocations) in the three phases where the
+// arena peaks: the end of forward (everything backward needs, a block's scratch, the f64
+// losses), the head's backward (+ dx, dlogits, dlnf) and the blocks' backward (the head's
+// tensors freed, the blocks' gradient temporaries allocated).
+struct PhaseBytes {
+  size_t forward = 0, head = 0, blocks = 0;
+};
+
+PhaseBytes activations(const nn::GPTConfig& m, int64_t B) {
+  const int64_t T = m.block_size, N = B * T, C = m.n_embd, V = m.vocab_size, H = m.n_head;
+  const size_t NC = arena(f32(N * C)), Nv = arena(f32(N)), NV = arena(f32(N * V));
+  const size_t N4C = arena(f32(N * 4 * C)), N3C = arena(f32(N * 3 * C));
+  // A block keeps ln1, atty, res2, ln2, its output (5 NC), fch and fch_gelu, qkv, four
+  // LayerNorm statistics and the attention probabilities.
+  const size_t per_block = 5 * NC + 2 * N4C + N3C + 4 * Nv + arena(f32(B * H * T * T));
+  const size_t io = 2 * arena(static_cast<size_t>(N) * 4);  // tokens, targets (i32)
+  const size_t kept = io + NC + static_cast<size_t>(m.n_layer) * per_block + NC + 2 * Nv + 2 * NV + Nv;
+  PhaseBytes p;
+  p.forward = kept + arena(static_cast<size_t>(N) * 8);
+  p.head = kept + NC + NV + NC;
+  p.blocks = kept - NC - 2 * NV + 5 * NC + 2 * N4C + N3C;
+  return p;
+}
+
+}  // namespace
+
+double TimePlan::overlapped_s() const { return std::max({compute_s, nvme_s, comm_s, adam_s}); }
+double TimePlan::sequential_s() const { return compute_s + nvme_s + comm_s + adam_s; }
+
+MemoryPlan plan_memory(const Config& c, int ranks) {
+  const std::vector<nn::UnitSpec> units = nn::GPT::layout(c.model);
+  const int stage = c.zero.stage;
+  const std::string& opt = c.offload.optimizer_device;
+  const std::string& par = stage == 3 ? c.offload.param_device : std::string("none");
+  MemoryPlan m;
+  int64_t largest_padded = 0, largest_shard = 0, cached = 0;
+  size_t weights = 0, grads_full = 0, grads_shard = 0, optimizer = 0;
+  const bool alias = opt == "none" && par == "none";
+  const int per_unit = (alias ? 2 : 3) * (opt == "nvme" ? 2 : 1);
+  for (const nn::UnitSpec& u : units) {
+    const Partition p = partition(u.numel, ranks, 0);
+    largest_padded = std::max(largest_padded, p.padded);
+    largest_shard = std::max(largest_shard, p.shard);
+    if (stage < 3) {
+      weights += arena(f32(p.padded));
+    } else if (par == "nvme" && cached + p.shard <= c.offload.max_in_cpu) {
+      cached += p.shard;
+      m.host_states += f32(p.shard);
+    } else if (par == "nvme") {
+      m.nvme += f32(p.shard);
+    } else if (par == "cpu") {
+      m.host_states += f32(p.shard);
+    } else {
+      weights += arena(f32(p.shard));
+    }
+    if (stage < 2) grads_full += arena(f32(p.padded));
+    if (stage >= 1) grads_shard += opt == "none" ? arena(f32(p.shard)) : f32(p.shard);
+    const int64_t owned = stage == 0 ? p.padded : p.shard;
+    optimizer += (opt == "none" ? arena(f32(owned)) : f32(owned)) * static_cast<size_t>(per_unit);
+  }
+  m.device_states = weights + grads_full + (opt == "none" ? grads_shard + optimizer : 0);
+  if (opt == "cpu") m.host_states += grads_shard + optimizer;
+  if (opt == "nvme") m.host_states += grads_shard, m.nvme += optimizer;
+  if (opt == "nvme" || par == "nvme") {
+    const int64_t elems = std::min<int64_t>(c.offload.param_buffer_size, round_up(largest_shard, kNvmeQuantum));
+    const size_t buffer = static_cast<size_t>(round_up(std::max<int64_t>(elems, kNvmeQuantum) * 4, 4096));
+    const int count = (opt == "nvme" ? c.offload.optimizer_buffers : 0) + (par == "nvme" ? c.offload.param_buffers + 1 : 0);
+    m.host_pinned = buffer * static_cast<size_t>(count);
+  }
+  // Units in flight on the device in each phase. Stage 3 gathers a unit, and the next
+  // ones in the recorded order ahead of use, into full buffers, unless one rank's shard
+  // already is the unit (in the arena, or in host memory the CPU device computes from; nvme
+  // shards are read into the arena). The head uses the embedding and the final unit
+  // together. Stages 2-3 take a full gradient buffer per unit in backward, released when
+  // its reduction completes: with several ranks the previous unit's is still in flight
+  // (alone, the reduction is a copy done at once).
+  const size_t E = arena(f32(partition(units.front().numel, ranks, 0).padded));
+  const size_t F = arena(f32(partition(units.back().numel, ranks, 0).padded));
+  const size_t Bk = units.size() > 2 ? arena(f32(partition(units[1].numel, ranks, 0).padded)) : 0;
+  size_t ahead = stage == 3 && c.zero.overlap_comm ? static_cast<size_t>(std::max(1, c.schedule.prefetch_depth - 1)) : 0;
+  // nvme shards larger than one staging buffer are read on demand, in pieces, never ahead.
+  if (par == "nvme" && largest_shard > c.offload.param_buffer_size) ahead = 0;
+  const bool copies = stage == 3 && (ranks > 1 || par == "nvme");
+  const bool grads = stage >= 2;
+  const PhaseBytes acts = activations(c.model, c.micro_batch);
+  const size_t fwd_units = copies ? F + E + ahead * Bk : 0;
+  const size_t head_units = (copies ? F + E + ahead * Bk : 0) + (grads ? F + E : 0);
+  const size_t previous = ranks > 1 ? std::max(Bk, F + E) : 0;
+  const size_t block_units = (copies ? Bk + ahead * std::max(Bk, E) : 0) + (grads ? Bk + previous : 0);
+  const size_t peak = std::max({acts.forward + fwd_units, acts.head + head_units, acts.blocks + block_units});
+  m.device_activations = std::max({acts.forward, acts.head, acts.blocks});
+  m.device_transient = peak - m.device_activations;
+  m.device_peak = m.device_states + peak;
+  return m;
+}
+
+TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
+  const std::vector<nn::UnitSpec> units = nn::GPT::layout(c.model);
+  double P = 0;
+  for (const nn::UnitSpec& u : units) P += static_cast<double>(u.numel);
+  const double shard = P / static_cast<double>(ranks);
+  const int stage = c.zero.stage;
+  const std::string& opt = c.offload.optimizer_device;
+  const std::string par = stage == 3 ? c.offload.param_device : "none";
+  TimePlan t;
+  const double tokens = static_cast<double>(c.micro_batch * c.grad_accum * c.model.block_size);  // per rank
+  t.compute_s = nn::GPT::flops_per_token(c.model, c.model.block_size) * tokens / r.flops;
+  // Whole-buffer collectives of the fp32 model (4P bytes each), the unit ferry-bench comm's
+  // rate is measured in; an all-reduce counts as two (reduce-scatter + all-gather).
+  const double accum = static_cast<double>(c.grad_accum);
+  const double buffers = ranks == 1 ? 0.0
+                         : stage <= 1 ? 2.0 + (stage == 1 ? 1.0 : 0.0)  // gradient all-reduce; stage 1: + weights
+                         : stage == 2 ? accum + 1.0                     // reduce-scatter per micro-batch; weights
+                                      : 3.0 * accum;                    // gather fwd + bwd, reduce-scatter
+  t.comm_bytes = buffers * 4 * P;
+  t.comm_s = t.comm_bytes / r.comm_bytes_per_s;
+  if (par == "nvme") t.nvme_bytes += accum * 2 * 4 * shard + 4 * shard;  // read fwd + bwd, write once
+  if (opt == "nvme") t.nvme_bytes += 24 * shard;                        // master, m, v read and written
+  t.nvme_s = t.nvme_bytes / r.nvme_bytes_per_s;
+  if (opt != "none") t.adam_s = shard / r.adam_params_per_s;
+  return t;
+}
+
+Rates rates_from_bench(const std::string& dir, Rates r) {
+  // ferry-bench writes {"headline": {"metric": "model_gflops (...)", "value": ...}, ...}.
+  auto headline = [&](const std::string& file, const std::string& key) -> double {
+    const fs::path p = fs::path(dir) / file;
+    if (!fs::exists(p)) return 0;
+    std::ifstream in(p);
+    const json j = json::parse(in, nullptr, false);
+    if (j.is_discarded()) throw std::runtime_error(p.string() + ": not valid JSON");
+    const json h = j.value("headline", json::object());
+    if (!h.value("metric", std::string()).starts_with(key) || !h.contains("value") || !h["value"].is_number()) {
+      throw std::runtime_error(p.string() + ": no headline '" + key + "' (not a ferry-bench result file?)");
+    }
+    r.sources.push_back(h["metric"].get<std::string>() + " = " + h["value"].dump() + " from " + p.string());
+    return h["value"].get<double>();
+  };
+  if (const double g = headline("bench-model.json", "model_gflops"); g > 0) r.flops = g * 1e9;
+  if (const double b = headline("bench-io.json", "ferry_bytes_per_s"); b > 0) r.nvme_bytes_per_s = b;
+  if (const double g = headline("bench-comm.json", "ferry_gbps"); g > 0) r.comm_bytes_per_s = g * 1e9;
+  if (const double a = headline("bench-adam.json", "params_per_s"); a > 0) r.adam_params_per_s = a;
+  return r;
+}
+
+std::vector<PlanRow> plan_all(const Config& base, int ranks, const Rates& r, size_t device_memory, size_t host_memory) {
+  std::vector<PlanRow> rows;
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const char* opt : {"none", "cpu", "nvme"}) {
+      if (stage == 0 && std::string(opt) != "none") continue;
+      for (const char* par : {"none", "cpu", "nvme"}) {
+        if (stage < 3 && std::string(par) != "none") continue;
+        Config c = base;
+        c.zero.stage = stage;
+        c.offload.optimizer_device = opt;
+        c.offload.param_device = par;
+        PlanRow row{stage, opt, par, plan_memory(c, ranks), plan_time(c, ranks, r)};
+        row.fits_device = row.mem.device_peak <= (device_memory > 0 ? device_memory : base.device.memory);
+        row.fits_host = host_memory == 0 || row.mem.host_states + row.mem.host_pinned <= host_memory;
+        rows.push_back(row);
+      }
+    }
+  }
+  return rows;
+}
+
+std::string format_plan(const Config& base, int ranks, const Rates& r, const std::vector<PlanRow>& rows,
+                        size_t device_memory, size_t host_memory) {
+  auto gib = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%9.3f", b / (1024.0 * 1024.0 * 1024.0));
+    return std::string(buf);
+  };
+  double P = 0;
+  for (const nn::UnitSpec& u : nn::GPT::layout(base.model)) P += static_cast<double>(u.numel);
+  std::ostringstream os;
+  char line[256];
+  std::snprintf(line, sizeof line, "model: %lld layers, %lld channels, vocab %lld, context %lld: %.0f parameters; ",
+                static_cast<long long>(base.model.n_layer), static_cast<long long>(base.model.n_embd),
+                static_cast<long long>(base.model.vocab_size), static_cast<long long>(base.model.block_size), P);
+  os << line << ranks << " ranks, micro-batch " << base.micro_batch << " x " << base.grad_accum << " accumulation\n";
+  os << "limits: device " << gib(static_cast<double>(device_memory > 0 ? device_memory : base.device.memory))
+     << " GiB per rank, host " << (host_memory ? gib(static_cast<double>(host_memory)) + " GiB per rank" : std::string("not given"))
+     << "\nrates: " << r.flops / 1e9 << " GFLOP/s, nvme " << r.nvme_bytes_per_s / 1e9 << " GB/s, comm "
+     << r.comm_bytes_per_s / 1e9 << " GB/s, adam " << r.adam_params_per_s / 1e6 << " M params/s";
+  for (const std::string& s : r.sources) os << "\n  " << s;
+  os << "\n\nper rank, GiB; step time in seconds (overlapped = the longest resource, sequential = their sum)\n"
+     << "stage  optimizer  params |  device peak (states + activations + in flight) |   host + pinned |      nvme | fits | step overlapped  sequential\n";
+  for (const PlanRow& row : rows) {
+    std::snprintf(line, sizeof line, "%5d  %-9s  %-6s | %s (%s + %s + %s) | %s + %s | %s | %-4s | %15.3f  %10.3f\n",
+                  row.stage, row.optimizer.c_str(), row.params.c_str(), gib(static_cast<double>(row.mem.device_peak)).c_str(),
+                  gib(static_cast<double>(row.mem.device_states)).c_str(),
+                  gib(static_cast<double>(row.mem.device_activations)).c_str(),
+                  gib(static_cast<double>(row.mem.device_transient)).c_str(),
+                  gib(static_cast<double>(row.mem.host_states)).c_str(), gib(static_cast<double>(row.mem.host_pinned)).c_str(),
+                  gib(static_cast<double>(row.mem.nvme)).c_str(),
+                  row.fits_device && row.fits_host ? "yes" : (!row.fits_device ? "dev" : "host"),
+                  row.time.overlapped_s(), row.time.sequential_s());
+    os << line;
+  }
+  return os.str();
+}
+
+json plan_json(const std::vector<PlanRow>& rows) {
+  json out = json::array();
+  for (const PlanRow& r : rows) {
+    out.push_back({{"stage", r.stage},
+                   {"offload_optimizer", r.optimizer},
+                   {"offload_param", r.params},
+                   {"device_peak", r.mem.device_peak},
+                   {"device_states", r.mem.device_states},
+                   {"device_activations", r.mem.device_activations},
+                   {"device_transient", r.mem.device_transient},
+                   {"host_states", r.mem.host_states},
+                   {"host_pinned", r.mem.host_pinned},
+                   {"nvme", r.mem.nvme},
+                   {"fits", r.fits_device && r.fits_host},
+                   {"compute_s", r.time.compute_s},
+                   {"nvme_s", r.time.nvme_s},
+                   {"comm_s", r.time.comm_s},
+                   {"adam_s", r.time.adam_s},
+                   {"step_overlapped_s", r.time.overlapped_s()},
+                   {"step_sequential_s", r.time.sequential_s()}});
+  }
+  return out;
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,141 @@
+// ferry plan's memory figures against real runs: for every legal stage and offload choice,
+// at 1 and 2 ranks, a few training steps' measured device-arena peak, host state bytes,
+// pinned pool and nvme bytes (Trainer::memory_by_tier) against plan_memory(); and the
+// step-time arithmetic on rates read from ferry-bench result files.
+#define BOOST_TEST_MODULE plan
+#include <boost/test/unit_test.hpp>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "nn/gpt.h"
+#include "runtime/plan.h"
+#include "runtime/trainer.h"
+#include "test_util.h"
+
+using namespace ferry;
+using namespace ferry::runtime;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Two shapes: the embedding is the largest unit (64 channels), or a block is (192).
+Config config_for(int stage, const std::string& opt, const std::string& par, const std::string& nvme, int world,
+                  int64_t channels) {
+  json d = {{"model", {{"n_layer", 3}, {"n_head", 4}, {"n_embd", channels}, {"block_size", 64}, {"vocab_size", 256}}},
+            {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+            {"device", {{"memory", "512MiB"}, {"threads", 1}}},
+            {"train_micro_batch_size_per_gpu", 4},
+            {"gradient_accumulation_steps", 2},
+            {"train", {{"steps", 2}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}},
+            {"zero_optimization",
+             {{"stage", stage},
+              {"offload_optimizer", {{"device", opt}}},
+              {"offload_param", {{"device", par}}}}}};
+  if (opt == "nvme") d["zero_optimization"]["offload_optimizer"]["nvme_path"] = nvme;
+  if (par == "nvme") d["zero_optimization"]["offload_param"]["nvme_path"] = nvme;
+  return config_from_json(d, "test", "", {}, world);
+}
+
+struct Measured {
+  TierMemory m;
+  size_t device_peak = 0;
+};
+
+Measured measure(const Config& c, int world) {
+  Measured out;
+  std::mutex mu;
+  test::run_ranks(world, [&](int rank, comm::Communicator& comm) {
+    std::ostringstream discard;
+    Trainer t(c, comm, discard);
+    size_t peak = 0;
+    for (int64_t s = 0; s < c.train.steps; ++s) peak = std::max(peak, t.train_step(s).device_peak_bytes);
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.m = t.memory_by_tier();
+      out.device_peak = peak;
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(memory_matches_real_runs) {
+  test::TempDir dir("plan_nvme");
+  for (int world : {1, 2}) {
+   for (int64_t channels : {64, 192}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (const char* opt : {"none", "cpu", "nvme"}) {
+        if (stage == 0 && std::string(opt) != "none") continue;
+        for (const char* par : {"none", "cpu", "nvme"}) {
+          if (stage < 3 && std::string(par) != "none") continue;
+          const Config c = config_for(stage, opt, par, dir.path.string(), world, channels);
+          const MemoryPlan p = plan_memory(c, world);
+          const Measured got = measure(c, world);
+          const double ratio = static_cast<double>(p.device_peak) / static_cast<double>(got.device_peak);
+          BOOST_TEST_MESSAGE("channels " << channels << " world " << world << " stage " << stage << " optimizer " << opt << " params " << par
+                                      << ": device peak planned " << p.device_peak << " measured " << got.device_peak
+                                      << " (" << ratio << "), host " << p.host_states << "/" << got.m.host_states
+                                      << ", pinned " << p.host_pinned << "/" << got.m.host_pinned << ", nvme " << p.nvme
+                                      << "/" << got.m.nvme);
+          BOOST_TEST_CONTEXT("channels " << channels << " world " << world << " stage " << stage << " optimizer " << opt << " params " << par) {
+            BOOST_TEST(p.host_states == got.m.host_states);
+            BOOST_TEST(p.host_pinned == got.m.host_pinned);
+            BOOST_TEST(p.nvme == got.m.nvme);
+            BOOST_TEST(ratio >= 0.95);
+            BOOST_TEST(ratio <= 1.05);
+          }
+        }
+      }
+    }
+   }
+  }
+}
+
+// Step-time arithmetic on rates read from ferry-bench result files.
+BOOST_AUTO_TEST_CASE(time_from_bench_rates) {
+  test::TempDir dir("plan_bench");
+  auto bench = [&](const char* file, const char* metric, double value) {
+    std::ofstream(dir.path / file) << json{{"bench", "x"}, {"headline", {{"metric", metric}, {"value", value}}}}.dump();
+  };
+  bench("bench-model.json", "model_gflops (gpt-50m)", 100.0);
+  bench("bench-io.json", "ferry_bytes_per_s (mean over cases)", 2e9);
+  bench("bench-comm.json", "ferry_gbps (all cases)", 4.0);
+  bench("bench-adam.json", "params_per_s (2 threads)", 1e9);
+  const Rates r = rates_from_bench(dir.path.string());
+  BOOST_TEST(r.flops == 100e9);
+  BOOST_TEST(r.nvme_bytes_per_s == 2e9);
+  BOOST_TEST(r.comm_bytes_per_s == 4e9);
+  BOOST_TEST(r.adam_params_per_s == 1e9);
+  BOOST_TEST(r.sources.size() == 4u);
+
+  Config c = config_for(3, "nvme", "nvme", "/tmp", 2, 64);
+  double P = 0;
+  for (const nn::UnitSpec& u : nn::GPT::layout(c.model)) P += static_cast<double>(u.numel);
+  const TimePlan t = plan_time(c, 2, r);
+  const double tokens = 4.0 * 2 * 64;  // micro-batch x accumulation x context, per rank
+  BOOST_TEST(t.compute_s == nn::GPT::flops_per_token(c.model, 64) * tokens / 100e9, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(t.comm_bytes == 3 * 2 * 4 * P);                 // gather fwd + bwd, reduce-scatter; 2 micro-batches
+  BOOST_TEST(t.comm_s == t.comm_bytes / 4e9, boost::test_tools::tolerance(1e-12));
+  const double shard = P / 2;
+  BOOST_TEST(t.nvme_bytes == (2 * 2 * 4 * shard + 4 * shard) + 24 * shard, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(t.adam_s == shard / 1e9, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(t.overlapped_s() == std::max({t.compute_s, t.comm_s, t.nvme_s, t.adam_s}));
+  BOOST_TEST(t.sequential_s() == t.compute_s + t.comm_s + t.nvme_s + t.adam_s, boost::test_tools::tolerance(1e-12));
+
+  // Every legal choice listed once; fits judged against the limits given.
+  const std::vector<PlanRow> rows = plan_all(c, 2, r, 1, 0);
+  BOOST_TEST(rows.size() == 16u);  // stage 0: 1; stages 1-2: 3 each; stage 3: 9
+  for (const PlanRow& row : rows) BOOST_TEST(!row.fits_device);  // a 1-byte device fits nothing
+
+  bench("bench-io.json", "something_else", 1.0);
+  try {
+    rates_from_bench(dir.path.string());
+    BOOST_FAIL("a file without the expected headline was accepted");
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(std::string(e.what()).find("bench-io.json: no headline 'ferry_bytes_per_s'") != std::string::npos, e.what());
+  }
+}
