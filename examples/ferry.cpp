@@ -7,11 +7,15 @@
 //              [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--json FILE]
 //       bytes per rank in every tier for every stage and offload choice, whether they fit,
 //       and a step-time estimate (runtime/plan.h); --bench reads ferry-bench's JSON results
+//   ferry doctor [--config FILE [--deepspeed DS.json] [--set key=value ...]] [--ranks N] [--ranks-per-node R]
+//       checks MPI, io_uring, the nvme folders, RLIMIT_MEMLOCK, host memory, CUDA and NCCL
+//       against what the configuration needs (runtime/doctor.h); exit 1 if a run would stop
 //   ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]
 //       loss and throughput curves of a metrics file, drawn by gnuplot (runtime/plot.h);
 //       --script also keeps the gnuplot program (with its data) in FILE.gp
 // Exit status: 0 done; 1 the input was refused or the output could not be written;
 // 2 the command line is wrong.
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -19,6 +23,7 @@
 
 #include "nn/device.h"
 #include "runtime/checkpoint.h"
+#include "runtime/doctor.h"
 #include "runtime/export.h"
 #include "runtime/plan.h"
 #include "runtime/plot.h"
@@ -29,7 +34,52 @@ void usage(std::ostream& os) {
   os << "usage: ferry export --checkpoint DIR --out FILE.safetensors [--dtype fp32|bf16]\n"
         "       ferry plan --config FILE --ranks N [--deepspeed DS.json] [--set key=value ...]\n"
         "                  [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--json FILE]\n"
+        "       ferry doctor [--config FILE [--deepspeed DS.json] [--set key=value ...]] [--ranks N] [--ranks-per-node R]\n"
         "       ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]\n";
+}
+
+int doctor_command(int argc, char** argv) {
+  using namespace ferry::runtime;
+  if (argc == 3 && std::string(argv[2]) == "--mpi-probe") return mpi_probe_main();
+  std::string config, deepspeed;
+  std::vector<std::string> sets;
+  int ranks = 1, per_node = 0;
+  try {
+    for (int i = 2; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (i + 1 >= argc) throw ConfigError("option '" + arg + "' needs a value (or is unknown)");
+      const std::string v = argv[++i];
+      if (arg == "--config") config = v;
+      else if (arg == "--deepspeed") deepspeed = v;
+      else if (arg == "--set") sets.push_back(v);
+      else if (arg == "--ranks") ranks = std::stoi(v);
+      else if (arg == "--ranks-per-node") per_node = std::stoi(v);
+      else throw ConfigError("unknown option '" + arg + "'");
+    }
+    if (ranks < 1 || per_node < 0) throw ConfigError("--ranks and --ranks-per-node must be positive");
+  } catch (const std::exception& e) {
+    std::cerr << "ferry doctor: " << e.what() << "\n";
+    usage(std::cerr);
+    return 2;
+  }
+  Config c;
+  DoctorOptions o;
+  try {
+    if (!config.empty()) {
+      c = load_config(config, sets, ranks, deepspeed);
+      o.config = &c;
+    }
+  } catch (const ConfigError& e) {
+    std::cerr << "ferry doctor: config error: " << e.what() << "\n";
+    return 2;
+  }
+  o.ranks_per_node = per_node > 0 ? per_node : ranks;
+  o.self = std::filesystem::canonical("/proc/self/exe").string();
+  const std::vector<DoctorCheck> checks = run_doctor(o);
+  std::cout << format_checks(checks);
+  for (const DoctorCheck& k : checks)
+    if (k.status == DoctorCheck::fail) return 1;
+  return 0;
 }
 
 int plan_command(int argc, char** argv) {
@@ -159,6 +209,7 @@ int main(int argc, char** argv) {
   if (cmd == "export") return export_command(argc, argv);
   if (cmd == "plot") return plot_command(argc, argv);
   if (cmd == "plan") return plan_command(argc, argv);
+  if (cmd == "doctor") return doctor_command(argc, argv);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     usage(std::cout);
     return 0;

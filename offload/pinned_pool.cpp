@@ -45,6 +45,8 @@ const CudaRuntime* cuda_runtime() {
   return runtime;
 }
 
+}  // namespace
+
 bool may_exceed_memlock() {
   if (geteuid() == 0) return true;
   // CAP_IPC_LOCK in the effective set lifts the limit. Read it from /proc to avoid libcap.
@@ -58,8 +60,6 @@ bool may_exceed_memlock() {
   std::fclose(f);
   return (caps >> 14) & 1ull;  // CAP_IPC_LOCK = 14
 }
-
-}  // namespace
 
 std::string memlock_problem(size_t bytes, size_t limit, bool privileged) {
   if (privileged || bytes <= limit) return "";

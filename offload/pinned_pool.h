@@ -39,6 +39,8 @@ struct PinnedPoolOptions {
 // The problem with pinning `bytes` under soft limit `limit` ("" if none); `privileged`:
 // the process may exceed the limit (CAP_IPC_LOCK, root).
 std::string memlock_problem(size_t bytes, size_t limit, bool privileged);
+// Root or CAP_IPC_LOCK: RLIMIT_MEMLOCK does not bind this process.
+bool may_exceed_memlock();
 
 class PinnedPool {
  public:

@@ -73,6 +73,7 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
       m.host_states += f32(p.shard);
     } else if (par == "nvme") {
       m.nvme += f32(p.shard);
+      m.nvme_params += f32(p.shard);
     } else if (par == "cpu") {
       m.host_states += f32(p.shard);
     } else {

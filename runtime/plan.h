@@ -43,6 +43,7 @@ struct MemoryPlan {
   size_t host_states = 0;         // gradient shards, optimizer state, parameters in host memory
   size_t host_pinned = 0;         // the pinned staging pool
   size_t nvme = 0;                // nvme file bytes
+  size_t nvme_params = 0;         // of which parameter shards (the rest: optimizer state)
 };
 
 struct TimePlan {
