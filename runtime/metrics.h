@@ -6,7 +6,7 @@
 //                "device_peak", "device_in_use", "host_pinned", "host_states", "nvme"} (this rank's
 //                bytes per tier), "overlap"}
 //                Work is counted in the step in which it ends: with clipping, step N's updates
-//                (and their nvme traffic) run during step N+1's forward and count there.
+//                (and their nvme traffic) run into step N+1's forward and count where each ends.
 //   evaluation: {"step", "val_loss"}
 #pragma once
 
