@@ -12,11 +12,11 @@
 #include "nn/rng.h"
 #include "runtime/checkpoint.h"
 #include "runtime/stop_signal.h"
-#include "runtime/version.h"
 #include "runtime/log.h"
 #include "runtime/lr_schedule.h"
 #include "runtime/partition.h"
 #include "runtime/progress.h"
+#include "runtime/version.h"
 
 namespace ferry::runtime {
 
@@ -149,10 +149,6 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
 
 Trainer::~Trainer() = default;
 
-// The process's peak resident memory against what the configuration bounds: the device
-// arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
-// memory, optimizer state or parameters in host memory; the rest is the program itself,
-// the corpus, allocator slack and the I/O threads' stacks.
 TierMemory Trainer::memory_by_tier() const {
   const StateBytes sb = units_->state_bytes();
   TierMemory m;
@@ -171,6 +167,10 @@ nlohmann::json TierMemory::to_json() const {
           {"host_pinned", host_pinned}, {"host_states", host_states}, {"nvme", nvme}};
 }
 
+// The process's peak resident memory against what the configuration bounds: the device
+// arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
+// memory, optimizer state or parameters in host memory; the rest is the program itself,
+// the corpus, allocator slack and the I/O threads' stacks.
 void Trainer::describe_memory() {
   const size_t rss = peak_resident_bytes();
   const TierMemory m = memory_by_tier();
