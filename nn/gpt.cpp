@@ -173,6 +173,7 @@ double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targe
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
     const Tensor w = units.acquire_weights(static_cast<int>(1 + l));
     block_forward(l, w, B, T);
+    if (checkpoint_) acts_.blocks[static_cast<size_t>(l)] = BlockActs{};  // recomputed in backward
     units.release_weights(static_cast<int>(1 + l));
   }
 
@@ -236,7 +237,15 @@ void GPT::backward(UnitAccess& units) {
   for (int64_t l = cfg_.n_layer - 1; l >= 0; --l) {
     const int unit = static_cast<int>(1 + l);
     const UnitSpec& u = units_[static_cast<size_t>(unit)];
-    const Tensor w = units.acquire_weights(unit), g = units.acquire_grads(unit);
+    const Tensor w = units.acquire_weights(unit);
+    if (checkpoint_) {
+      // The block's activations again, from its saved input; its output (the next block's
+      // input, already through backward) is not needed and goes at once. Before the
+      // gradient buffer is taken, so that the two are not in the arena together.
+      block_forward(l, w, B, T);
+      acts_.residual[static_cast<size_t>(l + 1)] = Tensor{};
+    }
+    const Tensor g = units.acquire_grads(unit);
     auto W = [&](size_t i) { return u.view(w, i); };
     auto G = [&](size_t i) { return u.view(g, i); };
     BlockActs& a = acts_.blocks[static_cast<size_t>(l)];

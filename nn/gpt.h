@@ -7,6 +7,10 @@
 //
 // Memory: activations for backward are allocated from the device during forward() and
 // kept until backward() or free_activations(); parameters are never owned here (UnitAccess).
+// With activation checkpointing, forward keeps only each block's input (the residual
+// stream between blocks) and backward recomputes a block's forward from it just before
+// that block's backward: the same kernels on the same inputs, so gradients are
+// bit-identical, for one more forward of the blocks.
 // Thread safety: none; one thread drives a GPT and its device.
 #pragma once
 
@@ -56,6 +60,8 @@ class GPT {
   void backward(UnitAccess& units);
   const Tensor& logits() const { return acts_.logits; }  // [B*T, V]
   void free_activations();
+  void set_activation_checkpointing(bool on) { checkpoint_ = on; }
+  bool activation_checkpointing() const { return checkpoint_; }
 
   // Floating-point operations of one forward+backward per token at sequence length T:
   // 6 per matmul weight, plus attention's 4 (QK^T, PV) x 3 (fwd+bwd) x T x C per layer.
@@ -82,6 +88,7 @@ class GPT {
   DType dtype_;
   std::vector<UnitSpec> units_;
   Activations acts_;
+  bool checkpoint_ = false;
 };
 
 }  // namespace ferry::nn

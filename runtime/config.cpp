@@ -338,6 +338,7 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.model.vocab_size = at("model.vocab_size").get<int64_t>();
   c.model.block_size = at("model.block_size").get<int64_t>();
   c.model_seed = at("model.seed").get<uint64_t>();
+  c.activation_checkpointing = at("activation_checkpointing.enabled").get<bool>();
   if (c.model.n_embd % c.model.n_head != 0) {
     fail(source, "model.n_embd (" + std::to_string(c.model.n_embd) + ") must be a multiple of model.n_head (" +
                      std::to_string(c.model.n_head) + ")");

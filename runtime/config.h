@@ -48,6 +48,7 @@ struct OffloadConfig {
 struct Config {
   nn::GPTConfig model;
   uint64_t model_seed = 0;
+  bool activation_checkpointing = false;
   struct {
     std::string path, format;
     uint64_t seed = 0;

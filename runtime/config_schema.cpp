@@ -93,6 +93,9 @@ const std::vector<Knob>& config_knobs() {
       {"model.vocab_size", KnobType::integer, 256, "vocabulary; 256 for the byte-level tokenizer", 1, 65536},
       {"model.block_size", KnobType::integer, 128, "context length in tokens", 1, {}},
       {"model.seed", KnobType::integer, 1337, "seed of the weight initialisation", 0, {}},
+      {"activation_checkpointing.enabled", KnobType::boolean, false,
+       "keep only each block's input in forward and recompute the block's forward in backward: identical "
+       "gradients, activation memory of about one block instead of all, one more forward of the blocks"},
       {"data.path", KnobType::path, nullptr, "training corpus (required)"},
       {"data.format", KnobType::string, "text", "text: bytes are tokens; uint16: little-endian token ids", {}, {}, false, {"text", "uint16"}},
       {"data.seed", KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},

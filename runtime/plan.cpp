@@ -29,9 +29,10 @@ int64_t round_up(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
 // tensors freed, the blocks' gradient temporaries allocated).
 struct PhaseBytes {
   size_t forward = 0, head = 0, blocks = 0;
+  size_t recompute = 0;  // checkpointing: a block's forward again, before its gradient buffer is taken
 };
 
-PhaseBytes activations(const nn::GPTConfig& m, int64_t B) {
+PhaseBytes activations(const nn::GPTConfig& m, int64_t B, bool checkpointing) {
   const int64_t T = m.block_size, N = B * T, C = m.n_embd, V = m.vocab_size, H = m.n_head;
   const size_t NC = arena(f32(N * C)), Nv = arena(f32(N)), NV = arena(f32(N * V));
   const size_t N4C = arena(f32(N * 4 * C)), N3C = arena(f32(N * 3 * C));
@@ -39,11 +40,25 @@ PhaseBytes activations(const nn::GPTConfig& m, int64_t B) {
   // LayerNorm statistics and the attention probabilities.
   const size_t per_block = 5 * NC + 2 * N4C + N3C + 4 * Nv + arena(f32(B * H * T * T));
   const size_t io = 2 * arena(static_cast<size_t>(N) * 4);  // tokens, targets (i32)
-  const size_t kept = io + NC + static_cast<size_t>(m.n_layer) * per_block + NC + 2 * Nv + 2 * NV + Nv;
+  const size_t L = static_cast<size_t>(m.n_layer);
+  const size_t grad_temps = 4 * NC + 2 * N4C + N3C;  // backward's dres2, dxin, dln, datty, dfch, dfch_gelu, dqkv
   PhaseBytes p;
-  p.forward = kept + arena(static_cast<size_t>(N) * 8);
+  if (!checkpointing) {
+    const size_t kept = io + NC + L * per_block + NC + 2 * Nv + 2 * NV + Nv;
+    p.forward = kept + arena(static_cast<size_t>(N) * 8);
+    p.head = kept + NC + NV + NC;
+    p.blocks = kept - NC - 2 * NV + NC + grad_temps;
+    return p;
+  }
+  // Checkpointing: each block keeps only its output (the next block's input); one block's
+  // activations live at a time, in forward and again when backward recomputes them (with
+  // its scratch and recomputed output, freed right after).
+  const size_t kept = io + NC + L * NC + NC + 2 * Nv + 2 * NV + Nv;
+  const size_t one_block = per_block - NC;  // without its output, counted among the kept
+  p.forward = std::max(io + (L + 1) * NC + one_block + NC, kept + arena(static_cast<size_t>(N) * 8));
   p.head = kept + NC + NV + NC;
-  p.blocks = kept - NC - 2 * NV + 5 * NC + 2 * N4C + N3C;
+  p.blocks = kept - NC - 2 * NV + NC + grad_temps + one_block;
+  p.recompute = p.blocks + 2 * NC;  // its scratch and recomputed output, freed before the gradient
   return p;
 }
 
@@ -108,13 +123,15 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
   if (par == "nvme" && largest_shard > c.offload.param_buffer_size) ahead = 0;
   const bool copies = stage == 3 && (ranks > 1 || par == "nvme");
   const bool grads = stage >= 2;
-  const PhaseBytes acts = activations(c.model, c.micro_batch);
+  const PhaseBytes acts = activations(c.model, c.micro_batch, c.activation_checkpointing);
   const size_t fwd_units = copies ? F + E + ahead * Bk : 0;
   const size_t head_units = (copies ? F + E + ahead * Bk : 0) + (grads ? F + E : 0);
   const size_t previous = ranks > 1 ? std::max(Bk, F + E) : 0;
   const size_t block_units = (copies ? Bk + ahead * std::max(Bk, E) : 0) + (grads ? Bk + previous : 0);
-  const size_t peak = std::max({acts.forward + fwd_units, acts.head + head_units, acts.blocks + block_units});
-  m.device_activations = std::max({acts.forward, acts.head, acts.blocks});
+  const size_t recompute_units = (copies ? Bk + ahead * std::max(Bk, E) : 0) + (grads ? previous : 0);
+  const size_t peak = std::max({acts.forward + fwd_units, acts.head + head_units, acts.blocks + block_units,
+                                acts.recompute + recompute_units});
+  m.device_activations = std::max({acts.forward, acts.head, acts.blocks, acts.recompute});
   m.device_transient = peak - m.device_activations;
   m.device_peak = m.device_states + peak;
   return m;

@@ -63,7 +63,11 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
       comm_(comm),
       out_(out),
       device_(std::make_unique<nn::CpuDevice>(config.device.memory, compute_threads(config, comm))),
-      model_(std::make_unique<nn::GPT>(config.model, *device_, DType::f32)),
+      model_([&] {
+        auto m = std::make_unique<nn::GPT>(config.model, *device_, DType::f32);
+        m->set_activation_checkpointing(config.activation_checkpointing);
+        return m;
+      }()),
       adam_(config.optimizer),
       data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,
                             config.data.val_fraction)),

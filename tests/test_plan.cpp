@@ -8,6 +8,7 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "nn/gpt.h"
 #include "runtime/plan.h"
@@ -23,11 +24,12 @@ namespace {
 
 // Two shapes: the embedding is the largest unit (64 channels), or a block is (192).
 Config config_for(int stage, const std::string& opt, const std::string& par, const std::string& nvme, int world,
-                  int64_t channels) {
+                  int64_t channels, bool checkpointing = false) {
   json d = {{"model", {{"n_layer", 3}, {"n_head", 4}, {"n_embd", channels}, {"block_size", 64}, {"vocab_size", 256}}},
             {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
             {"device", {{"memory", "512MiB"}, {"threads", 1}}},
             {"train_micro_batch_size_per_gpu", 4},
+            {"activation_checkpointing", {{"enabled", checkpointing}}},
             {"gradient_accumulation_steps", 2},
             {"train", {{"steps", 2}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}},
             {"zero_optimization",
@@ -92,6 +94,34 @@ BOOST_AUTO_TEST_CASE(memory_matches_real_runs) {
       }
     }
    }
+  }
+}
+
+// Activation checkpointing changes the arena's activations; the plan follows.
+BOOST_AUTO_TEST_CASE(memory_with_activation_checkpointing) {
+  test::TempDir dir("plan_ckpt");
+  for (int world : {1, 2}) {
+    for (int64_t channels : {64, 192}) {
+      for (const auto& [stage, opt, par] : std::vector<std::tuple<int, const char*, const char*>>{
+               {0, "none", "none"}, {2, "cpu", "none"}, {3, "nvme", "nvme"}}) {
+        const Config c = config_for(stage, opt, par, dir.path.string(), world, channels, true);
+        const Config plain = config_for(stage, opt, par, dir.path.string(), world, channels, false);
+        const MemoryPlan p = plan_memory(c, world);
+        const Measured got = measure(c, world);
+        const double ratio = static_cast<double>(p.device_peak) / static_cast<double>(got.device_peak);
+        BOOST_TEST_MESSAGE("checkpointing, channels " << channels << " world " << world << " stage " << stage
+                                                      << ": device peak planned " << p.device_peak << " measured "
+                                                      << got.device_peak << " (" << ratio << "); without "
+                                                      << plan_memory(plain, world).device_peak);
+        BOOST_TEST_CONTEXT("channels " << channels << " world " << world << " stage " << stage) {
+          // The plan counts the previous unit's gradient as still in flight while a block is
+          // recomputed; its reduction often completes first (up to 5% high, measured).
+          BOOST_TEST(ratio >= 0.95);
+          BOOST_TEST(ratio <= 1.10);
+          BOOST_TEST(p.device_activations < plan_memory(plain, world).device_activations);
+        }
+      }
+    }
   }
 }
 
