@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "nn/cpu_kernels.h"
+#include "nn/llama_kernels.h"
 
 namespace ferry::nn {
 
@@ -351,38 +352,126 @@ void CpuDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight,
 
 namespace {
 
-void check_attention(const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv,
-                     int64_t n_head) {
-  if (qkv.ndim() != 3 || qkv.dim(2) % 3 != 0) fail(op, "qkv must be [B,T,3C], got " + qkv.describe());
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), C = qkv.dim(2) / 3;
-  if (n_head <= 0 || C % n_head != 0) {
-    fail(op, "C=" + std::to_string(C) + " is not a multiple of n_head=" + std::to_string(n_head));
+// Returns the channels C of out; n_kv_head already defaulted.
+int64_t check_attention(const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+                        int64_t n_kv_head) {
+  if (qkv.ndim() != 3) fail(op, "qkv must be [B,T,(NH+2KVH)*hs], got " + qkv.describe());
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0 || qkv.dim(2) % (n_head + 2 * n_kv_head) != 0) {
+    fail(op, "qkv " + qkv.describe() + " does not split into " + std::to_string(n_head) + " query and " +
+                 std::to_string(n_kv_head) + " key/value heads (n_head a multiple of n_kv_head)");
   }
+  const int64_t C = qkv.dim(2) / (n_head + 2 * n_kv_head) * n_head;
   if (out.numel() != B * T * C || att.numel() != B * n_head * T * T) {
     fail(op, "out " + out.describe() + ", att " + att.describe() + ", qkv " + qkv.describe());
+  }
+  return C;
+}
+
+}  // namespace
+
+void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+                                  int64_t n_kv_head) {
+  const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
+  const int64_t C = check_attention("attention_forward", out, att, qkv, n_head, kv);
+  dispatch("attention_forward", qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_forward<T>(ptr<T>(out), ptr<T>(att), ptr<T>(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv);
+  });
+}
+
+void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                                   int64_t n_head, int64_t n_kv_head) {
+  const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
+  const int64_t C = check_attention("attention_backward", dout, att, qkv, n_head, kv);
+  expect_same_shape("attention_backward", dqkv, qkv);
+  dispatch("attention_backward", qkv.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::attention_backward<T>(ptr<T>(dqkv), ptr<T>(dout), ptr<T>(qkv), ptr<T>(att), qkv.dim(0), qkv.dim(1), C,
+                               n_head, kv);
+  });
+}
+
+void CpuDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                                double eps) {
+  expect_same_shape("rmsnorm_forward", out, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (weight.numel() != C || rstd.numel() != N) {
+    fail("rmsnorm_forward", "inp " + inp.describe() + ", weight " + weight.describe() + ", rstd " + rstd.describe());
+  }
+  dispatch("rmsnorm_forward", inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::rmsnorm_forward<T>(ptr<T>(out), ptr<T>(rstd), ptr<T>(inp), ptr<T>(weight), N, C, eps);
+  });
+}
+
+void CpuDevice::rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                                 const Tensor& weight, const Tensor& rstd) {
+  expect_same_shape("rmsnorm_backward", dinp, inp);
+  expect_same_shape("rmsnorm_backward", dout, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (dweight.numel() != C || weight.numel() != C || rstd.numel() != N) {
+    fail("rmsnorm_backward", "inp " + inp.describe() + ", dweight " + dweight.describe() + ", rstd " + rstd.describe());
+  }
+  dispatch("rmsnorm_backward", inp.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::rmsnorm_backward<T>(ptr<T>(dinp), ptr<T>(dweight), ptr<T>(dout), ptr<T>(inp), ptr<T>(weight), ptr<T>(rstd),
+                             N, C);
+  });
+}
+
+void CpuDevice::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  const int64_t H = out.dim(-1), N = rows_of(out);
+  if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H || gate_up.dtype() != out.dtype()) {
+    fail("swiglu_forward", "out " + out.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
+  }
+  dispatch("swiglu_forward", out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::swiglu_forward<T>(ptr<T>(out), ptr<T>(gate_up), N, H);
+  });
+}
+
+void CpuDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) {
+  expect_same_shape("swiglu_backward", dgate_up, gate_up);
+  const int64_t H = dout.dim(-1), N = rows_of(dout);
+  if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H) {
+    fail("swiglu_backward", "dout " + dout.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
+  }
+  dispatch("swiglu_backward", dout.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::swiglu_backward<T>(ptr<T>(dgate_up), ptr<T>(gate_up), ptr<T>(dout), N, H);
+  });
+}
+
+namespace {
+
+void check_rope(const char* op, const Tensor& a, const Tensor& b, int64_t T, int64_t heads) {
+  const int64_t width = a.dim(-1);
+  if (a.numel() != b.numel() || a.dtype() != b.dtype() || heads < 1 || width % heads != 0 || (width / heads) % 2 != 0 ||
+      T < 1 || rows_of(a) % T != 0) {
+    throw std::invalid_argument(std::string(op) + ": " + a.describe() + " and " + b.describe() + " with T=" +
+                                std::to_string(T) + ", heads=" + std::to_string(heads) +
+                                " (rows a multiple of T, an even head size)");
   }
 }
 
 }  // namespace
 
-void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                  int64_t n_head) {
-  check_attention("attention_forward", out, att, qkv, n_head);
-  dispatch("attention_forward", qkv.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    cpu::attention_forward<T>(ptr<T>(out), ptr<T>(att), ptr<T>(qkv), qkv.dim(0), qkv.dim(1),
-                              qkv.dim(2) / 3, n_head);
+void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, double theta) {
+  check_rope("rope_forward", out, inp, T, heads);
+  const int64_t width = inp.dim(-1);
+  dispatch("rope_forward", inp.dtype(), [&](auto tag) {
+    using U = decltype(tag);
+    cpu::rope_apply<U>(ptr<U>(out), ptr<U>(inp), rows_of(inp), T, heads, width / heads, theta, false, false);
   });
 }
 
-void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                   const Tensor& att, int64_t n_head) {
-  check_attention("attention_backward", dout, att, qkv, n_head);
-  expect_same_shape("attention_backward", dqkv, qkv);
-  dispatch("attention_backward", qkv.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    cpu::attention_backward<T>(ptr<T>(dqkv), ptr<T>(dout), ptr<T>(qkv), ptr<T>(att), qkv.dim(0),
-                               qkv.dim(1), qkv.dim(2) / 3, n_head);
+void CpuDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, double theta) {
+  check_rope("rope_backward", dinp, dout, T, heads);
+  const int64_t width = dout.dim(-1);
+  dispatch("rope_backward", dout.dtype(), [&](auto tag) {
+    using U = decltype(tag);
+    cpu::rope_apply<U>(ptr<U>(dinp), ptr<U>(dout), rows_of(dout), T, heads, width / heads, theta, true, true);
   });
 }
 

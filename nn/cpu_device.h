@@ -56,10 +56,18 @@ class CpuDevice final : public Device {
   void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) override;
-  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                         int64_t n_head) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& att, int64_t n_head) override;
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+                         int64_t n_kv_head = 0) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                          int64_t n_head, int64_t n_kv_head = 0) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       double eps) override;
+  void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd) override;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) override;
+  void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, double theta) override;
+  void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, double theta) override;
   void gelu_forward(const Tensor& out, const Tensor& inp) override;
   void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) override;
   void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,

@@ -169,18 +169,21 @@ void bias_backward(T* dbias, const T* dout, int64_t N, int64_t C) {
 // One (batch, head) pair per task. Each writes disjoint slices of out/att (forward) and of
 // dqkv (backward), so the tasks never collide. The products inside run single-threaded
 // (Eigen does not nest into an active OpenMP region).
+// qkv rows hold q (NH heads), then k and v (KVH heads each), hs channels per head; query
+// head h attends with key/value head h / (NH / KVH) (grouped-query attention; KVH = NH is
+// multi-head attention, the GPT-2 layout [q | k | v] of C each).
 template <class T>
-void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int64_t C,
-                       int64_t NH) {
-  const int64_t hs = C / NH;
+void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH,
+                       int64_t KVH) {
+  const int64_t hs = C / NH, W = (NH + 2 * KVH) * hs, group = NH / KVH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const T* base = qkv + b * T_ * 3 * C + h * hs;
-    ConstMatMap<T> Q(base, T_, hs, Eigen::OuterStride<>(3 * C));
-    ConstMatMap<T> K(base + C, T_, hs, Eigen::OuterStride<>(3 * C));
-    ConstMatMap<T> Vm(base + 2 * C, T_, hs, Eigen::OuterStride<>(3 * C));
+    const int64_t b = bh / NH, h = bh % NH, kv = h / group;
+    const T* row = qkv + b * T_ * W;
+    ConstMatMap<T> Q(row + h * hs, T_, hs, Eigen::OuterStride<>(W));
+    ConstMatMap<T> K(row + (NH + kv) * hs, T_, hs, Eigen::OuterStride<>(W));
+    ConstMatMap<T> Vm(row + (NH + KVH + kv) * hs, T_, hs, Eigen::OuterStride<>(W));
     MatMap<T> P(att + bh * T_ * T_, T_, T_, Eigen::OuterStride<>(T_));
     P.noalias() = scale * (Q * K.transpose());
     for (int64_t i = 0; i < T_; ++i) {
@@ -195,34 +198,38 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int6
   }
 }
 
+// Parallel over (batch, key/value head): the query heads of a group add into the same dK
+// and dV, in head order.
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B,
-                        int64_t T_, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* att, int64_t B, int64_t T_, int64_t C,
+                        int64_t NH, int64_t KVH) {
+  const int64_t hs = C / NH, W = (NH + 2 * KVH) * hs, group = NH / KVH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel for schedule(static)
-  for (int64_t bh = 0; bh < B * NH; ++bh) {
-    const int64_t b = bh / NH, h = bh % NH;
-    const T* base = qkv + b * T_ * 3 * C + h * hs;
-    T* dbase = dqkv + b * T_ * 3 * C + h * hs;
-    ConstMatMap<T> Q(base, T_, hs, Eigen::OuterStride<>(3 * C));
-    ConstMatMap<T> K(base + C, T_, hs, Eigen::OuterStride<>(3 * C));
-    ConstMatMap<T> Vm(base + 2 * C, T_, hs, Eigen::OuterStride<>(3 * C));
-    MatMap<T> dQ(dbase, T_, hs, Eigen::OuterStride<>(3 * C));
-    MatMap<T> dK(dbase + C, T_, hs, Eigen::OuterStride<>(3 * C));
-    MatMap<T> dV(dbase + 2 * C, T_, hs, Eigen::OuterStride<>(3 * C));
-    ConstMatMap<T> P(att + bh * T_ * T_, T_, T_, Eigen::OuterStride<>(T_));
-    ConstMatMap<T> dO(dout + b * T_ * C + h * hs, T_, hs, Eigen::OuterStride<>(C));
-    RowMat<T> dS = dO * Vm.transpose();  // dP, then turned into dS in place
-    for (int64_t i = 0; i < T_; ++i) {
-      T dot = 0;
-      for (int64_t j = 0; j <= i; ++j) dot += P(i, j) * dS(i, j);
-      for (int64_t j = 0; j <= i; ++j) dS(i, j) = P(i, j) * (dS(i, j) - dot) * scale;
-      for (int64_t j = i + 1; j < T_; ++j) dS(i, j) = 0;
+  for (int64_t bk = 0; bk < B * KVH; ++bk) {
+    const int64_t b = bk / KVH, kv = bk % KVH;
+    const T* row = qkv + b * T_ * W;
+    T* drow = dqkv + b * T_ * W;
+    ConstMatMap<T> K(row + (NH + kv) * hs, T_, hs, Eigen::OuterStride<>(W));
+    ConstMatMap<T> Vm(row + (NH + KVH + kv) * hs, T_, hs, Eigen::OuterStride<>(W));
+    MatMap<T> dK(drow + (NH + kv) * hs, T_, hs, Eigen::OuterStride<>(W));
+    MatMap<T> dV(drow + (NH + KVH + kv) * hs, T_, hs, Eigen::OuterStride<>(W));
+    for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+      ConstMatMap<T> Q(row + h * hs, T_, hs, Eigen::OuterStride<>(W));
+      MatMap<T> dQ(drow + h * hs, T_, hs, Eigen::OuterStride<>(W));
+      ConstMatMap<T> P(att + (b * NH + h) * T_ * T_, T_, T_, Eigen::OuterStride<>(T_));
+      ConstMatMap<T> dO(dout + b * T_ * C + h * hs, T_, hs, Eigen::OuterStride<>(C));
+      RowMat<T> dS = dO * Vm.transpose();  // dP, then turned into dS in place
+      for (int64_t i = 0; i < T_; ++i) {
+        T dot = 0;
+        for (int64_t j = 0; j <= i; ++j) dot += P(i, j) * dS(i, j);
+        for (int64_t j = 0; j <= i; ++j) dS(i, j) = P(i, j) * (dS(i, j) - dot) * scale;
+        for (int64_t j = i + 1; j < T_; ++j) dS(i, j) = 0;
+      }
+      dV.noalias() += P.transpose() * dO;
+      dQ.noalias() += dS * K;
+      dK.noalias() += dS.transpose() * Q;
     }
-    dV.noalias() += P.transpose() * dO;
-    dQ.noalias() += dS * K;
-    dK.noalias() += dS.transpose() * Q;
   }
 }
 

@@ -89,12 +89,27 @@ class Device {
   virtual void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd) = 0;
-  // Causal self-attention. qkv[B,T,3C] holds q|k|v; att[B,NH,T,T] keeps the softmax
-  // probabilities for backward; out[B,T,C].
+  // Causal self-attention. qkv[B,T,(NH+2KVH)*hs] holds q (n_head heads), then k and v
+  // (n_kv_head heads each; 0 = n_head: GPT-2's q|k|v of C each); query head h uses key/value
+  // head h / (n_head / n_kv_head) (grouped-query attention). att[B,NH,T,T] keeps the
+  // softmax probabilities for backward; out[B,T,C], C = NH * hs.
   virtual void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                 int64_t n_head) = 0;
+                                 int64_t n_head, int64_t n_kv_head = 0) = 0;
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& att, int64_t n_head) = 0;
+                                  const Tensor& att, int64_t n_head, int64_t n_kv_head = 0) = 0;
+  // RMSNorm over the last dim of inp[N,C] (Llama); rstd [N] is saved for backward.
+  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                               double eps) = 0;
+  virtual void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                                const Tensor& weight, const Tensor& rstd) = 0;
+  // SwiGLU: gate_up[N,2H] holds gate | up; out[N,H] = silu(gate) * up.
+  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) = 0;
+  // Rotary position embeddings on x[B*T, heads*hd] (position = row % T, base theta), the
+  // halves of each head rotated together (Hugging Face's Llama). out may be inp.
+  // rope_backward adds the inverse rotation of dout into dinp.
+  virtual void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, double theta) = 0;
+  virtual void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, double theta) = 0;
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(const Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;

@@ -85,6 +85,40 @@ BOOST_AUTO_TEST_CASE(causal_attention) {
     for (int64_t c = 0; c < C; ++c) BOOST_TEST(out.data_as<double>()[t * C + c] == before[static_cast<size_t>(t * C + c)]);
 }
 
+// Grouped-query attention: 4 query heads share 2 key/value heads (hs = 3); against the
+// gradient by differences and against multi-head attention with each k/v head repeated.
+BOOST_AUTO_TEST_CASE(grouped_query_attention) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t B = 2, T = 5, NH = 4, KVH = 2, hs = 3, C = NH * hs, W = (NH + 2 * KVH) * hs;
+  Tensor qkv = random_tensor(dev, F, {B, T, W}, 19), R = random_tensor(dev, F, {B, T, C}, 20);
+  Tensor out = zeros(dev, F, {B, T, C}), att = zeros(dev, F, {B, NH, T, T});
+  auto loss = [&] {
+    dev.attention_forward(out, att, qkv, NH, KVH);
+    return test::dot(out, R);
+  };
+  loss();
+  Tensor dqkv = zeros(dev, F, {B, T, W});
+  dev.attention_backward(dqkv, R, qkv, att, NH, KVH);
+  BOOST_TEST(max_grad_error(loss, qkv, dqkv) < kTol);
+  loss();
+  Tensor full = zeros(dev, F, {B, T, 3 * C}), out_mha = zeros(dev, F, {B, T, C}), att_mha = zeros(dev, F, {B, NH, T, T});
+  for (int64_t r = 0; r < B * T; ++r) {
+    const double* src = qkv.data_as<double>() + r * W;
+    double* dst = full.data_as<double>() + r * 3 * C;
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t kv = h / (NH / KVH);
+      for (int64_t i = 0; i < hs; ++i) {
+        dst[h * hs + i] = src[h * hs + i];
+        dst[C + h * hs + i] = src[(NH + kv) * hs + i];
+        dst[2 * C + h * hs + i] = src[(NH + KVH + kv) * hs + i];
+      }
+    }
+  }
+  dev.attention_forward(out_mha, att_mha, full, NH);
+  for (int64_t i = 0; i < out.numel(); ++i) BOOST_TEST(out.data_as<double>()[i] == out_mha.data_as<double>()[i]);
+  BOOST_CHECK_THROW(dev.attention_forward(out, att, qkv, NH, 3), std::invalid_argument);  // 4 heads, 3 groups
+}
+
 BOOST_AUTO_TEST_CASE(gelu) {
   nn::CpuDevice dev(1 << 26);
   Tensor x = random_tensor(dev, F, {3, 13}, 11, 2.0), R = random_tensor(dev, F, {3, 13}, 12);
@@ -149,4 +183,72 @@ BOOST_AUTO_TEST_CASE(residual_add) {
   dev.accumulate(da, R);  // d(a+b)/da = identity: the backward of a residual add
   BOOST_TEST(max_grad_error(loss, a, da) < kTol);
   BOOST_TEST(max_grad_error(loss, b, da) < kTol);
+}
+
+// Llama's layers (nn/llama_kernels.h).
+BOOST_AUTO_TEST_CASE(rmsnorm) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 5, C = 11;
+  Tensor x = random_tensor(dev, F, {N, C}, 31, 1.5), w = random_tensor(dev, F, {C}, 32);
+  Tensor R = random_tensor(dev, F, {N, C}, 33);
+  Tensor out = zeros(dev, F, {N, C}), rstd = zeros(dev, F, {N});
+  auto loss = [&] {
+    dev.rmsnorm_forward(out, rstd, x, w, 1e-5);
+    return test::dot(out, R);
+  };
+  loss();
+  // A hand-computed row: out = x / sqrt(mean(x^2) + eps) * w.
+  double ss = 0;
+  for (int64_t c = 0; c < C; ++c) ss += x.data_as<double>()[c] * x.data_as<double>()[c];
+  const double r = 1.0 / std::sqrt(ss / C + 1e-5);
+  BOOST_TEST(out.data_as<double>()[3] == x.data_as<double>()[3] * r * w.data_as<double>()[3],
+             boost::test_tools::tolerance(1e-12));
+  Tensor dx = zeros(dev, F, {N, C}), dw = zeros(dev, F, {C});
+  dev.rmsnorm_backward(dx, dw, R, x, w, rstd);
+  BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
+  BOOST_TEST(max_grad_error(loss, w, dw) < kTol);
+}
+
+BOOST_AUTO_TEST_CASE(swiglu) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 4, H = 9;
+  Tensor gu = random_tensor(dev, F, {N, 2 * H}, 41, 2.0), R = random_tensor(dev, F, {N, H}, 42);
+  Tensor out = zeros(dev, F, {N, H});
+  auto loss = [&] {
+    dev.swiglu_forward(out, gu);
+    return test::dot(out, R);
+  };
+  loss();
+  const double g = gu.data_as<double>()[2], u = gu.data_as<double>()[H + 2];
+  BOOST_TEST(out.data_as<double>()[2] == g / (1 + std::exp(-g)) * u, boost::test_tools::tolerance(1e-12));
+  Tensor dgu = zeros(dev, F, {N, 2 * H});
+  dev.swiglu_backward(dgu, gu, R);
+  BOOST_TEST(max_grad_error(loss, gu, dgu) < kTol);
+}
+
+BOOST_AUTO_TEST_CASE(rotary_embedding) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t B = 2, T = 5, heads = 3, hd = 6;
+  Tensor x = random_tensor(dev, F, {B * T, heads * hd}, 51), R = random_tensor(dev, F, {B * T, heads * hd}, 52);
+  Tensor out = zeros(dev, F, {B * T, heads * hd});
+  auto loss = [&] {
+    dev.rope_forward(out, x, T, heads, 10000.0);
+    return test::dot(out, R);
+  };
+  loss();
+  // Position 0 is not rotated; row 7 is position 2: element (head 1, i = 1) by angle 2 * 10000^(-2/6).
+  for (int64_t i = 0; i < heads * hd; ++i) BOOST_TEST(out.data_as<double>()[i] == x.data_as<double>()[i]);
+  const double a = 2.0 * std::pow(10000.0, -2.0 / 6.0);
+  const double* xr = x.data_as<double>() + 7 * heads * hd + hd;
+  BOOST_TEST(out.data_as<double>()[7 * heads * hd + hd + 1] == xr[1] * std::cos(a) - xr[4] * std::sin(a),
+             boost::test_tools::tolerance(1e-12));
+  Tensor dx = zeros(dev, F, {B * T, heads * hd});
+  dev.rope_backward(dx, R, T, heads, 10000.0);
+  BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
+  // In place gives the same values.
+  loss();  // out again from the unperturbed x
+  Tensor y = random_tensor(dev, F, {B * T, heads * hd}, 51);
+  dev.rope_forward(y, y, T, heads, 10000.0);
+  for (int64_t i = 0; i < y.numel(); ++i) BOOST_TEST(y.data_as<double>()[i] == out.data_as<double>()[i]);
+  BOOST_CHECK_THROW(dev.rope_forward(out, x, T, 4, 10000.0), std::invalid_argument);  // 18 columns, not 4 heads
 }

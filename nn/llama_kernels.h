@@ -1,0 +1,119 @@
+// CPU kernels of the Llama-style layers: RMSNorm, SwiGLU and rotary position embeddings,
+// forward and backward, templated on the element type like cpu_kernels.h (float for
+// training, double for the gradient checks). Row-parallel with OpenMP; reductions over a
+// row run in a fixed order, and the weight gradient of RMSNorm is reduced over rows in
+// order per column block, so results do not depend on the thread count.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "nn/cpu_kernels.h"
+
+namespace ferry::nn::cpu {
+
+// out[n,c] = inp[n,c] * rstd[n] * w[c], rstd[n] = 1 / sqrt(mean_c inp[n,c]^2 + eps).
+template <class T>
+void rmsnorm_forward(T* out, T* rstd, const T* inp, const T* w, int64_t N, int64_t C, double eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    T ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += x[c] * x[c];
+    const T r = T(1) / std::sqrt(ss / static_cast<T>(C) + static_cast<T>(eps));
+    T* o = out + n * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = x[c] * r * w[c];
+    rstd[n] = r;
+  }
+}
+
+// dinp += r w d - x r^3 / C * sum_c(w d x); dw += sum_n x r d.
+template <class T>
+void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, const T* rstd, int64_t N,
+                      int64_t C) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* x = inp + n * C;
+    const T* d = dout + n * C;
+    const T r = rstd[n];
+    T wdx = 0;
+    for (int64_t c = 0; c < C; ++c) wdx += w[c] * d[c] * x[c];
+    const T k = r * r * r * wdx / static_cast<T>(C);
+    T* di = dinp + n * C;
+    for (int64_t c = 0; c < C; ++c) di[c] += r * w[c] * d[c] - x[c] * k;
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < C; c0 += kColumnBlock) {
+    const int64_t c1 = std::min(C, c0 + kColumnBlock);
+    for (int64_t n = 0; n < N; ++n) {
+      const T* x = inp + n * C;
+      const T* d = dout + n * C;
+      for (int64_t c = c0; c < c1; ++c) dw[c] += x[c] * rstd[n] * d[c];
+    }
+  }
+}
+
+// gate_up[N, 2H] holds gate | up per row; out[N, H] = silu(gate) * up.
+template <class T>
+void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* g = gate_up + n * 2 * H;
+    const T* u = g + H;
+    T* o = out + n * H;
+    for (int64_t h = 0; h < H; ++h) o[h] = g[h] / (T(1) + std::exp(-g[h])) * u[h];
+  }
+}
+
+// dgate += d up s (1 + g (1 - s)), dup += d g s, s = sigmoid(g).
+template <class T>
+void swiglu_backward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t H) {
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const T* g = gate_up + n * 2 * H;
+    const T* u = g + H;
+    const T* d = dout + n * H;
+    T* dg = dgate_up + n * 2 * H;
+    T* du = dg + H;
+    for (int64_t h = 0; h < H; ++h) {
+      const T s = T(1) / (T(1) + std::exp(-g[h]));
+      dg[h] += d[h] * u[h] * s * (T(1) + g[h] * (T(1) - s));
+      du[h] += d[h] * g[h] * s;
+    }
+  }
+}
+
+// Rotary position embedding (the Hugging Face Llama convention: the two halves of each
+// head are rotated together): for row n (position n % T), head h, i < hd/2, angle
+// a = pos * theta^(-2i/hd): out[i] = x[i] cos a - x[i+hd/2] sin a,
+// out[i+hd/2] = x[i+hd/2] cos a + x[i] sin a. inp and out [N, heads * hd]; in place is
+// allowed. inverse = true rotates by -a: the backward pass (dinp += R^T dout).
+template <class T>
+void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int64_t hd, double theta, bool inverse,
+                bool accumulate) {
+  const int64_t half = hd / 2;
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) {
+    const double pos = static_cast<double>(n % T_);
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      const T c = static_cast<T>(std::cos(a)), s = static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
+      for (int64_t h = 0; h < heads; ++h) {
+        const T* x = inp + n * heads * hd + h * hd;
+        T* o = out + n * heads * hd + h * hd;
+        const T x1 = x[i], x2 = x[i + half];
+        const T y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+        if (accumulate) {
+          o[i] += y1;
+          o[i + half] += y2;
+        } else {
+          o[i] = y1;
+          o[i + half] = y2;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace ferry::nn::cpu
