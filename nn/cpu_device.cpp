@@ -445,33 +445,33 @@ void CpuDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, c
 
 namespace {
 
-void check_rope(const char* op, const Tensor& a, const Tensor& b, int64_t T, int64_t heads) {
+void check_rope(const char* op, const Tensor& a, const Tensor& b, int64_t T, int64_t heads, int64_t hd) {
   const int64_t width = a.dim(-1);
-  if (a.numel() != b.numel() || a.dtype() != b.dtype() || heads < 1 || width % heads != 0 || (width / heads) % 2 != 0 ||
-      T < 1 || rows_of(a) % T != 0) {
+  if (a.numel() != b.numel() || a.dtype() != b.dtype() || b.dim(-1) != width || heads < 1 || hd < 2 || hd % 2 != 0 ||
+      heads * hd > width || T < 1 || rows_of(a) % T != 0) {
     throw std::invalid_argument(std::string(op) + ": " + a.describe() + " and " + b.describe() + " with T=" +
-                                std::to_string(T) + ", heads=" + std::to_string(heads) +
-                                " (rows a multiple of T, an even head size)");
+                                std::to_string(T) + ", heads=" + std::to_string(heads) + ", head_dim=" +
+                                std::to_string(hd) + " (rows a multiple of T, an even head size, heads within a row)");
   }
 }
 
 }  // namespace
 
-void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, double theta) {
-  check_rope("rope_forward", out, inp, T, heads);
-  const int64_t width = inp.dim(-1);
+void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
+                             double theta) {
+  check_rope("rope_forward", out, inp, T, heads, head_dim);
   dispatch("rope_forward", inp.dtype(), [&](auto tag) {
     using U = decltype(tag);
-    cpu::rope_apply<U>(ptr<U>(out), ptr<U>(inp), rows_of(inp), T, heads, width / heads, theta, false, false);
+    cpu::rope_apply<U>(ptr<U>(out), ptr<U>(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), theta, false, false);
   });
 }
 
-void CpuDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, double theta) {
-  check_rope("rope_backward", dinp, dout, T, heads);
-  const int64_t width = dout.dim(-1);
+void CpuDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
+                              double theta) {
+  check_rope("rope_backward", dinp, dout, T, heads, head_dim);
   dispatch("rope_backward", dout.dtype(), [&](auto tag) {
     using U = decltype(tag);
-    cpu::rope_apply<U>(ptr<U>(dinp), ptr<U>(dout), rows_of(dout), T, heads, width / heads, theta, true, true);
+    cpu::rope_apply<U>(ptr<U>(dinp), ptr<U>(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), theta, true, true);
   });
 }
 

@@ -105,11 +105,14 @@ class Device {
   // SwiGLU: gate_up[N,2H] holds gate | up; out[N,H] = silu(gate) * up.
   virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
   virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) = 0;
-  // Rotary position embeddings on x[B*T, heads*hd] (position = row % T, base theta), the
-  // halves of each head rotated together (Hugging Face's Llama). out may be inp.
-  // rope_backward adds the inverse rotation of dout into dinp.
-  virtual void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, double theta) = 0;
-  virtual void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, double theta) = 0;
+  // Rotary position embeddings on the first heads*head_dim columns of x[B*T, width]
+  // (position = row % T, base theta), the halves of each head rotated together (Hugging
+  // Face's Llama); later columns pass through. out may be inp. rope_backward adds the
+  // transposed map of dout into dinp (inverse rotation; identity past the rotated heads).
+  virtual void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
+                            double theta) = 0;
+  virtual void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
+                             double theta) = 0;
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(const Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;

@@ -87,21 +87,29 @@ void swiglu_backward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, in
 // Rotary position embedding (the Hugging Face Llama convention: the two halves of each
 // head are rotated together): for row n (position n % T), head h, i < hd/2, angle
 // a = pos * theta^(-2i/hd): out[i] = x[i] cos a - x[i+hd/2] sin a,
-// out[i+hd/2] = x[i+hd/2] cos a + x[i] sin a. inp and out [N, heads * hd]; in place is
+// out[i+hd/2] = x[i+hd/2] cos a + x[i] sin a. Rows of `width` >= heads * hd elements:
+// the columns past the rotated heads (v in a qkv row) pass through unchanged. In place is
 // allowed. inverse = true rotates by -a: the backward pass (dinp += R^T dout).
 template <class T>
-void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int64_t hd, double theta, bool inverse,
-                bool accumulate) {
+void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int64_t hd, int64_t width, double theta,
+                bool inverse, bool accumulate) {
   const int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = heads * hd; c < width; ++c) {
+      if (accumulate) {
+        out[n * width + c] += inp[n * width + c];
+      } else if (out != inp) {
+        out[n * width + c] = inp[n * width + c];
+      }
+    }
     const double pos = static_cast<double>(n % T_);
     for (int64_t i = 0; i < half; ++i) {
       const double a = pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
       const T c = static_cast<T>(std::cos(a)), s = static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
       for (int64_t h = 0; h < heads; ++h) {
-        const T* x = inp + n * heads * hd + h * hd;
-        T* o = out + n * heads * hd + h * hd;
+        const T* x = inp + n * width + h * hd;
+        T* o = out + n * width + h * hd;
         const T x1 = x[i], x2 = x[i + half];
         const T y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
         if (accumulate) {

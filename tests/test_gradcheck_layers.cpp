@@ -232,7 +232,7 @@ BOOST_AUTO_TEST_CASE(rotary_embedding) {
   Tensor x = random_tensor(dev, F, {B * T, heads * hd}, 51), R = random_tensor(dev, F, {B * T, heads * hd}, 52);
   Tensor out = zeros(dev, F, {B * T, heads * hd});
   auto loss = [&] {
-    dev.rope_forward(out, x, T, heads, 10000.0);
+    dev.rope_forward(out, x, T, heads, hd, 10000.0);
     return test::dot(out, R);
   };
   loss();
@@ -243,12 +243,25 @@ BOOST_AUTO_TEST_CASE(rotary_embedding) {
   BOOST_TEST(out.data_as<double>()[7 * heads * hd + hd + 1] == xr[1] * std::cos(a) - xr[4] * std::sin(a),
              boost::test_tools::tolerance(1e-12));
   Tensor dx = zeros(dev, F, {B * T, heads * hd});
-  dev.rope_backward(dx, R, T, heads, 10000.0);
+  dev.rope_backward(dx, R, T, heads, hd, 10000.0);
   BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
   // In place gives the same values.
   loss();  // out again from the unperturbed x
   Tensor y = random_tensor(dev, F, {B * T, heads * hd}, 51);
-  dev.rope_forward(y, y, T, heads, 10000.0);
+  dev.rope_forward(y, y, T, heads, hd, 10000.0);
   for (int64_t i = 0; i < y.numel(); ++i) BOOST_TEST(y.data_as<double>()[i] == out.data_as<double>()[i]);
-  BOOST_CHECK_THROW(dev.rope_forward(out, x, T, 4, 10000.0), std::invalid_argument);  // 18 columns, not 4 heads
+  BOOST_CHECK_THROW(dev.rope_forward(out, x, T, 4, hd, 10000.0), std::invalid_argument);  // 4 heads of 6 > 18 columns
+  // Only the first heads rotate (q and k of a qkv row): the rest passes through, both ways.
+  Tensor part = zeros(dev, F, {B * T, heads * hd});
+  auto loss2 = [&] {
+    dev.rope_forward(part, x, T, 2, hd, 10000.0);
+    return test::dot(part, R);
+  };
+  loss2();
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t c = 2 * hd; c < heads * hd; ++c)
+      BOOST_TEST(part.data_as<double>()[r * heads * hd + c] == x.data_as<double>()[r * heads * hd + c]);
+  Tensor dpart = zeros(dev, F, {B * T, heads * hd});
+  dev.rope_backward(dpart, R, T, 2, hd, 10000.0);
+  BOOST_TEST(max_grad_error(loss2, x, dpart) < kTol);
 }
