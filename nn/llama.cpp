@@ -1,0 +1,268 @@
+#include "nn/llama.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "nn/rng.h"
+
+namespace ferry::nn {
+
+namespace {
+
+enum BlockTensor : size_t { kAttnNorm, kWqkv, kWo, kFfnNorm, kWGateUp, kWDown };
+enum FinalTensor : size_t { kNorm, kOutput };
+constexpr size_t kTok = 0;
+
+}  // namespace
+
+std::vector<UnitSpec> Llama::layout(const LlamaConfig& c) {
+  std::vector<UnitSpec> units;
+  UnitSpec emb;
+  emb.name = "embedding";
+  emb.add("tok_embeddings.weight", {c.vocab_size, c.n_embd}, true);
+  units.push_back(emb);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    UnitSpec b;
+    b.name = "block." + std::to_string(l);
+    const std::string p = "layers." + std::to_string(l) + ".";
+    b.add(p + "attention_norm.weight", {c.n_embd}, false);
+    b.add(p + "attention.wqkv.weight", {c.qkv_width(), c.n_embd}, true);
+    b.add(p + "attention.wo.weight", {c.n_embd, c.n_embd}, true);
+    b.add(p + "ffn_norm.weight", {c.n_embd}, false);
+    b.add(p + "feed_forward.w_gate_up.weight", {2 * c.intermediate, c.n_embd}, true);
+    b.add(p + "feed_forward.w_down.weight", {c.n_embd, c.intermediate}, true);
+    units.push_back(b);
+  }
+  UnitSpec fin;
+  fin.name = "final";
+  fin.add("norm.weight", {c.n_embd}, false);
+  fin.add("output.weight", {c.vocab_size, c.n_embd}, true);
+  units.push_back(fin);
+  return units;
+}
+
+Llama::Llama(const LlamaConfig& config, Device& device, DType dtype)
+    : cfg_(config), dev_(device), dtype_(dtype), units_(layout(config)) {
+  const LlamaConfig& c = cfg_;
+  if (c.n_layer < 1 || c.n_head < 1 || c.n_kv_head < 1 || c.n_embd < 1 || c.intermediate < 1 || c.vocab_size < 1 ||
+      c.block_size < 1) {
+    throw std::invalid_argument("Llama: every model dimension must be >= 1");
+  }
+  if (c.n_embd % c.n_head != 0 || c.head_dim() % 2 != 0) {
+    throw std::invalid_argument("Llama: n_embd (" + std::to_string(c.n_embd) + ") must be n_head (" +
+                                std::to_string(c.n_head) + ") x an even head size (rotary embeddings pair halves)");
+  }
+  if (c.n_head % c.n_kv_head != 0) {
+    throw std::invalid_argument("Llama: n_head (" + std::to_string(c.n_head) + ") must be a multiple of n_kv_head (" +
+                                std::to_string(c.n_kv_head) + ")");
+  }
+  if (dtype != DType::f32 && dtype != DType::f64) throw std::invalid_argument("Llama: compute dtype must be f32 or f64");
+}
+
+Llama::~Llama() = default;
+
+int64_t Llama::num_parameters() const {
+  int64_t n = 0;
+  for (const UnitSpec& u : units_)
+    for (const TensorSpec& t : u.tensors) n += t.numel();
+  return n;
+}
+
+double Llama::flops_per_token(const LlamaConfig& c, int64_t T) {
+  const double C = static_cast<double>(c.n_embd);
+  const double per_block = static_cast<double>(c.qkv_width()) * C + C * C + 3.0 * static_cast<double>(c.intermediate) * C;
+  const double matmul_weights = static_cast<double>(c.n_layer) * per_block + static_cast<double>(c.vocab_size) * C;
+  return 6.0 * matmul_weights + static_cast<double>(c.n_layer) * 12.0 * static_cast<double>(T) * C;
+}
+
+void Llama::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
+  const UnitSpec& u = units_.at(static_cast<size_t>(unit));
+  if (flat.numel() != u.numel) throw std::invalid_argument("Llama::init_unit: wrong buffer size");
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  std::vector<double> host;
+  for (size_t i = 0; i < u.tensors.size(); ++i) {
+    const TensorSpec& t = u.tensors[i];
+    host.assign(static_cast<size_t>(t.numel()), 0.0);
+    if (!t.decay) {
+      host.assign(host.size(), 1.0);  // the norms' gains
+    } else {
+      const bool into_residual = t.name.ends_with("wo.weight") || t.name.ends_with("w_down.weight");
+      Rng rng = Rng::derive({seed, static_cast<uint64_t>(unit), i});
+      for (double& x : host) x = (into_residual ? residual_std : 0.02) * rng.normal();
+    }
+    const Tensor view = u.view(flat, i);
+    const Tensor staged = Tensor::empty(dev_, DType::f64, view.shape());
+    dev_.copy_from_host(staged, host.data());
+    dev_.cast(view, staged);
+  }
+}
+
+void Llama::free_activations() { acts_ = Activations{}; }
+
+void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
+  const int64_t N = B * T, C = cfg_.n_embd, W = cfg_.qkv_width(), I = cfg_.intermediate;
+  const UnitSpec& u = units_[static_cast<size_t>(1 + l)];
+  auto Wt = [&](size_t i) { return u.view(w, i); };
+  BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
+  const Tensor& x = acts_.residual[static_cast<size_t>(l)];
+  a.xn = act({N, C});
+  a.rstd1 = act({N});
+  dev_.rmsnorm_forward(a.xn, a.rstd1, x, Wt(kAttnNorm), cfg_.norm_eps);
+  a.qkv = act({N, W});
+  dev_.gemm(a.qkv, a.xn, false, Wt(kWqkv), true, 1.0, 0.0);
+  // q and k rotated in place; backward's attention reads the rotated values.
+  dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope_theta);
+  a.atty = act({N, C});
+  a.att = act({B, cfg_.n_head, T, T});
+  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head);
+  const Tensor scratch = act({N, C});
+  dev_.gemm(scratch, a.atty, false, Wt(kWo), true, 1.0, 0.0);
+  a.res2 = act({N, C});
+  dev_.add(a.res2, x, scratch);
+  a.xn2 = act({N, C});
+  a.rstd2 = act({N});
+  dev_.rmsnorm_forward(a.xn2, a.rstd2, a.res2, Wt(kFfnNorm), cfg_.norm_eps);
+  a.gate_up = act({N, 2 * I});
+  dev_.gemm(a.gate_up, a.xn2, false, Wt(kWGateUp), true, 1.0, 0.0);
+  a.h = act({N, I});
+  dev_.swiglu_forward(a.h, a.gate_up);
+  dev_.gemm(scratch, a.h, false, Wt(kWDown), true, 1.0, 0.0);
+  Tensor& out = acts_.residual[static_cast<size_t>(l + 1)];
+  out = act({N, C});
+  dev_.add(out, a.res2, scratch);
+}
+
+double Llama::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) {
+  if (T < 1 || T > cfg_.block_size || B < 1) {
+    throw std::invalid_argument("Llama::forward: T=" + std::to_string(T) + " must be in [1, block_size=" +
+                                std::to_string(cfg_.block_size) + "], B=" + std::to_string(B));
+  }
+  if (tokens.numel() != B * T || (targets.defined() && targets.numel() != B * T)) {
+    throw std::invalid_argument("Llama::forward: tokens/targets must hold B*T ids");
+  }
+  free_activations();
+  const int64_t N = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int emb = 0, fin = num_units() - 1;
+  acts_.B = B;
+  acts_.T = T;
+  acts_.tokens = tokens;
+  acts_.targets = targets;
+  acts_.residual.resize(static_cast<size_t>(cfg_.n_layer + 1));
+  acts_.blocks.resize(static_cast<size_t>(cfg_.n_layer));
+
+  {
+    // Positions enter through the rotary embeddings: the embedding kernel gets a zero
+    // position table.
+    const Tensor we = units.acquire_weights(emb);
+    const Tensor no_positions = act({T, C});
+    dev_.fill(no_positions, 0.0);
+    acts_.residual[0] = act({N, C});
+    dev_.embedding_forward(acts_.residual[0], tokens, units_[0].view(we, kTok), no_positions, T);
+    units.release_weights(emb);
+  }
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+    const Tensor w = units.acquire_weights(static_cast<int>(1 + l));
+    block_forward(l, w, B, T);
+    if (checkpoint_) acts_.blocks[static_cast<size_t>(l)] = BlockActs{};
+    units.release_weights(static_cast<int>(1 + l));
+  }
+  const Tensor wf = units.acquire_weights(fin);
+  const UnitSpec& uf = units_.back();
+  acts_.xf = act({N, C});
+  acts_.rstdf = act({N});
+  dev_.rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.residual.back(), uf.view(wf, kNorm), cfg_.norm_eps);
+  acts_.logits = act({N, V});
+  dev_.gemm(acts_.logits, acts_.xf, false, uf.view(wf, kOutput), true, 1.0, 0.0);
+  units.release_weights(fin);
+  if (!targets.defined()) return 0.0;
+
+  acts_.probs = act({N, V});
+  acts_.losses = act({N});
+  dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
+  std::vector<double> host(static_cast<size_t>(N));
+  const Tensor losses64 = Tensor::empty(dev_, DType::f64, {N});
+  dev_.cast(losses64, acts_.losses);
+  dev_.copy_to_host(host.data(), losses64);
+  double sum = 0;
+  for (double v : host) sum += v;
+  return sum / static_cast<double>(N);
+}
+
+void Llama::backward(UnitAccess& units) {
+  if (!acts_.probs.defined()) throw std::logic_error("Llama::backward without a forward that had targets");
+  const int64_t B = acts_.B, T = acts_.T, N = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t W = cfg_.qkv_width(), I = cfg_.intermediate;
+  const int emb = 0, fin = num_units() - 1;
+
+  Tensor dx = act({N, C});
+  {
+    const Tensor wf = units.acquire_weights(fin), gf = units.acquire_grads(fin);
+    const UnitSpec& uf = units_.back();
+    const Tensor dlogits = act({N, V});
+    dev_.fill(dlogits, 0.0);
+    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets, 1.0 / static_cast<double>(N));
+    const Tensor dxf = act({N, C});
+    dev_.gemm(dxf, dlogits, false, uf.view(wf, kOutput), false, 1.0, 0.0);
+    dev_.gemm(uf.view(gf, kOutput), dlogits, true, acts_.xf, false, 1.0, 1.0);
+    dev_.fill(dx, 0.0);
+    dev_.rmsnorm_backward(dx, uf.view(gf, kNorm), dxf, acts_.residual.back(), uf.view(wf, kNorm), acts_.rstdf);
+    units.release_grads(fin, true);
+    units.release_weights(fin);
+  }
+  acts_.xf = acts_.logits = acts_.probs = Tensor{};
+
+  const Tensor dres2 = act({N, C}), dxin = act({N, C}), dnorm = act({N, C}), datty = act({N, C});
+  const Tensor dh = act({N, I}), dgu = act({N, 2 * I}), dqkv = act({N, W}), dpre = act({N, W});
+  for (int64_t l = cfg_.n_layer - 1; l >= 0; --l) {
+    const int unit = static_cast<int>(1 + l);
+    const UnitSpec& u = units_[static_cast<size_t>(unit)];
+    const Tensor w = units.acquire_weights(unit);
+    if (checkpoint_) {
+      block_forward(l, w, B, T);  // as nn::GPT: recomputed before the gradient buffer is taken
+      acts_.residual[static_cast<size_t>(l + 1)] = Tensor{};
+    }
+    const Tensor g = units.acquire_grads(unit);
+    auto Wt = [&](size_t i) { return u.view(w, i); };
+    auto G = [&](size_t i) { return u.view(g, i); };
+    BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
+    const Tensor& x = acts_.residual[static_cast<size_t>(l)];
+
+    // MLP branch: out = res2 + w_down(swiglu(w_gate_up(norm(res2)))).
+    dev_.copy(dres2, dx);
+    dev_.gemm(dh, dx, false, Wt(kWDown), false, 1.0, 0.0);
+    dev_.gemm(G(kWDown), dx, true, a.h, false, 1.0, 1.0);
+    dev_.fill(dgu, 0.0);
+    dev_.swiglu_backward(dgu, a.gate_up, dh);
+    dev_.gemm(dnorm, dgu, false, Wt(kWGateUp), false, 1.0, 0.0);
+    dev_.gemm(G(kWGateUp), dgu, true, a.xn2, false, 1.0, 1.0);
+    dev_.rmsnorm_backward(dres2, G(kFfnNorm), dnorm, a.res2, Wt(kFfnNorm), a.rstd2);
+
+    // Attention branch: res2 = x + wo(attention(rope(wqkv(norm(x))))).
+    dev_.copy(dxin, dres2);
+    dev_.gemm(datty, dres2, false, Wt(kWo), false, 1.0, 0.0);
+    dev_.gemm(G(kWo), dres2, true, a.atty, false, 1.0, 1.0);
+    dev_.fill(dqkv, 0.0);
+    dev_.attention_backward(dqkv.reshape({B, T, W}), datty, a.qkv.reshape({B, T, W}), a.att, cfg_.n_head,
+                            cfg_.n_kv_head);
+    dev_.fill(dpre, 0.0);
+    dev_.rope_backward(dpre, dqkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope_theta);
+    dev_.gemm(dnorm, dpre, false, Wt(kWqkv), false, 1.0, 0.0);
+    dev_.gemm(G(kWqkv), dpre, true, a.xn, false, 1.0, 1.0);
+    dev_.rmsnorm_backward(dxin, G(kAttnNorm), dnorm, x, Wt(kAttnNorm), a.rstd1);
+    dev_.copy(dx, dxin);
+
+    units.release_grads(unit, true);
+    units.release_weights(unit);
+    a = BlockActs{};
+  }
+
+  const Tensor ge = units.acquire_grads(emb);
+  const Tensor no_positions = act({T, C});  // the zero position table's gradient, dropped
+  dev_.fill(no_positions, 0.0);
+  dev_.embedding_backward(units_[0].view(ge, kTok), no_positions, dx, acts_.tokens, T);
+  units.release_grads(emb, true);
+  free_activations();
+}
+
+}  // namespace ferry::nn

@@ -1,0 +1,89 @@
+// Llama-style decoder, forward and backward written by hand, computed unit by unit like
+// nn::GPT: pre-RMSNorm blocks with rotary position embeddings, grouped-query causal
+// attention (n_kv_head key/value heads shared by n_head query heads), a SwiGLU MLP, no
+// biases, and an untied output head.
+//
+// Units: 0 = embedding (tok_embeddings [V,C]); 1..n_layer = blocks (attention_norm [C],
+// wqkv [(NH+2KVH)*hd, C] = q | k | v rows, wo [C,C], ffn_norm [C], w_gate_up [2I, C] =
+// gate | up rows, w_down [C, I]); n_layer+1 = final (norm [C], output [V,C]). Linear
+// weights are stored [out, in] (y = x W^T). Tensor names follow Meta's checkpoints with
+// the q/k/v and gate/up matrices fused.
+//
+// Memory, activation checkpointing, UnitAccess and threads: as nn::GPT.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "nn/device.h"
+#include "nn/unit.h"
+
+namespace ferry::nn {
+
+struct LlamaConfig {
+  int64_t n_layer = 2;
+  int64_t n_head = 4;
+  int64_t n_kv_head = 2;
+  int64_t n_embd = 128;
+  int64_t intermediate = 384;  // SwiGLU hidden width
+  int64_t vocab_size = 256;
+  int64_t block_size = 128;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
+};
+
+class Llama {
+ public:
+  // Throws std::invalid_argument for dimensions that do not fit together (names them).
+  Llama(const LlamaConfig& config, Device& device, DType dtype = DType::f32);
+  ~Llama();
+  Llama(const Llama&) = delete;
+  Llama& operator=(const Llama&) = delete;
+
+  const LlamaConfig& config() const { return cfg_; }
+  const std::vector<UnitSpec>& units() const { return units_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  int64_t num_parameters() const;
+  static std::vector<UnitSpec> layout(const LlamaConfig& config);
+  // N(0, 0.02) for matrices and the embedding, N(0, 0.02/sqrt(2 n_layer)) for wo and
+  // w_down (into the residual stream), unit norm gains; per-tensor streams as nn::GPT.
+  void init_unit(int unit, const Tensor& flat, uint64_t seed) const;
+
+  double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T);
+  void backward(UnitAccess& units);
+  const Tensor& logits() const { return acts_.logits; }  // [B*T, V]
+  void free_activations();
+  void set_activation_checkpointing(bool on) { checkpoint_ = on; }
+  bool activation_checkpointing() const { return checkpoint_; }
+
+  // 6 per matmul weight per token (the embedding lookup excluded, the output head
+  // included), plus attention's 12 x T x C per layer.
+  static double flops_per_token(const LlamaConfig& config, int64_t T);
+  double flops_per_token(int64_t T) const { return flops_per_token(cfg_, T); }
+
+ private:
+  struct BlockActs {
+    Tensor xn, rstd1, qkv, atty, att, res2, xn2, rstd2, gate_up, h;
+  };
+  struct Activations {
+    int64_t B = 0, T = 0;
+    Tensor tokens, targets;
+    std::vector<Tensor> residual;  // n_layer + 1: each block's input, then the last output
+    std::vector<BlockActs> blocks;
+    Tensor xf, rstdf, logits, probs, losses;
+  };
+
+  Tensor act(Shape shape) const { return Tensor::empty(dev_, dtype_, std::move(shape)); }
+  void block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T);
+
+  LlamaConfig cfg_;
+  Device& dev_;
+  DType dtype_;
+  std::vector<UnitSpec> units_;
+  Activations acts_;
+  bool checkpoint_ = false;
+};
+
+}  // namespace ferry::nn
