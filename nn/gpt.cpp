@@ -67,6 +67,12 @@ GPT::GPT(const GPTConfig& config, Device& device, DType dtype)
 
 GPT::~GPT() = default;
 
+std::string GPT::describe() const {
+  return "GPT-2 style, " + std::to_string(cfg_.n_layer) + " layers, " + std::to_string(cfg_.n_head) + " heads, " +
+         std::to_string(cfg_.n_embd) + " channels, context " + std::to_string(cfg_.block_size) + ", vocab " +
+         std::to_string(cfg_.vocab_size);
+}
+
 int64_t GPT::num_parameters() const {
   int64_t n = 0;
   for (const UnitSpec& u : units_)

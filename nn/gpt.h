@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "nn/device.h"
+#include "nn/model.h"
 #include "nn/unit.h"
 
 namespace ferry::nn {
@@ -30,42 +31,42 @@ struct GPTConfig {
   int64_t block_size = 128;
 };
 
-class GPT {
+class GPT final : public Model {
  public:
   GPT(const GPTConfig& config, Device& device, DType dtype = DType::f32);
-  ~GPT();
+  ~GPT() override;
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
   const GPTConfig& config() const { return cfg_; }
   DType dtype() const { return dtype_; }
-  const std::vector<UnitSpec>& units() const { return units_; }
-  int num_units() const { return static_cast<int>(units_.size()); }
-  int64_t num_parameters() const;  // distinct parameters, padding excluded
+  const std::vector<UnitSpec>& units() const override { return units_; }
+  int64_t num_parameters() const override;  // distinct parameters, padding excluded
 
   static std::vector<UnitSpec> layout(const GPTConfig& config);
   // GPT-2 initialisation of unit `unit` into `flat`: N(0, 0.02) for matrices and embeddings,
   // N(0, 0.02/sqrt(2 n_layer)) for the projections into the residual stream, zero biases,
   // unit LayerNorm gains. Each tensor draws from its own stream of (seed, unit, tensor), so
   // the values do not depend on how units are later placed or sharded.
-  void init_unit(int unit, const Tensor& flat, uint64_t seed) const;
+  void init_unit(int unit, const Tensor& flat, uint64_t seed) const override;
 
   // Forward over tokens [B*T] (i32, on the device). With targets (i32 [B*T]) returns the
   // mean cross-entropy and keeps what backward() needs; without, returns 0 and only
   // logits() is meaningful. 1 <= T <= block_size.
   double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B,
-                 int64_t T);
+                 int64_t T) override;
   // Adds d(mean loss)/d(params) of the last forward into the units' gradient buffers,
   // then frees the activations.
-  void backward(UnitAccess& units);
-  const Tensor& logits() const { return acts_.logits; }  // [B*T, V]
-  void free_activations();
-  void set_activation_checkpointing(bool on) { checkpoint_ = on; }
-  bool activation_checkpointing() const { return checkpoint_; }
+  void backward(UnitAccess& units) override;
+  const Tensor& logits() const override { return acts_.logits; }  // [B*T, V]
+  void free_activations() override;
+  void set_activation_checkpointing(bool on) override { checkpoint_ = on; }
+  bool activation_checkpointing() const override { return checkpoint_; }
+  std::string describe() const override;
 
   // Floating-point operations of one forward+backward per token at sequence length T:
   // 6 per matmul weight, plus attention's 4 (QK^T, PV) x 3 (fwd+bwd) x T x C per layer.
-  double flops_per_token(int64_t T) const { return flops_per_token(cfg_, T); }
+  double flops_per_token(int64_t T) const override { return flops_per_token(cfg_, T); }
   static double flops_per_token(const GPTConfig& config, int64_t T);
 
  private:

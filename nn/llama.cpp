@@ -62,6 +62,13 @@ Llama::Llama(const LlamaConfig& config, Device& device, DType dtype)
 
 Llama::~Llama() = default;
 
+std::string Llama::describe() const {
+  return "Llama style, " + std::to_string(cfg_.n_layer) + " layers, " + std::to_string(cfg_.n_head) + " heads (" +
+         std::to_string(cfg_.n_kv_head) + " key/value), " + std::to_string(cfg_.n_embd) + " channels, SwiGLU " +
+         std::to_string(cfg_.intermediate) + ", context " + std::to_string(cfg_.block_size) + ", vocab " +
+         std::to_string(cfg_.vocab_size);
+}
+
 int64_t Llama::num_parameters() const {
   int64_t n = 0;
   for (const UnitSpec& u : units_)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "nn/device.h"
+#include "nn/model.h"
 #include "nn/unit.h"
 
 namespace ferry::nn {
@@ -34,34 +35,34 @@ struct LlamaConfig {
   int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
 };
 
-class Llama {
+class Llama final : public Model {
  public:
   // Throws std::invalid_argument for dimensions that do not fit together (names them).
   Llama(const LlamaConfig& config, Device& device, DType dtype = DType::f32);
-  ~Llama();
+  ~Llama() override;
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
 
   const LlamaConfig& config() const { return cfg_; }
-  const std::vector<UnitSpec>& units() const { return units_; }
-  int num_units() const { return static_cast<int>(units_.size()); }
-  int64_t num_parameters() const;
+  const std::vector<UnitSpec>& units() const override { return units_; }
+  int64_t num_parameters() const override;
   static std::vector<UnitSpec> layout(const LlamaConfig& config);
   // N(0, 0.02) for matrices and the embedding, N(0, 0.02/sqrt(2 n_layer)) for wo and
   // w_down (into the residual stream), unit norm gains; per-tensor streams as nn::GPT.
-  void init_unit(int unit, const Tensor& flat, uint64_t seed) const;
+  void init_unit(int unit, const Tensor& flat, uint64_t seed) const override;
 
-  double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T);
-  void backward(UnitAccess& units);
-  const Tensor& logits() const { return acts_.logits; }  // [B*T, V]
-  void free_activations();
-  void set_activation_checkpointing(bool on) { checkpoint_ = on; }
-  bool activation_checkpointing() const { return checkpoint_; }
+  double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) override;
+  void backward(UnitAccess& units) override;
+  const Tensor& logits() const override { return acts_.logits; }  // [B*T, V]
+  void free_activations() override;
+  void set_activation_checkpointing(bool on) override { checkpoint_ = on; }
+  bool activation_checkpointing() const override { return checkpoint_; }
+  std::string describe() const override;
 
   // 6 per matmul weight per token (the embedding lookup excluded, the output head
   // included), plus attention's 12 x T x C per layer.
   static double flops_per_token(const LlamaConfig& config, int64_t T);
-  double flops_per_token(int64_t T) const { return flops_per_token(cfg_, T); }
+  double flops_per_token(int64_t T) const override { return flops_per_token(cfg_, T); }
 
  private:
   struct BlockActs {

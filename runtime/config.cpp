@@ -184,6 +184,35 @@ void drop_nulls(json& node) {
   }
 }
 
+// Replaces the leaves of `base` with those of `top`, recursing into objects.
+void overlay(json& base, const json& top) {
+  for (const auto& [key, value] : top.items()) {
+    if (value.is_object() && base.contains(key) && base[key].is_object()) {
+      overlay(base[key], value);
+    } else {
+      base[key] = value;
+    }
+  }
+}
+
+// Published shapes (Llama 3.x: Meta's model cards; GPT-2 small: OpenAI's). The context is
+// a training choice, 2048 here for the Llama presets; set model.block_size to change it.
+json model_preset(const std::string& name) {
+  auto llama = [](int64_t layers, int64_t heads, int64_t kv, int64_t embd, int64_t inter, int64_t vocab, int64_t ctx,
+                  double theta) {
+    return json{{"arch", "llama"},          {"n_layer", layers}, {"n_head", heads},       {"n_kv_head", kv},
+                {"n_embd", embd},           {"intermediate_size", inter}, {"vocab_size", vocab},
+                {"block_size", ctx},        {"rope_theta", theta}};
+  };
+  if (name == "llama-tiny") return llama(4, 4, 2, 128, 384, 256, 128, 10000.0);
+  if (name == "llama-1b") return llama(16, 32, 8, 2048, 8192, 128256, 2048, 500000.0);
+  if (name == "llama-8b") return llama(32, 32, 8, 4096, 14336, 128256, 2048, 500000.0);
+  if (name == "llama-70b") return llama(80, 64, 8, 8192, 28672, 128256, 2048, 500000.0);
+  if (name == "llama-405b") return llama(126, 128, 8, 16384, 53248, 128256, 2048, 500000.0);
+  return json{{"arch", "gpt2"}, {"n_layer", 12}, {"n_head", 12}, {"n_embd", 768}, {"vocab_size", 50257},
+              {"block_size", 1024}};  // gpt2-small (the schema admits no other name)
+}
+
 // DeepSpeed's schedulers take different parameters; a parameter of another schedule is an
 // error rather than silently ignored. Missing ones get DeepSpeed's defaults.
 void resolve_scheduler(json& resolved, Config& c, const std::string& source) {
@@ -324,10 +353,17 @@ size_t parse_bytes(const json& value, const std::string& what) {
 Config config_from_json(const json& doc, const std::string& source, const std::string& base_dir,
                         const std::vector<std::string>& overrides, int world_size) {
   if (!doc.is_object()) fail(source, "the configuration must be a JSON object");
+  // Defaults, then a preset's shape, then what the file and --set give (checked first).
+  json user = json::object();
+  merge_document(user, doc, "", source, base_dir);
+  for (const std::string& o : overrides) apply_override(user, o);
   json resolved = json::object();
   for (const Knob& k : config_knobs()) set_path(resolved, k.path, k.default_value);
-  merge_document(resolved, doc, "", source, base_dir);
-  for (const std::string& o : overrides) apply_override(resolved, o);
+  if (const json* preset = get_path(user, "model.preset"); preset && preset->is_string()) {
+    const json shape = model_preset(preset->get<std::string>());
+    for (const auto& [key, value] : shape.items()) set_path(resolved, "model." + key, value);
+  }
+  overlay(resolved, user);
 
   auto at = [&](const std::string& path) -> const json& { return *get_path(resolved, path); };
   Config c;
@@ -337,6 +373,7 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.model.n_embd = at("model.n_embd").get<int64_t>();
   c.model.vocab_size = at("model.vocab_size").get<int64_t>();
   c.model.block_size = at("model.block_size").get<int64_t>();
+  c.model_arch = at("model.arch").get<std::string>();
   c.model_seed = at("model.seed").get<uint64_t>();
   c.activation_checkpointing = at("activation_checkpointing.enabled").get<bool>();
   if (c.model.n_embd % c.model.n_head != 0) {
@@ -351,6 +388,41 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   if (c.data.format == "text" && c.model.vocab_size < 256) {
     fail(source, "data.format 'text' is byte-level and needs model.vocab_size >= 256, got " +
                      std::to_string(c.model.vocab_size));
+  }
+  if (c.data.format == "uint16" && c.model.vocab_size > 65536) {
+    fail(source, "data.format 'uint16' holds token ids below 65536 but model.vocab_size is " +
+                     std::to_string(c.model.vocab_size));
+  }
+  if (c.model_arch == "llama") {
+    nn::LlamaConfig& l = c.llama;
+    l.n_layer = c.model.n_layer;
+    l.n_head = c.model.n_head;
+    l.n_embd = c.model.n_embd;
+    l.vocab_size = c.model.vocab_size;
+    l.block_size = c.model.block_size;
+    l.n_kv_head = at("model.n_kv_head").is_null() ? l.n_head : at("model.n_kv_head").get<int64_t>();
+    l.intermediate = at("model.intermediate_size").is_null() ? (8 * l.n_embd / 3 + 63) / 64 * 64
+                                                              : at("model.intermediate_size").get<int64_t>();
+    l.rope_theta = at("model.rope_theta").get<double>();
+    l.norm_eps = at("model.norm_eps").get<double>();
+    if (l.n_head % l.n_kv_head != 0) {
+      fail(source, "model.n_head (" + std::to_string(l.n_head) + ") must be a multiple of model.n_kv_head (" +
+                       std::to_string(l.n_kv_head) + ")");
+    }
+    if (l.head_dim() % 2 != 0) {
+      fail(source, "model.arch 'llama' needs an even head size (n_embd / n_head) for rotary embeddings, got " +
+                       std::to_string(l.head_dim()));
+    }
+    resolved["model"]["n_kv_head"] = l.n_kv_head;
+    resolved["model"]["intermediate_size"] = l.intermediate;
+  } else {
+    for (const char* key : {"n_kv_head", "intermediate_size"}) {
+      if (!at(std::string("model.") + key).is_null()) {
+        fail(source, std::string("model.") + key + " applies to model.arch 'llama' only");
+      }
+    }
+    resolved["model"].erase("rope_theta");
+    resolved["model"].erase("norm_eps");
   }
   c.device.type = at("device.type").get<std::string>();
   c.device.memory = parse_bytes(at("device.memory"), source + ": key 'device.memory'");

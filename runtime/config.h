@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "offload/cpu_adam.h"
 #include "offload/storage.h"
 #include "runtime/sharded_units.h"
@@ -46,7 +47,9 @@ struct OffloadConfig {
 };
 
 struct Config {
-  nn::GPTConfig model;
+  nn::GPTConfig model;           // the dimensions every architecture has
+  std::string model_arch = "gpt2";  // gpt2 | llama
+  nn::LlamaConfig llama;         // with model_arch llama: the whole shape
   uint64_t model_seed = 0;
   bool activation_checkpointing = false;
   struct {

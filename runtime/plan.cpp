@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "runtime/partition.h"
 #include "runtime/shard_store.h"
 
@@ -23,43 +24,61 @@ size_t f32(int64_t n) { return static_cast<size_t>(std::max<int64_t>(n, 0)) * 4;
 size_t arena(size_t bytes) { return (std::max<size_t>(bytes, 1) + 63) / 64 * 64; }
 int64_t round_up(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
 
-// Activations of one micro-batch (nn/gpt.cpp's allocations) in the three phases where the
-// arena peaks: the end of forward (everything backward needs, a block's scratch, the f64
-// losses), the head's backward (+ dx, dlogits, dlnf) and the blocks' backward (the head's
-// tensors freed, the blocks' gradient temporaries allocated).
+// Activations of one micro-batch (nn/gpt.cpp's and nn/llama.cpp's allocations) in the
+// phases where the arena peaks: the end of forward (everything backward needs, the f64
+// losses), the head's backward (+ dx, dlogits, dlnf), the blocks' backward (the head's
+// tensors freed, the blocks' gradient temporaries allocated) and, with checkpointing, a
+// block's forward recomputed before its gradient buffer is taken.
 struct PhaseBytes {
   size_t forward = 0, head = 0, blocks = 0;
-  size_t recompute = 0;  // checkpointing: a block's forward again, before its gradient buffer is taken
+  size_t recompute = 0;
 };
 
-PhaseBytes activations(const nn::GPTConfig& m, int64_t B, bool checkpointing) {
+PhaseBytes activations(const Config& c, int64_t B) {
+  const nn::GPTConfig& m = c.model;
   const int64_t T = m.block_size, N = B * T, C = m.n_embd, V = m.vocab_size, H = m.n_head;
   const size_t NC = arena(f32(N * C)), Nv = arena(f32(N)), NV = arena(f32(N * V));
-  const size_t N4C = arena(f32(N * 4 * C)), N3C = arena(f32(N * 3 * C));
-  // A block keeps ln1, atty, res2, ln2, its output (5 NC), fch and fch_gelu, qkv, four
-  // LayerNorm statistics and the attention probabilities.
-  const size_t per_block = 5 * NC + 2 * N4C + N3C + 4 * Nv + arena(f32(B * H * T * T));
+  const size_t att = arena(f32(B * H * T * T));
+  size_t block_kept = 0, grad_temps = 0, head_kept = 0;
+  if (c.model_arch == "llama") {
+    const size_t NW = arena(f32(N * c.llama.qkv_width())), NI = arena(f32(N * c.llama.intermediate));
+    const size_t N2I = arena(f32(N * 2 * c.llama.intermediate));
+    // xn, atty, res2, xn2, output; qkv; gate_up, h; two RMSNorm statistics; probabilities.
+    block_kept = 5 * NC + NW + N2I + NI + 2 * Nv + att;
+    grad_temps = 4 * NC + NI + N2I + 2 * NW;  // dres2, dxin, dnorm, datty, dh, dgu, dqkv, dpre
+    head_kept = NC + 2 * Nv + 2 * NV;         // xf, rstdf, losses; logits, probs
+  } else {
+    const size_t N4C = arena(f32(N * 4 * C)), N3C = arena(f32(N * 3 * C));
+    // ln1, atty, res2, ln2, output; fch, fch_gelu; qkv; four LayerNorm statistics; probabilities.
+    block_kept = 5 * NC + 2 * N4C + N3C + 4 * Nv + att;
+    grad_temps = 4 * NC + 2 * N4C + N3C;  // dres2, dxin, dln, datty, dfch, dfch_gelu, dqkv
+    head_kept = NC + 3 * Nv + 2 * NV;     // lnf, its statistics, losses; logits, probs
+  }
   const size_t io = 2 * arena(static_cast<size_t>(N) * 4);  // tokens, targets (i32)
   const size_t L = static_cast<size_t>(m.n_layer);
-  const size_t grad_temps = 4 * NC + 2 * N4C + N3C;  // backward's dres2, dxin, dln, datty, dfch, dfch_gelu, dqkv
+  const size_t losses64 = arena(static_cast<size_t>(N) * 8);
   PhaseBytes p;
-  if (!checkpointing) {
-    const size_t kept = io + NC + L * per_block + NC + 2 * Nv + 2 * NV + Nv;
-    p.forward = kept + arena(static_cast<size_t>(N) * 8);
+  if (!c.activation_checkpointing) {
+    const size_t kept = io + NC + L * block_kept + head_kept;
+    p.forward = kept + losses64;
     p.head = kept + NC + NV + NC;
     p.blocks = kept - NC - 2 * NV + NC + grad_temps;
     return p;
   }
-  // Checkpointing: each block keeps only its output (the next block's input); one block's
-  // activations live at a time, in forward and again when backward recomputes them (with
-  // its scratch and recomputed output, freed right after).
-  const size_t kept = io + NC + L * NC + NC + 2 * Nv + 2 * NV + Nv;
-  const size_t one_block = per_block - NC;  // without its output, counted among the kept
-  p.forward = std::max(io + (L + 1) * NC + one_block + NC, kept + arena(static_cast<size_t>(N) * 8));
+  // Each block keeps only its output (the next block's input); one block's activations live
+  // at a time, in forward and again when backward recomputes them (with its scratch and
+  // recomputed output, freed right after).
+  const size_t kept = io + NC + L * NC + head_kept;
+  const size_t one_block = block_kept - NC;
+  p.forward = std::max(io + (L + 1) * NC + one_block + NC, kept + losses64);
   p.head = kept + NC + NV + NC;
   p.blocks = kept - NC - 2 * NV + NC + grad_temps + one_block;
-  p.recompute = p.blocks + 2 * NC;  // its scratch and recomputed output, freed before the gradient
+  p.recompute = p.blocks + 2 * NC;
   return p;
+}
+
+std::vector<nn::UnitSpec> model_layout(const Config& c) {
+  return c.model_arch == "llama" ? nn::Llama::layout(c.llama) : nn::GPT::layout(c.model);
 }
 
 }  // namespace
@@ -68,7 +87,7 @@ double TimePlan::overlapped_s() const { return std::max({compute_s, nvme_s, comm
 double TimePlan::sequential_s() const { return compute_s + nvme_s + comm_s + adam_s; }
 
 MemoryPlan plan_memory(const Config& c, int ranks) {
-  const std::vector<nn::UnitSpec> units = nn::GPT::layout(c.model);
+  const std::vector<nn::UnitSpec> units = model_layout(c);
   const int stage = c.zero.stage;
   const std::string& opt = c.offload.optimizer_device;
   const std::string& par = stage == 3 ? c.offload.param_device : std::string("none");
@@ -111,8 +130,8 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
   // Units in flight on the device in each phase. Stage 3 gathers a unit, and the next
   // ones in the recorded order ahead of use, into full buffers, unless one rank's shard
   // already is the unit (in the arena, or in host memory the CPU device computes from; nvme
-  // shards are read into the arena). The head uses the embedding and the final unit
-  // together. Stages 2-3 take a full gradient buffer per unit in backward, released when
+  // shards are read into the arena). GPT-2's head uses the embedding and the final unit
+  // together; Llama's only the final one. Stages 2-3 take a full gradient buffer per unit in backward, released when
   // its reduction completes: with several ranks the previous unit's is still in flight
   // (alone, the reduction is a copy done at once).
   const size_t E = arena(f32(partition(units.front().numel, ranks, 0).padded));
@@ -123,10 +142,11 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
   if (par == "nvme" && largest_shard > c.offload.param_buffer_size) ahead = 0;
   const bool copies = stage == 3 && (ranks > 1 || par == "nvme");
   const bool grads = stage >= 2;
-  const PhaseBytes acts = activations(c.model, c.micro_batch, c.activation_checkpointing);
-  const size_t fwd_units = copies ? F + E + ahead * Bk : 0;
-  const size_t head_units = (copies ? F + E + ahead * Bk : 0) + (grads ? F + E : 0);
-  const size_t previous = ranks > 1 ? std::max(Bk, F + E) : 0;
+  const PhaseBytes acts = activations(c, c.micro_batch);
+  const size_t head = c.model_arch == "llama" ? F : F + E;  // GPT-2's head is tied to the embedding
+  const size_t fwd_units = copies ? head + ahead * Bk : 0;
+  const size_t head_units = (copies ? head + ahead * Bk : 0) + (grads ? head : 0);
+  const size_t previous = ranks > 1 ? std::max(Bk, head) : 0;
   const size_t block_units = (copies ? Bk + ahead * std::max(Bk, E) : 0) + (grads ? Bk + previous : 0);
   const size_t recompute_units = (copies ? Bk + ahead * std::max(Bk, E) : 0) + (grads ? previous : 0);
   const size_t peak = std::max({acts.forward + fwd_units, acts.head + head_units, acts.blocks + block_units,
@@ -138,7 +158,7 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
 }
 
 TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
-  const std::vector<nn::UnitSpec> units = nn::GPT::layout(c.model);
+  const std::vector<nn::UnitSpec> units = model_layout(c);
   double P = 0;
   for (const nn::UnitSpec& u : units) P += static_cast<double>(u.numel);
   const double shard = P / static_cast<double>(ranks);
@@ -147,7 +167,9 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   const std::string par = stage == 3 ? c.offload.param_device : "none";
   TimePlan t;
   const double tokens = static_cast<double>(c.micro_batch * c.grad_accum * c.model.block_size);  // per rank
-  t.compute_s = nn::GPT::flops_per_token(c.model, c.model.block_size) * tokens / r.flops;
+  const double flops = c.model_arch == "llama" ? nn::Llama::flops_per_token(c.llama, c.model.block_size)
+                                              : nn::GPT::flops_per_token(c.model, c.model.block_size);
+  t.compute_s = flops * tokens / r.flops;
   // Whole-buffer collectives of the fp32 model (4P bytes each), the unit ferry-bench comm's
   // rate is measured in; an all-reduce counts as two (reduce-scatter + all-gather).
   const double accum = static_cast<double>(c.grad_accum);
@@ -215,11 +237,11 @@ std::string format_plan(const Config& base, int ranks, const Rates& r, const std
     return std::string(buf);
   };
   double P = 0;
-  for (const nn::UnitSpec& u : nn::GPT::layout(base.model)) P += static_cast<double>(u.numel);
+  for (const nn::UnitSpec& u : model_layout(base)) P += static_cast<double>(u.numel);
   std::ostringstream os;
   char line[256];
-  std::snprintf(line, sizeof line, "model: %lld layers, %lld channels, vocab %lld, context %lld: %.0f parameters; ",
-                static_cast<long long>(base.model.n_layer), static_cast<long long>(base.model.n_embd),
+  std::snprintf(line, sizeof line, "model: %s, %lld layers, %lld channels, vocab %lld, context %lld: %.0f parameters; ",
+                base.model_arch.c_str(), static_cast<long long>(base.model.n_layer), static_cast<long long>(base.model.n_embd),
                 static_cast<long long>(base.model.vocab_size), static_cast<long long>(base.model.block_size), P);
   os << line << ranks << " ranks, micro-batch " << base.micro_batch << " x " << base.grad_accum << " accumulation\n";
   os << "limits: device " << gib(static_cast<double>(device_memory > 0 ? device_memory : base.device.memory))

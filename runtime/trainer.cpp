@@ -9,6 +9,8 @@
 
 #include <sys/resource.h>
 
+#include "nn/gpt.h"
+#include "nn/llama.h"
 #include "nn/rng.h"
 #include "runtime/checkpoint.h"
 #include "runtime/stop_signal.h"
@@ -63,8 +65,13 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
       comm_(comm),
       out_(out),
       device_(std::make_unique<nn::CpuDevice>(config.device.memory, compute_threads(config, comm))),
-      model_([&] {
-        auto m = std::make_unique<nn::GPT>(config.model, *device_, DType::f32);
+      model_([&]() -> std::unique_ptr<nn::Model> {
+        std::unique_ptr<nn::Model> m;
+        if (config.model_arch == "llama") {
+          m = std::make_unique<nn::Llama>(config.llama, *device_, DType::f32);
+        } else {
+          m = std::make_unique<nn::GPT>(config.model, *device_, DType::f32);
+        }
         m->set_activation_checkpointing(config.activation_checkpointing);
         return m;
       }()),
@@ -198,9 +205,8 @@ void Trainer::describe_placement() {
   const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")"
                                  : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
                                                                                      : std::string("the device arena");
-  out_ << "model: GPT-2 style, " << cfg_.model.n_layer << " layers, " << cfg_.model.n_head << " heads, "
-       << cfg_.model.n_embd << " channels, context " << cfg_.model.block_size << ", vocab "
-       << cfg_.model.vocab_size << ": " << params << " parameters in " << model_->num_units() << " units\n";
+  out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
+       << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
        << "; per rank (device: " << device_->name() << "):\n"
        << "  fp32 weights                 " << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
@@ -378,12 +384,19 @@ nlohmann::json Trainer::step_record(const StepStats& s) const {
 }
 
 nlohmann::json Trainer::model_shape() const {
-  return {{"arch", "gpt2"},
-          {"n_layer", cfg_.model.n_layer},
-          {"n_head", cfg_.model.n_head},
-          {"n_embd", cfg_.model.n_embd},
-          {"vocab_size", cfg_.model.vocab_size},
-          {"block_size", cfg_.model.block_size}};
+  nlohmann::json shape = {{"arch", cfg_.model_arch},
+                          {"n_layer", cfg_.model.n_layer},
+                          {"n_head", cfg_.model.n_head},
+                          {"n_embd", cfg_.model.n_embd},
+                          {"vocab_size", cfg_.model.vocab_size},
+                          {"block_size", cfg_.model.block_size}};
+  if (cfg_.model_arch == "llama") {
+    shape["n_kv_head"] = cfg_.llama.n_kv_head;
+    shape["intermediate_size"] = cfg_.llama.intermediate;
+    shape["rope_theta"] = cfg_.llama.rope_theta;
+    shape["norm_eps"] = cfg_.llama.norm_eps;
+  }
+  return shape;
 }
 
 std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {

@@ -29,7 +29,7 @@
 
 #include "comm/communicator.h"
 #include "nn/cpu_device.h"
-#include "nn/gpt.h"
+#include "nn/model.h"
 #include "offload/cpu_adam.h"
 #include "runtime/config.h"
 #include "runtime/data.h"
@@ -44,7 +44,7 @@ namespace ferry::runtime {
 struct StepStats {
   int64_t step = 0;  // 1-based
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
-  double tflops = 0;  // achieved model TFLOP/s of the whole job (nn::GPT::flops_per_token x tokens / wall)
+  double tflops = 0;  // achieved model TFLOP/s of the whole job (Model::flops_per_token x tokens / wall)
   size_t device_peak_bytes = 0;
   bool stop = false;  // some rank received SIGTERM/SIGINT (runtime/stop_signal.h)
   StepBreakdown time;  // this rank's seconds per activity and the step's wall time
@@ -94,7 +94,7 @@ class Trainer {
   double evaluate();
   std::string sample(int64_t n_tokens, double temperature, uint64_t seed);
 
-  nn::GPT& model() { return *model_; }
+  nn::Model& model() { return *model_; }
   ShardedUnits& units() { return *units_; }
   OptimizerState& optimizer() { return *opt_; }
   nn::Device& device() { return *device_; }
@@ -115,7 +115,7 @@ class Trainer {
   comm::Communicator& comm_;
   std::ostream& out_;
   std::unique_ptr<nn::CpuDevice> device_;
-  std::unique_ptr<nn::GPT> model_;
+  std::unique_ptr<nn::Model> model_;
   std::unique_ptr<nn::CpuDevice> host_;  // host memory outside the device arena (offload "cpu")
   std::unique_ptr<offload::PinnedPool> pool_;
   std::unique_ptr<ShardedUnits> units_;

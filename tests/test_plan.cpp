@@ -24,7 +24,7 @@ namespace {
 
 // Two shapes: the embedding is the largest unit (64 channels), or a block is (192).
 Config config_for(int stage, const std::string& opt, const std::string& par, const std::string& nvme, int world,
-                  int64_t channels, bool checkpointing = false) {
+                  int64_t channels, bool checkpointing = false, bool llama = false) {
   json d = {{"model", {{"n_layer", 3}, {"n_head", 4}, {"n_embd", channels}, {"block_size", 64}, {"vocab_size", 256}}},
             {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
             {"device", {{"memory", "512MiB"}, {"threads", 1}}},
@@ -36,6 +36,11 @@ Config config_for(int stage, const std::string& opt, const std::string& par, con
              {{"stage", stage},
               {"offload_optimizer", {{"device", opt}}},
               {"offload_param", {{"device", par}}}}}};
+  if (llama) {
+    d["model"]["arch"] = "llama";
+    d["model"]["n_kv_head"] = 2;
+    d["model"]["intermediate_size"] = channels * 5 / 2;
+  }
   if (opt == "nvme") d["zero_optimization"]["offload_optimizer"]["nvme_path"] = nvme;
   if (par == "nvme") d["zero_optimization"]["offload_param"]["nvme_path"] = nvme;
   return config_from_json(d, "test", "", {}, world);
@@ -119,6 +124,33 @@ BOOST_AUTO_TEST_CASE(memory_with_activation_checkpointing) {
           BOOST_TEST(ratio >= 0.95);
           BOOST_TEST(ratio <= 1.10);
           BOOST_TEST(p.device_activations < plan_memory(plain, world).device_activations);
+        }
+      }
+    }
+  }
+}
+
+// Llama-style models (grouped-query attention, SwiGLU, untied head), with and without
+// activation checkpointing: the arena's peak predicted within 10%.
+BOOST_AUTO_TEST_CASE(memory_llama) {
+  test::TempDir dir("plan_llama");
+  for (int world : {1, 2}) {
+    for (bool ckpt : {false, true}) {
+      for (const auto& [stage, opt, par] : std::vector<std::tuple<int, const char*, const char*>>{
+               {0, "none", "none"}, {2, "cpu", "none"}, {3, "nvme", "nvme"}}) {
+        const Config c = config_for(stage, opt, par, dir.path.string(), world, 128, ckpt, true);
+        const MemoryPlan p = plan_memory(c, world);
+        const Measured got = measure(c, world);
+        const double ratio = static_cast<double>(p.device_peak) / static_cast<double>(got.device_peak);
+        BOOST_TEST_MESSAGE("llama, checkpointing " << ckpt << ", world " << world << " stage " << stage
+                                                   << ": device peak planned " << p.device_peak << " measured "
+                                                   << got.device_peak << " (" << ratio << ")");
+        BOOST_TEST_CONTEXT("llama, checkpointing " << ckpt << ", world " << world << " stage " << stage) {
+          BOOST_TEST(p.host_states == got.m.host_states);
+          BOOST_TEST(p.host_pinned == got.m.host_pinned);
+          BOOST_TEST(p.nvme == got.m.nvme);
+          BOOST_TEST(ratio >= 0.95);
+          BOOST_TEST(ratio <= 1.10);
         }
       }
     }

@@ -1,0 +1,33 @@
+// Model: what the runtime needs of a decoder computed unit by unit (nn::GPT, nn::Llama):
+// its unit layout, initialisation, forward and backward through UnitAccess, FLOPs, and
+// activation checkpointing. Contracts are those of nn::GPT's header.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/device.h"
+#include "nn/unit.h"
+
+namespace ferry::nn {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const std::vector<UnitSpec>& units() const = 0;
+  int num_units() const { return static_cast<int>(units().size()); }
+  virtual int64_t num_parameters() const = 0;
+  virtual void init_unit(int unit, const Tensor& flat, uint64_t seed) const = 0;
+  virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
+  virtual void backward(UnitAccess& units) = 0;
+  virtual const Tensor& logits() const = 0;
+  virtual void free_activations() = 0;
+  virtual void set_activation_checkpointing(bool on) = 0;
+  virtual bool activation_checkpointing() const = 0;
+  virtual double flops_per_token(int64_t T) const = 0;
+  // "GPT-2 style, 4 layers, 4 heads, 128 channels, ..." for the run's header.
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace ferry::nn
