@@ -171,3 +171,49 @@ BOOST_AUTO_TEST_CASE(deepspeed_schedules) {
   BOOST_TEST(learning_rate(s, 2.0, 199) == 2.0 * 0.55, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(learning_rate(s, 2.0, 299) == 2.0 * 0.1, boost::test_tools::tolerance(1e-12));
 }
+
+// Named shapes: the preset sets arch and every dimension the file does not set itself.
+BOOST_AUTO_TEST_CASE(model_presets) {
+  json doc = kMinimal;
+  doc["model"] = {{"preset", "llama-8b"}, {"block_size", 4096}};
+  const Config c = from(doc);
+  BOOST_TEST(c.model_arch == "llama");
+  BOOST_TEST(c.llama.n_layer == 32);
+  BOOST_TEST(c.llama.n_head == 32);
+  BOOST_TEST(c.llama.n_kv_head == 8);
+  BOOST_TEST(c.llama.n_embd == 4096);
+  BOOST_TEST(c.llama.intermediate == 14336);
+  BOOST_TEST(c.llama.vocab_size == 128256);
+  BOOST_TEST(c.llama.rope_theta == 500000.0);
+  BOOST_TEST(c.llama.block_size == 4096);  // the file's own value wins over the preset's 2048
+  // Meta's published parameter count for Llama 3 8B, from ferry's own layout.
+  int64_t params = 0;
+  for (const auto& u : ferry::nn::Llama::layout(c.llama))
+    for (const auto& t : u.tensors) params += t.numel();
+  BOOST_TEST(params == 8030261248);
+  BOOST_TEST(from(kMinimal, {"model.preset=llama-70b"}).llama.n_layer == 80);
+  BOOST_TEST(from(kMinimal, {"model.preset=llama-405b"}).llama.n_embd == 16384);
+  BOOST_TEST(from(kMinimal, {"model.preset=llama-1b"}).llama.intermediate == 8192);
+  const Config g = from(kMinimal, {"model.preset=gpt2-small"});
+  BOOST_TEST(g.model_arch == "gpt2");
+  BOOST_TEST(g.model.n_embd == 768);
+  BOOST_TEST(g.model.vocab_size == 50257);
+  BOOST_TEST(!g.resolved["model"].contains("rope_theta"));
+  BOOST_TEST(has(error_of([] { from(kMinimal, {"model.preset=llama-9b"}); }), "key 'model.preset' must be one of"));
+}
+
+BOOST_AUTO_TEST_CASE(llama_keys) {
+  const Config c = from(kMinimal, {"model.arch=llama", "model.n_head=8", "model.n_kv_head=2", "model.n_embd=64"});
+  BOOST_TEST(c.llama.n_kv_head == 2);
+  BOOST_TEST(c.llama.intermediate == 192);  // 8/3 x 64 = 170.7, up to a multiple of 64
+  BOOST_TEST(c.resolved["model"]["intermediate_size"] == 192);
+  BOOST_TEST(from(kMinimal, {"model.arch=llama"}).llama.n_kv_head == 4);  // absent: n_head
+  std::string e = error_of([] { from(kMinimal, {"model.arch=llama", "model.n_head=4", "model.n_kv_head=3"}); });
+  BOOST_TEST(has(e, "model.n_head (4) must be a multiple of model.n_kv_head (3)"), e);
+  e = error_of([] { from(kMinimal, {"model.arch=llama", "model.n_head=128", "model.n_embd=128"}); });
+  BOOST_TEST(has(e, "even head size"), e);
+  e = error_of([] { from(kMinimal, {"model.n_kv_head=2"}); });
+  BOOST_TEST(has(e, "model.n_kv_head applies to model.arch 'llama' only"), e);
+  e = error_of([] { from(kMinimal, {"model.preset=llama-8b", "data.format=uint16"}); });
+  BOOST_TEST(has(e, "data.format 'uint16' holds token ids below 65536 but model.vocab_size is 128256"), e);
+}
