@@ -1,7 +1,9 @@
-// Consolidated weights from a sharded checkpoint, as one safetensors file with Hugging
-// Face GPT-2 tensor names ("wte.weight", "h.0.attn.c_attn.weight", ... "ln_f.bias"; the
-// output head is tied to wte, as in GPT-2). GPT-2's Conv1D layers store weights [in, out],
-// ferry's linear layers [out, in]: those four matrices per block are transposed on the way.
+// Consolidated weights from a sharded checkpoint, as one safetensors file with the
+// model's tensor names: for GPT-2, Hugging Face's ("wte.weight", "h.0.attn.c_attn.weight",
+// ... "ln_f.bias"; the output head is tied to wte); GPT-2's Conv1D layers store weights
+// [in, out], ferry's linear layers [out, in]: those four matrices per block are transposed
+// on the way. For Llama, Meta's names with q/k/v and gate/up fused
+// ("layers.0.attention.wqkv.weight"), [out, in] as stored.
 // Streams unit by unit: memory holds one unit's master weights (plus one tensor's
 // converted copy), whatever the model's size and the checkpoint's world size.
 // Errors: CheckpointError for a refused checkpoint, std::runtime_error for the output.
