@@ -136,7 +136,7 @@ class Translator {
     }
     if (truthy(at(ds, "sparse_gradients"))) fail("sparse_gradients", "ferry reduces dense gradients only");
     for (const char* dtype_key : {"communication_data_type", "data_types.grad_accum_dtype"}) {
-      if (const json* v = at(ds, dtype_key); v && !v->is_null() && lower(v->get<std::string>()) != "fp32") {
+      if (const json* v = at(ds, dtype_key); v && !v->is_null() && (!v->is_string() || lower(v->get<std::string>()) != "fp32")) {
         fail(dtype_key, "ferry reduces and accumulates gradients in fp32 only, got " + v->dump());
       }
     }

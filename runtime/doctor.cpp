@@ -22,6 +22,7 @@
 #include "comm/mpi_communicator.h"
 #include "nn/device.h"
 #include "offload/pinned_pool.h"
+#include "runtime/launch.h"
 #include "runtime/plan.h"
 
 namespace ferry::runtime {
@@ -54,8 +55,8 @@ std::pair<int, std::string> run(const std::string& command) {
 
 DoctorCheck check_mpi(const DoctorOptions& o) {
   if (o.self.empty()) return make(DoctorCheck::warn, "mpi", "not checked (no program path to run as ranks)");
-  const std::string cmd = "timeout " + std::to_string(static_cast<int>(o.mpi_timeout_s)) + " " + o.mpiexec +
-                          " -n 2 " + o.self + " doctor --mpi-probe";
+  const std::string cmd = "timeout " + std::to_string(static_cast<int>(o.mpi_timeout_s)) + " " + shell_quote(o.mpiexec) +
+                          " -n 2 " + shell_quote(o.self) + " doctor --mpi-probe";
   const auto [status, out] = run(cmd);
   if (status == 0 && out.find("mpi probe: 2 ranks, sum 3") != std::string::npos) {
     return make(DoctorCheck::ok, "mpi", "2-rank all-reduce through " + o.mpiexec + " returned the right sum");

@@ -151,6 +151,7 @@ BOOST_AUTO_TEST_CASE(refused_keys_name_the_file_and_key) {
       {{{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", false}}}}}}, {"key 'optimizer.params.adam_w_mode'"}},
       {{{"scheduler", {{"type", "OneCycle"}}}}, {"key 'scheduler.type'", "WarmupLR, WarmupDecayLR"}},
       {{{"communication_data_type", "fp16"}}, {"key 'communication_data_type'"}},
+      {{{"communication_data_type", true}}, {"key 'communication_data_type'"}},
       {{{"zero_optimization", {{"zero_quantized_weights", true}}}}, {"key 'zero_optimization.zero_quantized_weights'"}},
       {{{"pipeline", {{"stages", 2}}}}, {"key 'pipeline'"}},
       {{{"curriculum_learning", {{"enabled", true}}}}, {"key 'curriculum_learning.enabled'"}},
