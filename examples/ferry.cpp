@@ -17,6 +17,7 @@
 // 2 the command line is wrong.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -38,25 +39,42 @@ void usage(std::ostream& os) {
         "       ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]\n";
 }
 
+// The options that name a run's configuration, shared by plan and doctor.
+struct RunOptions {
+  std::string config, deepspeed;
+  std::vector<std::string> sets;
+  int ranks = 1;
+};
+
+// Reads "--option value" pairs from argv[2..]: the run's own into `run`, the others through
+// `extra` (which returns false for an option it does not know). Throws ConfigError.
+void parse_options(int argc, char** argv, RunOptions& run,
+                   const std::function<bool(const std::string&, const std::string&)>& extra) {
+  using ferry::runtime::ConfigError;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) throw ConfigError("option '" + arg + "' needs a value (or is unknown)");
+    const std::string v = argv[++i];
+    if (arg == "--config") run.config = v;
+    else if (arg == "--deepspeed") run.deepspeed = v;
+    else if (arg == "--set") run.sets.push_back(v);
+    else if (arg == "--ranks") run.ranks = std::stoi(v);
+    else if (!extra(arg, v)) throw ConfigError("unknown option '" + arg + "'");
+  }
+}
+
 int doctor_command(int argc, char** argv) {
   using namespace ferry::runtime;
   if (argc == 3 && std::string(argv[2]) == "--mpi-probe") return mpi_probe_main();
-  std::string config, deepspeed;
-  std::vector<std::string> sets;
-  int ranks = 1, per_node = 0;
+  RunOptions run;
+  int per_node = 0;
   try {
-    for (int i = 2; i < argc; ++i) {
-      const std::string arg = argv[i];
-      if (i + 1 >= argc) throw ConfigError("option '" + arg + "' needs a value (or is unknown)");
-      const std::string v = argv[++i];
-      if (arg == "--config") config = v;
-      else if (arg == "--deepspeed") deepspeed = v;
-      else if (arg == "--set") sets.push_back(v);
-      else if (arg == "--ranks") ranks = std::stoi(v);
-      else if (arg == "--ranks-per-node") per_node = std::stoi(v);
-      else throw ConfigError("unknown option '" + arg + "'");
-    }
-    if (ranks < 1 || per_node < 0) throw ConfigError("--ranks and --ranks-per-node must be positive");
+    parse_options(argc, argv, run, [&](const std::string& arg, const std::string& v) {
+      if (arg != "--ranks-per-node") return false;
+      per_node = std::stoi(v);
+      return true;
+    });
+    if (run.ranks < 1 || per_node < 0) throw ConfigError("--ranks and --ranks-per-node must be positive");
   } catch (const std::exception& e) {
     std::cerr << "ferry doctor: " << e.what() << "\n";
     usage(std::cerr);
@@ -65,15 +83,15 @@ int doctor_command(int argc, char** argv) {
   Config c;
   DoctorOptions o;
   try {
-    if (!config.empty()) {
-      c = load_config(config, sets, ranks, deepspeed);
+    if (!run.config.empty()) {
+      c = load_config(run.config, run.sets, run.ranks, run.deepspeed);
       o.config = &c;
     }
   } catch (const ConfigError& e) {
     std::cerr << "ferry doctor: config error: " << e.what() << "\n";
     return 2;
   }
-  o.ranks_per_node = per_node > 0 ? per_node : ranks;
+  o.ranks_per_node = per_node > 0 ? per_node : run.ranks;
   o.self = std::filesystem::canonical("/proc/self/exe").string();
   const std::vector<DoctorCheck> checks = run_doctor(o);
   std::cout << format_checks(checks);
@@ -84,35 +102,29 @@ int doctor_command(int argc, char** argv) {
 
 int plan_command(int argc, char** argv) {
   using namespace ferry::runtime;
-  std::string config, deepspeed, bench, json_out;
-  std::vector<std::string> sets;
-  int ranks = 1;
+  RunOptions run;
+  std::string bench, json_out;
   size_t device_memory = 0, host_memory = 0;
   double nvme_bw = 0;
   try {
-    for (int i = 2; i < argc; ++i) {
-      const std::string arg = argv[i];
-      if (i + 1 >= argc) throw ConfigError("option '" + arg + "' needs a value (or is unknown)");
-      const std::string v = argv[++i];
-      if (arg == "--config") config = v;
-      else if (arg == "--deepspeed") deepspeed = v;
-      else if (arg == "--set") sets.push_back(v);
-      else if (arg == "--ranks") ranks = std::stoi(v);
-      else if (arg == "--device-memory") device_memory = parse_bytes(v, "--device-memory");
+    parse_options(argc, argv, run, [&](const std::string& arg, const std::string& v) {
+      if (arg == "--device-memory") device_memory = parse_bytes(v, "--device-memory");
       else if (arg == "--host-memory") host_memory = parse_bytes(v, "--host-memory");
       else if (arg == "--nvme-bandwidth") nvme_bw = static_cast<double>(parse_bytes(v, "--nvme-bandwidth"));
       else if (arg == "--bench") bench = v;
       else if (arg == "--json") json_out = v;
-      else throw ConfigError("unknown option '" + arg + "'");
-    }
-    if (config.empty() || ranks < 1) throw ConfigError("--config FILE and --ranks N (>= 1) are required");
+      else return false;
+      return true;
+    });
+    if (run.config.empty() || run.ranks < 1) throw ConfigError("--config FILE and --ranks N (>= 1) are required");
   } catch (const std::exception& e) {
     std::cerr << "ferry plan: " << e.what() << "\n";
     usage(std::cerr);
     return 2;
   }
   try {
-    const Config base = load_config(config, sets, ranks, deepspeed);
+    const Config base = load_config(run.config, run.sets, run.ranks, run.deepspeed);
+    const int ranks = run.ranks;
     Rates rates = bench.empty() ? Rates{} : rates_from_bench(bench);
     if (nvme_bw > 0) {
       rates.nvme_bytes_per_s = nvme_bw;

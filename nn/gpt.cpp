@@ -73,13 +73,6 @@ std::string GPT::describe() const {
          std::to_string(cfg_.vocab_size);
 }
 
-int64_t GPT::num_parameters() const {
-  int64_t n = 0;
-  for (const UnitSpec& u : units_)
-    for (const TensorSpec& t : u.tensors) n += t.numel();
-  return n;
-}
-
 double GPT::flops_per_token(const GPTConfig& cfg, int64_t T) {
   const int64_t C = cfg.n_embd;
   const double matmul_weights = static_cast<double>(cfg.n_layer * 12 * C * C + cfg.vocab_size * C);
@@ -106,9 +99,7 @@ void GPT::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
       for (double& x : host) x = sd * rng.normal();
     }
     const Tensor view = u.view(flat, i);
-    const Tensor staged = Tensor::empty(dev_, DType::f64, view.shape());
-    dev_.copy_from_host(staged, host.data());
-    dev_.cast(view, staged);
+    write_values(dev_, view, host);
   }
 }
 
@@ -153,13 +144,7 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
 
 double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B,
                     int64_t T) {
-  if (T < 1 || T > cfg_.block_size || B < 1) {
-    throw std::invalid_argument("GPT::forward: T=" + std::to_string(T) + " must be in [1, block_size=" +
-                                std::to_string(cfg_.block_size) + "], B=" + std::to_string(B));
-  }
-  if (tokens.numel() != B * T || (targets.defined() && targets.numel() != B * T)) {
-    throw std::invalid_argument("GPT::forward: tokens/targets must hold B*T ids");
-  }
+  check_batch("GPT", cfg_.block_size, tokens, targets, B, T);
   free_activations();
   const int64_t N = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
   const int emb = 0, fin = num_units() - 1;
@@ -199,13 +184,7 @@ double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targe
   acts_.probs = act({N, V});
   acts_.losses = act({N});
   dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
-  std::vector<double> host(static_cast<size_t>(N));
-  const Tensor losses64 = Tensor::empty(dev_, DType::f64, {N});
-  dev_.cast(losses64, acts_.losses);
-  dev_.copy_to_host(host.data(), losses64);
-  double sum = 0;
-  for (double v : host) sum += v;
-  return sum / static_cast<double>(N);
+  return mean_loss(dev_, acts_.losses);
 }
 
 void GPT::backward(UnitAccess& units) {

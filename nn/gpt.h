@@ -41,7 +41,6 @@ class GPT final : public Model {
   const GPTConfig& config() const { return cfg_; }
   DType dtype() const { return dtype_; }
   const std::vector<UnitSpec>& units() const override { return units_; }
-  int64_t num_parameters() const override;  // distinct parameters, padding excluded
 
   static std::vector<UnitSpec> layout(const GPTConfig& config);
   // GPT-2 initialisation of unit `unit` into `flat`: N(0, 0.02) for matrices and embeddings,

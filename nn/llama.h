@@ -45,7 +45,6 @@ class Llama final : public Model {
 
   const LlamaConfig& config() const { return cfg_; }
   const std::vector<UnitSpec>& units() const override { return units_; }
-  int64_t num_parameters() const override;
   static std::vector<UnitSpec> layout(const LlamaConfig& config);
   // N(0, 0.02) for matrices and the embedding, N(0, 0.02/sqrt(2 n_layer)) for wo and
   // w_down (into the residual stream), unit norm gains; per-tensor streams as nn::GPT.

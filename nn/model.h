@@ -17,7 +17,7 @@ class Model {
   virtual ~Model() = default;
   virtual const std::vector<UnitSpec>& units() const = 0;
   int num_units() const { return static_cast<int>(units().size()); }
-  virtual int64_t num_parameters() const = 0;
+  int64_t num_parameters() const;  // distinct parameters, padding excluded
   virtual void init_unit(int unit, const Tensor& flat, uint64_t seed) const = 0;
   virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
   virtual void backward(UnitAccess& units) = 0;
@@ -28,6 +28,17 @@ class Model {
   virtual double flops_per_token(int64_t T) const = 0;
   // "GPT-2 style, 4 layers, 4 heads, 128 channels, ..." for the run's header.
   virtual std::string describe() const = 0;
+
+ protected:
+  // The pieces every model's forward and init_unit share.
+  // Throws std::invalid_argument naming `model` unless 1 <= T <= block_size, B >= 1 and
+  // tokens (and targets, when given) hold B*T ids.
+  static void check_batch(const char* model, int64_t block_size, const Tensor& tokens, const Tensor& targets,
+                          int64_t B, int64_t T);
+  // The mean of losses[N], summed in double on the host in row order.
+  static double mean_loss(Device& dev, const Tensor& losses);
+  // Writes `host` (f64, view.numel() values) into `view`, cast to its dtype.
+  static void write_values(Device& dev, const Tensor& view, const std::vector<double>& host);
 };
 
 }  // namespace ferry::nn

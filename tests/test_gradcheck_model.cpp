@@ -13,6 +13,29 @@ using namespace ferry;
 using nn::DType;
 using nn::Tensor;
 
+namespace {
+
+// Every tensor of every unit (up to 60 elements each) against central differences of
+// `loss`; returns the worst relative error, counting the elements checked.
+double check_every_tensor(const nn::Model& model, const nn::ResidentUnits& units, const std::function<double()>& loss,
+                          int64_t* checked = nullptr) {
+  double worst = 0;
+  for (size_t u = 0; u < units.weights.size(); ++u) {
+    for (const nn::TensorSpec& t : model.units()[u].tensors) {
+      const Tensor w = units.weights[u].view(t.offset, {t.numel()});
+      const Tensor g = units.grads[u].view(t.offset, {t.numel()});
+      const double err = test::max_grad_error(loss, w, g, 60);
+      BOOST_TEST_INFO("tensor " << t.name);
+      BOOST_TEST(err < 1e-6);
+      worst = std::max(worst, err);
+      if (checked) *checked += std::min<int64_t>(t.numel(), 60);
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
 BOOST_AUTO_TEST_CASE(full_model_gradient_matches_finite_differences) {
   nn::CpuDevice dev(1 << 28);
   nn::GPTConfig cfg{/*n_layer=*/2, /*n_head=*/3, /*n_embd=*/9, /*vocab_size=*/11, /*block_size=*/7};
@@ -36,19 +59,8 @@ BOOST_AUTO_TEST_CASE(full_model_gradient_matches_finite_differences) {
   const double l0 = loss();
   BOOST_TEST(std::isfinite(l0));
   model.backward(units);
-  double worst = 0;
   int64_t checked = 0;
-  for (size_t u = 0; u < units.weights.size(); ++u) {
-    for (const nn::TensorSpec& t : model.units()[u].tensors) {
-      const Tensor w = units.weights[u].view(t.offset, {t.numel()});
-      const Tensor g = units.grads[u].view(t.offset, {t.numel()});
-      const double err = test::max_grad_error(loss, w, g, 60);
-      BOOST_TEST_INFO("tensor " << t.name);
-      BOOST_TEST(err < 1e-6);
-      worst = std::max(worst, err);
-      checked += std::min<int64_t>(t.numel(), 60);
-    }
-  }
+  const double worst = check_every_tensor(model, units, loss, &checked);
   BOOST_TEST_MESSAGE("checked ~" << checked << " parameters, worst relative error " << worst);
 }
 
@@ -109,17 +121,7 @@ BOOST_AUTO_TEST_CASE(llama_gradient_matches_finite_differences) {
   auto loss = [&] { return model.forward(units, tokens, targets, B, T); };
   BOOST_TEST(std::isfinite(loss()));
   model.backward(units);
-  double worst = 0;
-  for (size_t u = 0; u < units.weights.size(); ++u) {
-    for (const nn::TensorSpec& t : model.units()[u].tensors) {
-      const Tensor w = units.weights[u].view(t.offset, {t.numel()});
-      const Tensor g = units.grads[u].view(t.offset, {t.numel()});
-      const double err = test::max_grad_error(loss, w, g, 60);
-      BOOST_TEST_INFO("tensor " << t.name);
-      BOOST_TEST(err < 1e-6);
-      worst = std::max(worst, err);
-    }
-  }
+  const double worst = check_every_tensor(model, units, loss);
   BOOST_TEST_MESSAGE("llama: worst relative error " << worst);
   std::vector<std::vector<double>> plain;
   for (const Tensor& g : units.grads) plain.emplace_back(g.data_as<double>(), g.data_as<double>() + g.numel());

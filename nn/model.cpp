@@ -1,0 +1,42 @@
+#include "nn/model.h"
+
+#include <stdexcept>
+
+namespace ferry::nn {
+
+int64_t Model::num_parameters() const {
+  int64_t n = 0;
+  for (const UnitSpec& u : units())
+    for (const TensorSpec& t : u.tensors) n += t.numel();
+  return n;
+}
+
+void Model::check_batch(const char* model, int64_t block_size, const Tensor& tokens, const Tensor& targets,
+                        int64_t B, int64_t T) {
+  if (T < 1 || T > block_size || B < 1) {
+    throw std::invalid_argument(std::string(model) + "::forward: T=" + std::to_string(T) + " must be in [1, block_size=" +
+                                std::to_string(block_size) + "], B=" + std::to_string(B));
+  }
+  if (tokens.numel() != B * T || (targets.defined() && targets.numel() != B * T)) {
+    throw std::invalid_argument(std::string(model) + "::forward: tokens/targets must hold B*T ids");
+  }
+}
+
+double Model::mean_loss(Device& dev, const Tensor& losses) {
+  const int64_t N = losses.numel();
+  std::vector<double> host(static_cast<size_t>(N));
+  const Tensor losses64 = Tensor::empty(dev, DType::f64, {N});
+  dev.cast(losses64, losses);
+  dev.copy_to_host(host.data(), losses64);
+  double sum = 0;
+  for (double v : host) sum += v;
+  return sum / static_cast<double>(N);
+}
+
+void Model::write_values(Device& dev, const Tensor& view, const std::vector<double>& host) {
+  const Tensor staged = Tensor::empty(dev, DType::f64, view.shape());
+  dev.copy_from_host(staged, host.data());
+  dev.cast(view, staged);
+}
+
+}  // namespace ferry::nn
