@@ -1,15 +1,24 @@
 #include "runtime/stop_signal.h"
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 
 namespace ferry::runtime {
 
 namespace {
 
 std::atomic<int> g_signal{0};
+std::atomic<int64_t> g_first_ns{0};  // CLOCK_MONOTONIC time of the first signal
+
+int64_t now_ns() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 void say(const char* s) {
   size_t n = 0;
@@ -20,11 +29,16 @@ void say(const char* s) {
 void on_signal(int sig) {
   int expected = 0;
   if (!g_signal.compare_exchange_strong(expected, sig)) {
+    // One stop request often arrives twice: Slurm signals every process of the step and
+    // mpiexec forwards its own copy to the ranks; timeout(1) signals its child and then
+    // its process group. Only a signal sent later on purpose means "now".
+    if (now_ns() - g_first_ns.load() < kDuplicateWindowNs) return;
     say("ferry: second stop signal: exiting now, without a checkpoint\n");
     ::_exit(128 + sig);
   }
-  say(sig == SIGINT ? "ferry: SIGINT: stopping after this step with a checkpoint (again to exit at once)\n"
-                    : "ferry: SIGTERM: stopping after this step with a checkpoint (again to exit at once)\n");
+  g_first_ns.store(now_ns());
+  say(sig == SIGINT ? "ferry: SIGINT: stopping after this step with a checkpoint (again, 2 s later, to exit at once)\n"
+                    : "ferry: SIGTERM: stopping after this step with a checkpoint (again, 2 s later, to exit at once)\n");
 }
 
 }  // namespace
@@ -40,6 +54,9 @@ void install_stop_handlers() {
 
 int stop_signal() { return g_signal.load(); }
 
-void request_stop(int signal) { g_signal.store(signal); }
+void request_stop(int signal) {
+  g_first_ns.store(now_ns());
+  g_signal.store(signal);
+}
 
 }  // namespace ferry::runtime

@@ -11,6 +11,8 @@
 #include <boost/test/unit_test.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -299,6 +301,35 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_refused_by_name) {
   BOOST_TEST(err.find("names 'step-00000009', which is not a checkpoint directory") != std::string::npos, err);
   r["checkpoint"]["resume"] = good.string();
   BOOST_TEST(train(r, 1).report.resumed_from == 4);
+}
+
+// The real handler, through raise(): one request delivered twice at once (Slurm signals
+// the ranks and mpiexec forwards its copy) is one request; a later one exits at once.
+BOOST_AUTO_TEST_CASE(a_duplicate_stop_signal_is_one_request_and_a_later_one_exits) {
+  int pipefd[2];
+  BOOST_REQUIRE(pipe(pipefd) == 0);
+  const pid_t child = fork();
+  BOOST_REQUIRE(child >= 0);
+  if (child == 0) {  // the handler _exits the process, so it runs in a child
+    close(pipefd[0]);
+    runtime::install_stop_handlers();
+    raise(SIGTERM);
+    raise(SIGTERM);  // the same request's second copy: no exit
+    const char survived = runtime::stop_signal() == SIGTERM ? 'y' : 'n';
+    if (write(pipefd[1], &survived, 1) != 1) _exit(3);
+    usleep(useconds_t(runtime::kDuplicateWindowNs / 1000 + 200000));
+    raise(SIGTERM);  // on purpose, later: exits with 128 + SIGTERM
+    _exit(4);
+  }
+  close(pipefd[1]);
+  char survived = 0;
+  BOOST_TEST(read(pipefd[0], &survived, 1) == 1);
+  close(pipefd[0]);
+  BOOST_TEST(survived == 'y');
+  int status = 0;
+  BOOST_REQUIRE(waitpid(child, &status, 0) == child);
+  BOOST_REQUIRE(WIFEXITED(status));
+  BOOST_TEST(WEXITSTATUS(status) == 128 + SIGTERM);
 }
 
 BOOST_AUTO_TEST_CASE(a_stop_request_saves_and_ends_after_the_step) {
