@@ -12,6 +12,7 @@ size_t data_type_size(DataType t) {
     case DataType::f64: return 8;
     case DataType::i32: return 4;
     case DataType::u8: return 1;
+    case DataType::u16: return 2;
   }
   return 0;
 }
@@ -34,6 +35,7 @@ const char* type_name(DataType t) {
     case DataType::f64: return "f64";
     case DataType::i32: return "i32";
     case DataType::u8: return "u8";
+    case DataType::u16: return "u16";
   }
   return "?";
 }
@@ -79,6 +81,9 @@ WorkPtr Communicator::submit(Op op) {
   }
   if (op.kind == OpKind::broadcast && (op.root < 0 || op.root >= size())) {
     throw std::invalid_argument("broadcast: root " + std::to_string(op.root) + " outside [0, " + std::to_string(size()) + ")");
+  }
+  if (op.type == DataType::u16 && (op.kind == OpKind::all_reduce || op.kind == OpKind::reduce_scatter)) {
+    throw std::invalid_argument(std::string(op_name(op.kind)) + ": u16 payloads are moved, never reduced");
   }
   if ((op.type == DataType::u8 || op.type == DataType::i32) && op.reduce == ReduceOp::avg &&
       (op.kind == OpKind::all_reduce || op.kind == OpKind::reduce_scatter)) {
@@ -128,6 +133,7 @@ void reduce_into(void* dst, const void* src, size_t n, DataType type) {
       for (size_t i = 0; i < n; ++i) d[i] = static_cast<uint8_t>(d[i] + s[i]);
       return;
     }
+    case DataType::u16: throw std::invalid_argument("u16 payloads are never reduced");
   }
 }
 

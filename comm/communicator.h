@@ -26,7 +26,8 @@
 
 namespace ferry::comm {
 
-enum class DataType : uint8_t { f32, f64, i32, u8 };
+// u16: two-byte payloads (bf16 or f16 weights) that are gathered or broadcast, never reduced.
+enum class DataType : uint8_t { f32, f64, i32, u8, u16 };
 enum class ReduceOp : uint8_t { sum, avg };
 enum class OpKind : uint8_t { all_gather, reduce_scatter, all_reduce, broadcast, barrier };
 

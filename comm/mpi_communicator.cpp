@@ -32,6 +32,7 @@ MPI_Datatype mpi_type(DataType t) {
     case DataType::f64: return MPI_DOUBLE;
     case DataType::i32: return MPI_INT32_T;
     case DataType::u8: return MPI_UINT8_T;
+    case DataType::u16: return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }

@@ -71,13 +71,48 @@ T* ptr(const Tensor& t) {
 // Rows and columns of a tensor seen as a matrix whose last dimension is the row length.
 int64_t rows_of(const Tensor& t) { return t.numel() / t.dim(-1); }
 
+template <class... Ts>
+bool any_low(const Ts&... t) {
+  return (is_low_precision(t.dtype()) || ...);
+}
+
 }  // namespace
+
+// bf16 and f16 are computed as a GPU kernel computes them: each low-precision operand is
+// widened to f32 (scratch outside the arena, which holds only what a GPU would), the f32
+// kernel runs, and each output is rounded once on the way back. Outputs an op adds into
+// are widened first, so the sum is rounded once. Low-precision and f32 operands mix freely
+// (bf16 activations with f32 weight gradients); f64 never mixes.
+class CpuDevice::Widen {
+ public:
+  explicit Widen(CpuDevice& dev) : dev_(dev) {}
+  Tensor in(const Tensor& t) {
+    if (!t.defined() || !is_low_precision(t.dtype())) return t;
+    Tensor w = Tensor::empty(*dev_.scratch_, DType::f32, t.shape());
+    dev_.cast(w, t);
+    return w;
+  }
+  Tensor out(const Tensor& t, bool accumulates) {
+    if (!t.defined() || !is_low_precision(t.dtype())) return t;
+    Tensor w = accumulates ? in(t) : Tensor::empty(*dev_.scratch_, DType::f32, t.shape());
+    back_.emplace_back(t, w);
+    return w;
+  }
+  void store() {
+    for (const auto& [low, wide] : back_) dev_.cast(low, wide);
+  }
+
+ private:
+  CpuDevice& dev_;
+  std::vector<std::pair<Tensor, Tensor>> back_;
+};
 
 CpuDevice::CpuDevice(size_t capacity_bytes, int threads) {
   stats_.capacity = capacity_bytes;
   threads_ = threads > 0 ? threads : omp_get_max_threads();
   omp_set_num_threads(threads_);
   Eigen::setNbThreads(threads_);
+  if (capacity_bytes != kScratchCapacity) scratch_ = std::make_unique<CpuDevice>(kScratchCapacity, threads_);
 }
 
 CpuDevice::~CpuDevice() = default;
@@ -144,6 +179,7 @@ double load(const Tensor& t, int64_t i) {
     case DType::f64: return t.data_as<double>()[i];
     case DType::bf16: return bf16_to_f32(t.data_as<uint16_t>()[i]);
     case DType::i32: return t.data_as<int32_t>()[i];
+    case DType::f16: return f16_to_f32(t.data_as<uint16_t>()[i]);
   }
   return 0;
 }
@@ -154,6 +190,7 @@ void store(const Tensor& t, int64_t i, double v) {
     case DType::f64: t.data_as<double>()[i] = v; return;
     case DType::bf16: t.data_as<uint16_t>()[i] = f32_to_bf16(static_cast<float>(v)); return;
     case DType::i32: t.data_as<int32_t>()[i] = static_cast<int32_t>(v); return;
+    case DType::f16: t.data_as<uint16_t>()[i] = f32_to_f16(static_cast<float>(v)); return;
   }
 }
 
@@ -163,18 +200,20 @@ void CpuDevice::cast(const Tensor& dst, const Tensor& src) {
   if (dst.numel() != src.numel()) fail("cast", dst.describe() + " <- " + src.describe());
   const int64_t n = src.numel();
   if (dst.dtype() == src.dtype()) return copy(dst, src);
-  if (dst.dtype() == DType::bf16 && src.dtype() == DType::f32) {
+  if (is_low_precision(dst.dtype()) && src.dtype() == DType::f32) {
     const float* s = src.data_as<float>();
     uint16_t* d = dst.data_as<uint16_t>();
+    const bool bf = dst.dtype() == DType::bf16;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
+    for (int64_t i = 0; i < n; ++i) d[i] = bf ? f32_to_bf16(s[i]) : f32_to_f16(s[i]);
     return;
   }
-  if (dst.dtype() == DType::f32 && src.dtype() == DType::bf16) {
+  if (dst.dtype() == DType::f32 && is_low_precision(src.dtype())) {
     const uint16_t* s = src.data_as<uint16_t>();
     float* d = dst.data_as<float>();
+    const bool bf = src.dtype() == DType::bf16;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
+    for (int64_t i = 0; i < n; ++i) d[i] = bf ? bf16_to_f32(s[i]) : f16_to_f32(s[i]);
     return;
   }
   // Rare pairs (f64 oracle runs, token ids): through double, which holds every value exactly.
@@ -192,6 +231,11 @@ void CpuDevice::fill(const Tensor& dst, double value) {
 
 void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb,
                      double alpha, double beta) {
+  if (any_low(c, a, b)) {
+    Widen w(*this);
+    gemm(w.out(c, beta != 0), w.in(a), ta, w.in(b), tb, alpha, beta);
+    return w.store();
+  }
   if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || a.dtype() != c.dtype() ||
       b.dtype() != c.dtype()) {
     fail("gemm", "needs 2-D tensors of one dtype: c " + c.describe() + ", a " + a.describe() +
@@ -211,6 +255,11 @@ void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b,
 }
 
 void CpuDevice::add_bias(const Tensor& out, const Tensor& bias) {
+  if (any_low(out, bias)) {
+    Widen w(*this);
+    add_bias(w.out(out, true), w.in(bias));
+    return w.store();
+  }
   if (bias.numel() != out.dim(-1) || bias.dtype() != out.dtype()) {
     fail("add_bias", out.describe() + " + " + bias.describe());
   }
@@ -221,6 +270,11 @@ void CpuDevice::add_bias(const Tensor& out, const Tensor& bias) {
 }
 
 void CpuDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  if (any_low(dbias, dout)) {
+    Widen w(*this);
+    bias_backward(w.out(dbias, true), w.in(dout));
+    return w.store();
+  }
   if (dbias.numel() != dout.dim(-1) || dbias.dtype() != dout.dtype()) {
     fail("bias_backward", dbias.describe() + " from " + dout.describe());
   }
@@ -231,6 +285,11 @@ void CpuDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
 }
 
 void CpuDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (any_low(out, a, b)) {
+    Widen w(*this);
+    add(w.out(out, false), w.in(a), w.in(b));
+    return w.store();
+  }
   expect_same_shape("add", out, a);
   expect_same_shape("add", out, b);
   dispatch("add", out.dtype(), [&](auto tag) {
@@ -244,6 +303,11 @@ void CpuDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 }
 
 void CpuDevice::accumulate(const Tensor& dst, const Tensor& src) {
+  if (any_low(dst, src)) {
+    Widen w(*this);
+    accumulate(w.out(dst, true), w.in(src));
+    return w.store();
+  }
   expect_same_shape("accumulate", dst, src);
   dispatch("accumulate", dst.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -279,6 +343,11 @@ double CpuDevice::sum_squares(const Tensor& x) {
 }
 
 void CpuDevice::scale(const Tensor& x, double factor) {
+  if (any_low(x)) {
+    Widen w(*this);
+    scale(w.out(x, true), factor);
+    return w.store();
+  }
   dispatch("scale", x.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* p = ptr<T>(x);
@@ -291,6 +360,11 @@ void CpuDevice::scale(const Tensor& x, double factor) {
 
 void CpuDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                   const Tensor& wpe, int64_t T) {
+  if (any_low(out, wte, wpe)) {
+    Widen w(*this);
+    embedding_forward(w.out(out, false), tokens, w.in(wte), w.in(wpe), T);
+    return w.store();
+  }
   expect_dtype("embedding_forward", tokens, DType::i32);
   const int64_t N = tokens.numel(), C = wte.dim(1);
   if (out.numel() != N * C || wpe.dim(1) != C || wpe.dim(0) < T || N % T != 0) {
@@ -307,6 +381,11 @@ void CpuDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const
 
 void CpuDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
                                    const Tensor& tokens, int64_t T) {
+  if (any_low(dwte, dwpe, dout)) {
+    Widen w(*this);
+    embedding_backward(w.out(dwte, true), w.out(dwpe, true), w.in(dout), tokens, T);
+    return w.store();
+  }
   expect_dtype("embedding_backward", tokens, DType::i32);
   const int64_t N = tokens.numel(), C = dwte.dim(1);
   if (dout.numel() != N * C || dwpe.dim(1) != C || dwpe.dim(0) < T || N % T != 0) {
@@ -321,6 +400,11 @@ void CpuDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const
 
 void CpuDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                                   const Tensor& inp, const Tensor& weight, const Tensor& bias) {
+  if (any_low(out, mean, rstd, inp, weight, bias)) {
+    Widen w(*this);
+    layernorm_forward(w.out(out, false), w.out(mean, false), w.out(rstd, false), w.in(inp), w.in(weight), w.in(bias));
+    return w.store();
+  }
   expect_same_shape("layernorm_forward", out, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
   if (weight.numel() != C || bias.numel() != C || mean.numel() != N || rstd.numel() != N) {
@@ -337,6 +421,11 @@ void CpuDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const T
 void CpuDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight,
                                    const Tensor& dbias, const Tensor& dout, const Tensor& inp,
                                    const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  if (any_low(dinp, dweight, dbias, dout, inp, weight, mean, rstd)) {
+    Widen w(*this);
+    layernorm_backward(w.out(dinp, true), w.out(dweight, true), w.out(dbias, true), w.in(dout), w.in(inp), w.in(weight), w.in(mean), w.in(rstd));
+    return w.store();
+  }
   expect_same_shape("layernorm_backward", dinp, inp);
   expect_same_shape("layernorm_backward", dout, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
@@ -372,6 +461,11 @@ int64_t check_attention(const char* op, const Tensor& out, const Tensor& att, co
 
 void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
                                   int64_t n_kv_head) {
+  if (any_low(out, att, qkv)) {
+    Widen w(*this);
+    attention_forward(w.out(out, false), w.out(att, false), w.in(qkv), n_head, n_kv_head);
+    return w.store();
+  }
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
   const int64_t C = check_attention("attention_forward", out, att, qkv, n_head, kv);
   dispatch("attention_forward", qkv.dtype(), [&](auto tag) {
@@ -382,6 +476,11 @@ void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Te
 
 void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
                                    int64_t n_head, int64_t n_kv_head) {
+  if (any_low(dqkv, dout, qkv, att)) {
+    Widen w(*this);
+    attention_backward(w.out(dqkv, true), w.in(dout), w.in(qkv), w.in(att), n_head, n_kv_head);
+    return w.store();
+  }
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
   const int64_t C = check_attention("attention_backward", dout, att, qkv, n_head, kv);
   expect_same_shape("attention_backward", dqkv, qkv);
@@ -394,6 +493,11 @@ void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const
 
 void CpuDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                                 double eps) {
+  if (any_low(out, rstd, inp, weight)) {
+    Widen w(*this);
+    rmsnorm_forward(w.out(out, false), w.out(rstd, false), w.in(inp), w.in(weight), eps);
+    return w.store();
+  }
   expect_same_shape("rmsnorm_forward", out, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
   if (weight.numel() != C || rstd.numel() != N) {
@@ -407,6 +511,11 @@ void CpuDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Ten
 
 void CpuDevice::rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
                                  const Tensor& weight, const Tensor& rstd) {
+  if (any_low(dinp, dweight, dout, inp, weight, rstd)) {
+    Widen w(*this);
+    rmsnorm_backward(w.out(dinp, true), w.out(dweight, true), w.in(dout), w.in(inp), w.in(weight), w.in(rstd));
+    return w.store();
+  }
   expect_same_shape("rmsnorm_backward", dinp, inp);
   expect_same_shape("rmsnorm_backward", dout, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
@@ -421,6 +530,11 @@ void CpuDevice::rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, cons
 }
 
 void CpuDevice::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  if (any_low(out, gate_up)) {
+    Widen w(*this);
+    swiglu_forward(w.out(out, false), w.in(gate_up));
+    return w.store();
+  }
   const int64_t H = out.dim(-1), N = rows_of(out);
   if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H || gate_up.dtype() != out.dtype()) {
     fail("swiglu_forward", "out " + out.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
@@ -432,6 +546,11 @@ void CpuDevice::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
 }
 
 void CpuDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) {
+  if (any_low(dgate_up, gate_up, dout)) {
+    Widen w(*this);
+    swiglu_backward(w.out(dgate_up, true), w.in(gate_up), w.in(dout));
+    return w.store();
+  }
   expect_same_shape("swiglu_backward", dgate_up, gate_up);
   const int64_t H = dout.dim(-1), N = rows_of(dout);
   if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H) {
@@ -459,6 +578,11 @@ void check_rope(const char* op, const Tensor& a, const Tensor& b, int64_t T, int
 
 void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
                              double theta) {
+  if (any_low(out, inp)) {
+    Widen w(*this);
+    rope_forward(w.out(out, false), w.in(inp), T, heads, head_dim, theta);
+    return w.store();
+  }
   check_rope("rope_forward", out, inp, T, heads, head_dim);
   dispatch("rope_forward", inp.dtype(), [&](auto tag) {
     using U = decltype(tag);
@@ -468,6 +592,11 @@ void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, in
 
 void CpuDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
                               double theta) {
+  if (any_low(dinp, dout)) {
+    Widen w(*this);
+    rope_backward(w.out(dinp, true), w.in(dout), T, heads, head_dim, theta);
+    return w.store();
+  }
   check_rope("rope_backward", dinp, dout, T, heads, head_dim);
   dispatch("rope_backward", dout.dtype(), [&](auto tag) {
     using U = decltype(tag);
@@ -476,6 +605,11 @@ void CpuDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T,
 }
 
 void CpuDevice::gelu_forward(const Tensor& out, const Tensor& inp) {
+  if (any_low(out, inp)) {
+    Widen w(*this);
+    gelu_forward(w.out(out, false), w.in(inp));
+    return w.store();
+  }
   expect_same_shape("gelu_forward", out, inp);
   dispatch("gelu_forward", inp.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -484,6 +618,11 @@ void CpuDevice::gelu_forward(const Tensor& out, const Tensor& inp) {
 }
 
 void CpuDevice::gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  if (any_low(dinp, inp, dout)) {
+    Widen w(*this);
+    gelu_backward(w.out(dinp, true), w.in(inp), w.in(dout));
+    return w.store();
+  }
   expect_same_shape("gelu_backward", dinp, inp);
   expect_same_shape("gelu_backward", dout, inp);
   dispatch("gelu_backward", inp.dtype(), [&](auto tag) {
@@ -494,6 +633,11 @@ void CpuDevice::gelu_backward(const Tensor& dinp, const Tensor& inp, const Tenso
 
 void CpuDevice::softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
                                               const Tensor& logits, const Tensor& targets) {
+  if (any_low(losses, probs, logits)) {
+    Widen w(*this);
+    softmax_cross_entropy_forward(w.out(losses, false), w.out(probs, false), w.in(logits), targets);
+    return w.store();
+  }
   expect_same_shape("softmax_cross_entropy_forward", probs, logits);
   expect_dtype("softmax_cross_entropy_forward", targets, DType::i32);
   const int64_t V = logits.dim(-1), N = rows_of(logits);
@@ -510,6 +654,11 @@ void CpuDevice::softmax_cross_entropy_forward(const Tensor& losses, const Tensor
 
 void CpuDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
                                                const Tensor& targets, double dloss) {
+  if (any_low(dlogits, probs)) {
+    Widen w(*this);
+    softmax_cross_entropy_backward(w.out(dlogits, true), w.in(probs), targets, dloss);
+    return w.store();
+  }
   expect_same_shape("softmax_cross_entropy_backward", dlogits, probs);
   const int64_t V = probs.dim(-1), N = rows_of(probs);
   if (targets.numel() != N) fail("softmax_cross_entropy_backward", targets.describe());

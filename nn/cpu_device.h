@@ -5,10 +5,13 @@
 // states that exceed it fail at allocation with a message, and offload must make them fit.
 // Memory is 64-byte aligned host memory (from the process allocator, mimalloc in ferry's
 // executables), so host_accessible() is true.
-// Supported dtypes: f32 and f64 for every op; bf16 for copies, casts, fill, sum_squares.
+// Supported dtypes: f32 and f64 for every op; bf16 and f16 for every op too, computed in
+// f32 and rounded once per output (see Widen in cpu_device.cpp), mixed freely with f32
+// operands (weight gradients stay f32 under mixed precision).
 // Thread safety: allocation accounting is guarded by a mutex; ops are issued by one thread.
 #pragma once
 
+#include <memory>
 #include <mutex>
 
 #include "nn/device.h"
@@ -78,9 +81,12 @@ class CpuDevice final : public Device {
                                       const Tensor& targets, double dloss) override;
 
  private:
+  class Widen;
+  static constexpr size_t kScratchCapacity = size_t{1} << 62;
   mutable std::mutex mu_;
   MemoryStats stats_;
   int threads_;
+  std::unique_ptr<CpuDevice> scratch_;  // f32 copies of low-precision operands, outside the budget
 };
 
 }  // namespace ferry::nn

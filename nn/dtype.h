@@ -9,8 +9,9 @@
 namespace ferry::nn {
 
 // f64 exists for the CPU device only: it is the oracle's precision for gradient checks.
-// i32 holds token ids.
-enum class DType : uint8_t { f32, f64, bf16, i32 };
+// i32 holds token ids. bf16 and f16 are the compute types of mixed precision (weights and
+// activations); every device computes them in f32 and rounds what it stores.
+enum class DType : uint8_t { f32, f64, bf16, i32, f16 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -18,6 +19,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::f64: return 8;
     case DType::bf16: return 2;
     case DType::i32: return 4;
+    case DType::f16: return 2;
   }
   return 0;
 }
@@ -28,6 +30,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f64: return "f64";
     case DType::bf16: return "bf16";
     case DType::i32: return "i32";
+    case DType::f16: return "f16";
   }
   return "?";
 }
@@ -43,6 +46,23 @@ inline uint16_t f32_to_bf16(float f) {
   const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>((u + rounding) >> 16);
 }
+
+// IEEE binary16 through the compiler's _Float16 (round to nearest even; past 65504 the
+// result is infinity, which is what fp16 loss scaling watches for).
+inline uint16_t f32_to_f16(float f) {
+  const _Float16 h = static_cast<_Float16>(f);
+  uint16_t u;
+  std::memcpy(&u, &h, 2);
+  return u;
+}
+
+inline float f16_to_f32(uint16_t u) {
+  _Float16 h;
+  std::memcpy(&h, &u, 2);
+  return static_cast<float>(h);
+}
+
+constexpr bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
 
 inline float bf16_to_f32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;

@@ -60,9 +60,7 @@ GPT::GPT(const GPTConfig& config, Device& device, DType dtype)
     throw std::invalid_argument("GPT: n_embd (" + std::to_string(cfg_.n_embd) +
                                 ") must be a multiple of n_head (" + std::to_string(cfg_.n_head) + ")");
   }
-  if (dtype != DType::f32 && dtype != DType::f64) {
-    throw std::invalid_argument("GPT: compute dtype must be f32 or f64");
-  }
+  check_dtype("GPT", dtype);
 }
 
 GPT::~GPT() = default;
@@ -112,8 +110,8 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
   const Tensor& x = acts_.residual[static_cast<size_t>(l)];
   a.ln1 = act({N, C});
-  a.ln1_mean = act({N});
-  a.ln1_rstd = act({N});
+  a.ln1_mean = stat({N});
+  a.ln1_rstd = stat({N});
   dev_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, W(kLn1W), W(kLn1B));
   a.qkv = act({N, 3 * C});
   dev_.gemm(a.qkv, a.ln1, false, W(kQkvW), true, 1.0, 0.0);
@@ -127,8 +125,8 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   a.res2 = act({N, C});
   dev_.add(a.res2, x, scratch);
   a.ln2 = act({N, C});
-  a.ln2_mean = act({N});
-  a.ln2_rstd = act({N});
+  a.ln2_mean = stat({N});
+  a.ln2_rstd = stat({N});
   dev_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B));
   a.fch = act({N, 4 * C});
   dev_.gemm(a.fch, a.ln2, false, W(kFcW), true, 1.0, 0.0);
@@ -171,8 +169,8 @@ double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targe
   const Tensor wf = units.acquire_weights(fin);
   const Tensor wt = units.acquire_weights(emb);
   acts_.lnf = act({N, C});
-  acts_.lnf_mean = act({N});
-  acts_.lnf_rstd = act({N});
+  acts_.lnf_mean = stat({N});
+  acts_.lnf_rstd = stat({N});
   dev_.layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, acts_.residual.back(),
                          units_.back().view(wf, kLnfW), units_.back().view(wf, kLnfB));
   acts_.logits = act({N, V});
@@ -181,8 +179,8 @@ double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targe
   units.release_weights(fin);
   if (!targets.defined()) return 0.0;
 
-  acts_.probs = act({N, V});
-  acts_.losses = act({N});
+  acts_.probs = stat({N, V});
+  acts_.losses = stat({N});
   dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
   return mean_loss(dev_, acts_.losses);
 }
@@ -203,7 +201,7 @@ void GPT::backward(UnitAccess& units) {
     const Tensor dlogits = act({N, V});
     dev_.fill(dlogits, 0.0);
     dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets,
-                                        1.0 / static_cast<double>(N));
+                                        loss_scale_ / static_cast<double>(N));
     const Tensor dlnf = act({N, C});
     dev_.gemm(dlnf, dlogits, false, ue.view(wt, kWte), false, 1.0, 0.0);
     dev_.gemm(ue.view(gt, kWte), dlogits, true, acts_.lnf, false, 1.0, 1.0);

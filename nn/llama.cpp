@@ -57,7 +57,7 @@ Llama::Llama(const LlamaConfig& config, Device& device, DType dtype)
     throw std::invalid_argument("Llama: n_head (" + std::to_string(c.n_head) + ") must be a multiple of n_kv_head (" +
                                 std::to_string(c.n_kv_head) + ")");
   }
-  if (dtype != DType::f32 && dtype != DType::f64) throw std::invalid_argument("Llama: compute dtype must be f32 or f64");
+  check_dtype("Llama", dtype);
 }
 
 Llama::~Llama() = default;
@@ -105,7 +105,7 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
   const Tensor& x = acts_.residual[static_cast<size_t>(l)];
   a.xn = act({N, C});
-  a.rstd1 = act({N});
+  a.rstd1 = stat({N});
   dev_.rmsnorm_forward(a.xn, a.rstd1, x, Wt(kAttnNorm), cfg_.norm_eps);
   a.qkv = act({N, W});
   dev_.gemm(a.qkv, a.xn, false, Wt(kWqkv), true, 1.0, 0.0);
@@ -119,7 +119,7 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   a.res2 = act({N, C});
   dev_.add(a.res2, x, scratch);
   a.xn2 = act({N, C});
-  a.rstd2 = act({N});
+  a.rstd2 = stat({N});
   dev_.rmsnorm_forward(a.xn2, a.rstd2, a.res2, Wt(kFfnNorm), cfg_.norm_eps);
   a.gate_up = act({N, 2 * I});
   dev_.gemm(a.gate_up, a.xn2, false, Wt(kWGateUp), true, 1.0, 0.0);
@@ -162,15 +162,15 @@ double Llama::forward(UnitAccess& units, const Tensor& tokens, const Tensor& tar
   const Tensor wf = units.acquire_weights(fin);
   const UnitSpec& uf = units_.back();
   acts_.xf = act({N, C});
-  acts_.rstdf = act({N});
+  acts_.rstdf = stat({N});
   dev_.rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.residual.back(), uf.view(wf, kNorm), cfg_.norm_eps);
   acts_.logits = act({N, V});
   dev_.gemm(acts_.logits, acts_.xf, false, uf.view(wf, kOutput), true, 1.0, 0.0);
   units.release_weights(fin);
   if (!targets.defined()) return 0.0;
 
-  acts_.probs = act({N, V});
-  acts_.losses = act({N});
+  acts_.probs = stat({N, V});
+  acts_.losses = stat({N});
   dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
   return mean_loss(dev_, acts_.losses);
 }
@@ -187,7 +187,7 @@ void Llama::backward(UnitAccess& units) {
     const UnitSpec& uf = units_.back();
     const Tensor dlogits = act({N, V});
     dev_.fill(dlogits, 0.0);
-    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets, 1.0 / static_cast<double>(N));
+    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets, loss_scale_ / static_cast<double>(N));
     const Tensor dxf = act({N, C});
     dev_.gemm(dxf, dlogits, false, uf.view(wf, kOutput), false, 1.0, 0.0);
     dev_.gemm(uf.view(gf, kOutput), dlogits, true, acts_.xf, false, 1.0, 1.0);

@@ -76,6 +76,7 @@ class Llama final : public Model {
   };
 
   Tensor act(Shape shape) const { return Tensor::empty(dev_, dtype_, std::move(shape)); }
+  Tensor stat(Shape shape) const { return Tensor::empty(dev_, stat_dtype(dtype_), std::move(shape)); }
   void block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T);
 
   LlamaConfig cfg_;

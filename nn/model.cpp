@@ -22,6 +22,12 @@ void Model::check_batch(const char* model, int64_t block_size, const Tensor& tok
   }
 }
 
+void Model::check_dtype(const char* model, DType dtype) {
+  if (dtype == DType::i32) {
+    throw std::invalid_argument(std::string(model) + ": compute dtype must be f32, f64, bf16 or f16");
+  }
+}
+
 double Model::mean_loss(Device& dev, const Tensor& losses) {
   const int64_t N = losses.numel();
   std::vector<double> host(static_cast<size_t>(N));

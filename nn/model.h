@@ -26,10 +26,20 @@ class Model {
   virtual void set_activation_checkpointing(bool on) = 0;
   virtual bool activation_checkpointing() const = 0;
   virtual double flops_per_token(int64_t T) const = 0;
+  // fp16 loss scaling: backward() differentiates loss_scale x the mean loss, so every
+  // gradient comes out multiplied by it (the caller divides it out). 1 by default.
+  void set_loss_scale(double scale) { loss_scale_ = scale; }
+  double loss_scale() const { return loss_scale_; }
   // "GPT-2 style, 4 layers, 4 heads, 128 channels, ..." for the run's header.
   virtual std::string describe() const = 0;
 
  protected:
+  // The dtype of normalisation statistics, probabilities and losses: f32 under mixed
+  // precision (as autocast keeps softmax and cross-entropy in fp32), else the compute dtype.
+  static DType stat_dtype(DType compute) { return is_low_precision(compute) ? DType::f32 : compute; }
+  // Throws std::invalid_argument naming `model` unless `dtype` is one a model computes in.
+  static void check_dtype(const char* model, DType dtype);
+  double loss_scale_ = 1.0;
   // The pieces every model's forward and init_unit share.
   // Throws std::invalid_argument naming `model` unless 1 <= T <= block_size, B >= 1 and
   // tokens (and targets, when given) hold B*T ids.

@@ -376,6 +376,16 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   c.model_arch = at("model.arch").get<std::string>();
   c.model_seed = at("model.seed").get<uint64_t>();
   c.activation_checkpointing = at("activation_checkpointing.enabled").get<bool>();
+  const bool bf16 = at("bf16.enabled").get<bool>();
+  c.fp16 = at("fp16.enabled").get<bool>();
+  if (bf16 && c.fp16) fail(source, "bf16.enabled and fp16.enabled are both true; choose one");
+  c.zero.compute = bf16 ? nn::DType::bf16 : c.fp16 ? nn::DType::f16 : nn::DType::f32;
+  c.loss_scaling.static_scale = at("fp16.loss_scale").get<double>();
+  c.loss_scaling.initial_scale_power = at("fp16.initial_scale_power").get<int>();
+  c.loss_scaling.window = at("fp16.loss_scale_window").get<int64_t>();
+  c.loss_scaling.hysteresis = at("fp16.hysteresis").get<int>();
+  c.loss_scaling.consecutive_hysteresis = at("fp16.consecutive_hysteresis").get<bool>();
+  c.loss_scaling.min_scale = at("fp16.min_loss_scale").get<double>();
   if (c.model.n_embd % c.model.n_head != 0) {
     fail(source, "model.n_embd (" + std::to_string(c.model.n_embd) + ") must be a multiple of model.n_head (" +
                      std::to_string(c.model.n_head) + ")");

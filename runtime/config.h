@@ -18,6 +18,7 @@
 #include "nn/llama.h"
 #include "offload/cpu_adam.h"
 #include "offload/storage.h"
+#include "runtime/loss_scaler.h"
 #include "runtime/sharded_units.h"
 
 namespace ferry::runtime {
@@ -52,6 +53,9 @@ struct Config {
   nn::LlamaConfig llama;         // with model_arch llama: the whole shape
   uint64_t model_seed = 0;
   bool activation_checkpointing = false;
+  // Mixed precision: zero.compute is bf16 (bf16.enabled) or f16 (fp16.enabled), else f32.
+  bool fp16 = false;
+  LossScaling loss_scaling;  // fp16 only
   struct {
     std::string path, format;
     uint64_t seed = 0;

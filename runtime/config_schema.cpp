@@ -110,6 +110,18 @@ const std::vector<Knob>& config_knobs() {
       {"activation_checkpointing.enabled", KnobType::boolean, false,
        "keep only each block's input in forward and recompute the block's forward in backward: identical "
        "gradients, activation memory of about one block instead of all, one more forward of the blocks"},
+      {"bf16.enabled", KnobType::boolean, false,
+       "mixed precision in bf16: weights gathered and computed, activations in bf16; master weights, "
+       "gradients, their reductions and Adam state stay fp32"},
+      {"fp16.enabled", KnobType::boolean, false,
+       "mixed precision in fp16 (as bf16.enabled) with loss scaling; steps whose gradients overflow are skipped"},
+      {"fp16.loss_scale", KnobType::number, 0.0, "fp16: 0 = dynamic loss scaling; > 0 a static loss scale", 0, {}},
+      {"fp16.initial_scale_power", KnobType::integer, 16, "fp16: the dynamic loss scale starts at 2^this", 0, 60},
+      {"fp16.loss_scale_window", KnobType::integer, 1000, "fp16: steps without overflow before the scale doubles", 1, {}},
+      {"fp16.hysteresis", KnobType::integer, 2, "fp16: overflows tolerated before the scale halves", 1, {}},
+      {"fp16.consecutive_hysteresis", KnobType::boolean, false,
+       "fp16: refill the hysteresis on every step without overflow (else only when the scale doubles)"},
+      {"fp16.min_loss_scale", KnobType::number, 1.0, "fp16: the scale never goes below this; an overflow there stops the run", 0, {}, true},
       {"data.path", KnobType::path, nullptr, "training corpus (required)"},
       {"data.format", KnobType::string, "text", "text: bytes are tokens; uint16: little-endian token ids", {}, {}, false, {"text", "uint16"}},
       {"data.seed", KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},

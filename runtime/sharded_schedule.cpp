@@ -59,8 +59,18 @@ Tensor ShardedUnits::take_read(Flight& f) {
 }
 
 PendingCollective ShardedUnits::issue_gather(int unit, const Tensor& shard, const Tensor& full) {
-  return issue_all_gather(comm_, dev_, shard, full, partition_of(unit), zero_.allgather_bucket_size,
-                          name(unit));
+  const Partition& p = partition_of(unit);
+  if (shard.dtype() == full.dtype()) {
+    return issue_all_gather(comm_, dev_, shard, full, p, zero_.allgather_bucket_size, name(unit));
+  }
+  // Mixed precision: only this rank's slice is cast, and the gather moves two-byte values.
+  if (p.world == 1) {
+    dev_.cast(full.view(0, {p.shard}), shard);
+    return {};
+  }
+  const Tensor low = Tensor::empty(dev_, full.dtype(), {p.shard});
+  dev_.cast(low, shard);
+  return issue_all_gather(comm_, dev_, low, full, p, zero_.allgather_bucket_size, name(unit));
 }
 
 int64_t ShardedUnits::gathered_elements() const {
@@ -91,12 +101,12 @@ void ShardedUnits::pump(size_t next) {
       auto it = flights_.find(k);
       if (it != flights_.end() && it->second.gather.valid()) continue;
       if (zero_.stage < 3) {
-        if (!stale_[u]) continue;  // nothing to gather
+        if (!stale_[u] || zero_.stage == 0) continue;  // nothing to gather (stage 0 casts at use)
         wait_update(unit);
         Flight& f = flights_[k];
         f.unit = unit;
-        f.full = full_w_[u];
-        f.gather = issue_gather(unit, f.full.view(p.begin(), {p.shard}), f.full);
+        f.full = low() ? compute_w_[u] : full_w_[u];
+        f.gather = refresh(unit);
         stale_[u] = false;
         continue;
       }
@@ -118,7 +128,8 @@ void ShardedUnits::pump(size_t next) {
         f.shard = store(unit).tensor(region(unit));
       }
       const Tensor shard = f.read ? take_read(f) : f.shard;
-      f.full = p.world == 1 ? shard : Tensor::empty(dev_, DType::f32, {p.padded});  // alone: the shard is the unit
+      // Alone and in fp32, the shard is the unit.
+      f.full = p.world == 1 && !low() ? shard : Tensor::empty(dev_, zero_.compute, {p.padded});
       f.gather = issue_gather(unit, shard, f.full);
       ahead += p.padded;
       if (log::enabled(log::Level::trace, log::Subsys::sched)) {

@@ -47,7 +47,11 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   }
   nn::Device& grad_home = place_.grads_on_host ? *place_.host : dev_;
   const size_t n = units.size();
+  if (zero.compute != DType::f32 && !nn::is_low_precision(zero.compute)) {
+    throw std::invalid_argument("ShardedUnits: compute weights are f32, bf16 or f16");
+  }
   full_w_.resize(n);
+  compute_w_.resize(n);
   full_g_.resize(n);
   shard_g_.resize(n);
   refs_.assign(n, 0);
@@ -67,6 +71,10 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     init(static_cast<int>(u), full.view(0, {p.numel}));
     if (zero_.stage < 3) {
       full_w_[u] = full;
+      if (low()) {
+        compute_w_[u] = Tensor::empty(dev_, zero_.compute, {p.padded});
+        dev_.cast(compute_w_[u], full);
+      }
     } else {
       // The shard goes to its tier in pool-sized pieces (aligned, as O_DIRECT wants).
       const int64_t piece = place_.pool ? static_cast<int64_t>(place_.pool->buffer_size() / 4) : p.shard;
@@ -161,8 +169,7 @@ Tensor ShardedUnits::acquire_weights(int unit) {
         flights_.erase(flight);
         ++prefetch_hits_;
       } else if (stale_[u]) {
-        const Tensor& full = full_w_[u];
-        issue_gather(unit, full.view(p.begin(), {p.shard}), full).finish(tracer_);
+        refresh(unit).finish(tracer_);
       }
       stale_[u] = false;
     } else {
@@ -171,7 +178,7 @@ Tensor ShardedUnits::acquire_weights(int unit) {
         Flight& f = flight->second;
         if (!f.gather.valid()) {
           const Tensor shard = f.read ? take_read(f) : f.shard;
-          if (!f.full.defined()) f.full = p.world == 1 ? shard : Tensor::empty(dev_, DType::f32, {p.padded});
+          if (!f.full.defined()) f.full = p.world == 1 && !low() ? shard : Tensor::empty(dev_, zero_.compute, {p.padded});
           f.gather = issue_gather(unit, shard, f.full);
         }
         f.gather.finish(tracer_);
@@ -180,7 +187,8 @@ Tensor ShardedUnits::acquire_weights(int unit) {
         ++prefetch_hits_;
       } else {
         const Tensor shard = read_shard(unit);
-        full = p.world == 1 ? shard : Tensor::empty(dev_, DType::f32, {p.padded});  // alone: the shard is the unit
+        // Alone and in fp32, the shard is the unit.
+        full = p.world == 1 && !low() ? shard : Tensor::empty(dev_, zero_.compute, {p.padded});
         issue_gather(unit, shard, full).finish(tracer_);
       }
       live_w_[unit].full = full;
@@ -188,7 +196,7 @@ Tensor ShardedUnits::acquire_weights(int unit) {
     if (ahead) pump(pos + 1);
   }
   compute_begin(unit);
-  if (zero_.stage < 3) return full_w_[u].view(0, {p.numel});
+  if (zero_.stage < 3) return (low() ? compute_w_[u] : full_w_[u]).view(0, {p.numel});
   return live_w_.at(unit).full.view(0, {p.numel});
 }
 
@@ -288,25 +296,41 @@ void ShardedUnits::end_step() {
 }
 
 void ShardedUnits::mark_updating(int unit) {
-  if (zero_.stage == 1 || zero_.stage == 2) stale_.at(static_cast<size_t>(unit)) = true;
+  if (zero_.stage == 1 || zero_.stage == 2 || (zero_.stage == 0 && low())) stale_.at(static_cast<size_t>(unit)) = true;
 }
 
 void ShardedUnits::publish_params() {
-  if (zero_.stage != 1 && zero_.stage != 2) return;
+  if (zero_.stage == 3 || (zero_.stage == 0 && !low())) return;
   cancel_flights();
   for (size_t u = 0; u < parts_.size(); ++u) {
-    const Partition& p = parts_[u];
     wait_update(static_cast<int>(u));
-    issue_gather(static_cast<int>(u), full_w_[u].view(p.begin(), {p.shard}), full_w_[u]).finish(tracer_);
+    refresh(static_cast<int>(u)).finish(tracer_);
     stale_[u] = false;
   }
+}
+
+PendingCollective ShardedUnits::refresh(int unit) {
+  const auto u = static_cast<size_t>(unit);
+  const Partition& p = partition_of(unit);
+  const Tensor& target = low() ? compute_w_[u] : full_w_[u];
+  if (zero_.stage == 0) {  // every rank updated the whole unit: only the cast is left
+    if (low()) dev_.cast(target, full_w_[u]);
+    return {};
+  }
+  return issue_gather(unit, full_w_[u].view(p.begin(), {p.shard}), target);
 }
 
 std::vector<float> ShardedUnits::full_weights(int unit) {
   const Partition& p = partition_of(unit);
   std::vector<float> out(static_cast<size_t>(p.numel));
   const Tensor w = acquire_weights(unit);
-  dev_.copy_to_host(out.data(), w);
+  if (w.dtype() == DType::f32) {
+    dev_.copy_to_host(out.data(), w);
+  } else {
+    const Tensor wide = Tensor::empty(dev_, DType::f32, w.shape());
+    dev_.cast(wide, w);
+    dev_.copy_to_host(out.data(), wide);
+  }
   release_weights(unit);
   return out;
 }
@@ -321,6 +345,7 @@ StateBytes ShardedUnits::state_bytes() const {
   if (params_cpu_) s.weights += params_cpu_->bytes(), s.weights_host += params_cpu_->bytes();
   for (size_t u = 0; u < parts_.size(); ++u) {
     s.weights += full_w_[u].defined() ? full_w_[u].nbytes() : 0;
+    s.compute_copy += compute_w_[u].defined() ? compute_w_[u].nbytes() : 0;
     const size_t shard = shard_g_[u].defined() ? shard_g_[u].nbytes() : 0;
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + shard;
     if (place_.grads_on_host) s.gradients_host += shard;

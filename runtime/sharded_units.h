@@ -63,6 +63,11 @@ struct ZeroConfig {
   bool overlap_comm = true;                      // collectives issued ahead of use / without waiting
   int64_t prefetch_bucket_size = 50'000'000;     // stage3_prefetch_bucket_size: elements gathered ahead
   int64_t max_live_parameters = 1'000'000'000;   // stage3_max_live_parameters: elements gathered at once
+  // The weights handed to the model. bf16/f16 (mixed precision): stage 3 casts a unit's
+  // fp32 shard and gathers the two-byte copy; stages 0-2 keep a full two-byte copy beside
+  // the fp32 weights, refreshed after each update. Every shard, gradient and reduction
+  // stays fp32; the fp32 weights remain the optimizer's master copy.
+  nn::DType compute = nn::DType::f32;
 };
 
 // Where the persistent shards live besides the device (DeepSpeed's offload_param and the
@@ -85,6 +90,7 @@ struct StateBytes {
   size_t weights_host = 0;             // of `weights`: shards in host memory (offload cpu, nvme's max_in_cpu)
   size_t weights_nvme = 0;             // of `weights`: shards in nvme files
   size_t gradients_host = 0;           // of `gradients`: shards in host memory (optimizer offloaded)
+  size_t compute_copy = 0;             // stages 0-2 under mixed precision: the full bf16/f16 weights (device)
 };
 
 class ShardedUnits final : public nn::UnitAccess {
@@ -144,7 +150,8 @@ class ShardedUnits final : public nn::UnitAccess {
   // full weights before the next use. publish_params gathers every such unit now.
   void mark_updating(int unit);
   void publish_params();  // collective
-  // Host copy of unit's full weights (numel elements). Collective at stage 3.
+  // Host copy of unit's full weights (numel elements) as the model computes with them
+  // (rounded to the compute dtype under mixed precision). Collective at stage 3.
   std::vector<float> full_weights(int unit);
   StateBytes state_bytes() const;
 
@@ -171,7 +178,11 @@ class ShardedUnits final : public nn::UnitAccess {
   nn::Tensor read_shard(int unit);  // stage 3, on demand: this rank's shard on the device
   nn::Tensor take_read(Flight& f);  // the shard of a flight whose read was started
   void start_read(Flight& f);
+  // shard (fp32) into full (fp32 or the compute dtype: the shard is cast first).
   PendingCollective issue_gather(int unit, const nn::Tensor& shard, const nn::Tensor& full);
+  // Stages 0-2: brings the unit's compute weights up to date with its fp32 weights.
+  PendingCollective refresh(int unit);
+  bool low() const { return nn::is_low_precision(zero_.compute); }
   void pump(size_t position);       // starts the reads and gathers ahead of `position`
   void cancel_flights();
   int64_t gathered_elements() const;
@@ -194,13 +205,14 @@ class ShardedUnits final : public nn::UnitAccess {
   int region(int unit) const { return home_.at(static_cast<size_t>(unit)).second; }
   std::vector<Partition> parts_;
   std::vector<nn::Tensor> full_w_, full_g_, shard_g_;
+  std::vector<nn::Tensor> compute_w_;  // stages 0-2 under mixed precision: full weights in the compute dtype
   struct Live {
     nn::Tensor full;
     int refs = 0;
   };
   std::map<int, Live> live_w_, live_g_;  // stage 3 gathered weights; stage 2-3 full gradients
   std::vector<int> refs_;                // per unit: the model's acquires not yet released
-  std::vector<bool> stale_;              // stages 1-2: owned weights changed, not yet gathered
+  std::vector<bool> stale_;              // stages 0-2: weights changed, compute weights not yet refreshed
   std::vector<bool> zero_pending_;       // gradient not yet zeroed in this step
   std::vector<bool> reported_;           // on_gradients_ready fired in this step
   std::vector<bool> reduced_;            // stages 0-1: the step's reduction issued

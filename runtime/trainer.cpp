@@ -68,9 +68,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
       model_([&]() -> std::unique_ptr<nn::Model> {
         std::unique_ptr<nn::Model> m;
         if (config.model_arch == "llama") {
-          m = std::make_unique<nn::Llama>(config.llama, *device_, DType::f32);
+          m = std::make_unique<nn::Llama>(config.llama, *device_, config.zero.compute);
         } else {
-          m = std::make_unique<nn::GPT>(config.model, *device_, DType::f32);
+          m = std::make_unique<nn::GPT>(config.model, *device_, config.zero.compute);
         }
         m->set_activation_checkpointing(config.activation_checkpointing);
         return m;
@@ -79,6 +79,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
       data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,
                             config.data.val_fraction)),
       sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size) {
+  if (cfg_.fp16) scaler_ = std::make_unique<LossScaler>(cfg_.loss_scaling);
   if (cfg_.world_size != comm_.size()) {
     throw std::invalid_argument("Trainer: the config was resolved for world size " + std::to_string(cfg_.world_size) +
                                 " but the communicator has " + std::to_string(comm_.size()) + " ranks");
@@ -232,7 +233,9 @@ void Trainer::gradients_ready(int unit) {
     Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units_->order().unit_name(unit));
     sumsq_[static_cast<size_t>(unit)] = host_->sum_squares(g);
   });
-  if (cfg_.grad_clip <= 0) submit_update(unit, 1.0);  // nothing to wait for: update now
+  // Nothing to wait for: update now. Clipping needs the global norm first, and fp16 needs
+  // to know that no rank's gradients overflowed.
+  if (cfg_.grad_clip <= 0 && !scaler_) submit_update(unit, 1.0);
 }
 
 void Trainer::submit_update(int unit, double clip) {
@@ -254,16 +257,31 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   for (double s : sumsq_) sumsq[0] += s;
   comm_.all_reduce_sum(sumsq);
   const double accum = static_cast<double>(cfg_.grad_accum * comm_.size());
-  const double grad_norm = std::sqrt(sumsq[0]) / accum;
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const double grad_norm = std::sqrt(sumsq[0]) / accum / loss_scale;
   *grad_norm_out = grad_norm;
+  if (scaler_) {
+    const bool overflow = !std::isfinite(grad_norm);
+    const std::string change = scaler_->update(overflow);
+    if (overflow) {
+      // Nothing was updated (updates wait for this decision): the step is dropped whole,
+      // and Adam's step count and the schedule stay where they were.
+      if (comm_.rank() == 0) {
+        log::warn(log::Subsys::optim, "step " + std::to_string(step + 1) + ": fp16 gradients overflowed at loss scale " +
+                                          fmt("%g", loss_scale) + ": step skipped; " + change);
+      }
+      return cur_lr_;
+    }
+    if (!change.empty() && comm_.rank() == 0) log::info(log::Subsys::optim, "step " + std::to_string(step + 1) + ": " + change);
+  }
   if (!std::isfinite(grad_norm)) {
     throw std::runtime_error("step " + std::to_string(step + 1) + ": the gradient norm is not finite (" +
                              std::to_string(grad_norm) + "); lower optimizer.params.lr or check the data");
   }
-  if (cfg_.grad_clip > 0) {
+  if (cfg_.grad_clip > 0 || scaler_) {
     // torch.nn.utils.clip_grad_norm_'s rule. In forward order: the next step's first unit first.
-    const double clip = grad_norm > cfg_.grad_clip ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
-    for (int u = 0; u < model_->num_units(); ++u) submit_update(u, clip);
+    const double clip = cfg_.grad_clip > 0 && grad_norm > cfg_.grad_clip ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
+    for (int u = 0; u < model_->num_units(); ++u) submit_update(u, clip / loss_scale);
   }
   worker_->submit(-1, [this] { opt_->commit(); });  // after every unit's update: the new state is current
   return cur_lr_;
@@ -274,8 +292,9 @@ StepStats Trainer::train_step(int64_t step) {
   const auto t0 = clock::now();
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
   tracer_->begin_step(step + 1);
-  cur_step_ = step;
-  cur_lr_ = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, step);
+  cur_step_ = step - (scaler_ ? scaler_->skipped() : 0);
+  cur_lr_ = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, cur_step_);
+  if (scaler_) model_->set_loss_scale(scaler_->scale());
   sumsq_.assign(static_cast<size_t>(model_->num_units()), 0.0);
   units_->begin_step(step + 1);
   device_->reset_peak();
@@ -299,10 +318,13 @@ StepStats Trainer::train_step(int64_t step) {
   s.step = step + 1;
   s.stop = reduce[1] > 0;
   s.loss = reduce[0] / static_cast<double>(cfg_.grad_accum * comm_.size());
-  if (!std::isfinite(s.loss)) {
+  s.loss_scale = model_->loss_scale();
+  if (!std::isfinite(s.loss) && !scaler_) {  // fp16: an overflow, which optimizer_step skips
     throw std::runtime_error("step " + std::to_string(s.step) + ": the loss is not finite; lower optimizer.params.lr");
   }
+  const int64_t skipped_before = scaler_ ? scaler_->skipped() : 0;
   s.lr = optimizer_step(step, &s.grad_norm);
+  s.skipped = scaler_ && scaler_->skipped() > skipped_before;
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
   s.tflops = model_->flops_per_token(T) * s.tokens_per_s / 1e12;
@@ -345,7 +367,9 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
     device_->copy_from_host(tokens, ctx.data());
     model_->forward(*units_, tokens, Tensor{}, 1, T);
     const Tensor last = model_->logits().view((T - 1) * V, {V});
-    device_->copy_to_host(logits.data(), last);
+    const Tensor wide = Tensor::empty(*device_, DType::f32, {V});  // bf16/f16 logits under mixed precision
+    device_->cast(wide, last);
+    device_->copy_to_host(logits.data(), wide);
     double mx = logits[0];
     for (float l : logits) mx = std::max<double>(mx, l);
     std::vector<double> p(static_cast<size_t>(V));
@@ -380,6 +404,10 @@ nlohmann::json Trainer::step_record(const StepStats& s) const {
                       {"memory", memory_by_tier().to_json()},
                       {"overlap", s.time.overlap()}};
   if (cfg_.log.peak_tflops > 0) r["mfu"] = s.tflops / (cfg_.log.peak_tflops * comm_.size());
+  if (scaler_) {
+    r["loss_scale"] = s.loss_scale;
+    r["skipped"] = s.skipped;
+  }
   return r;
 }
 
@@ -418,6 +446,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
               {"optimizer", cfg_.resolved.value("optimizer", nlohmann::json::object())},
               {"lr", lr},
               {"model_seed", cfg_.model_seed}};
+  if (scaler_) req.meta["loss_scaler"] = scaler_->state();
   return runtime::save_checkpoint(req, model_->units(), *units_, *opt_, comm_);
 }
 
@@ -435,6 +464,13 @@ int64_t Trainer::load_checkpoint(const std::string& step_dir) {
          std::to_string(cfg_.global_batch()) + ": keep micro batch x accumulation x ranks to continue the same run");
   }
   if (t.at("scheduler") != cfg_.resolved.value("scheduler", nlohmann::json::object())) warn("the scheduler settings differ");
+  if (scaler_) {
+    if (t.contains("loss_scaler")) {
+      scaler_->restore(t.at("loss_scaler"));
+    } else {
+      warn("saved without fp16: the loss scale starts again at 2^fp16.initial_scale_power");
+    }
+  }
   return manifest.at("step").get<int64_t>();
 }
 
@@ -477,8 +513,9 @@ TrainReport Trainer::run() {
     if (s.step % cfg_.log.every == 0 || s.step == 1 || s.step == cfg_.train.steps) {
       std::string perf = fmt("%.3f TFLOP/s", s.tflops);
       if (cfg_.log.peak_tflops > 0) perf += fmt(" (MFU %.1f%%)", 100.0 * s.tflops / (cfg_.log.peak_tflops * comm_.size()));
+      const std::string scale = !scaler_ ? "" : fmt(" | loss scale %g", s.loss_scale) + (s.skipped ? " (overflow: skipped)" : "");
       say("step " + std::to_string(s.step) + "/" + std::to_string(cfg_.train.steps) + " | loss " + fmt("%.4f", s.loss) +
-          " | lr " + fmt("%.3e", s.lr) + " | grad norm " + fmt("%.3f", s.grad_norm) + " | " +
+          " | lr " + fmt("%.3e", s.lr) + " | grad norm " + fmt("%.3f", s.grad_norm) + scale + " | " +
           fmt("%.0f", s.tokens_per_s) + " tok/s | " + perf + " | device peak " + nn::format_bytes(s.device_peak_bytes) +
           " | " + describe_breakdown(s.time) + "\n");
     }

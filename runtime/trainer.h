@@ -47,6 +47,8 @@ struct StepStats {
   double tflops = 0;  // achieved model TFLOP/s of the whole job (Model::flops_per_token x tokens / wall)
   size_t device_peak_bytes = 0;
   bool stop = false;  // some rank received SIGTERM/SIGINT (runtime/stop_signal.h)
+  double loss_scale = 1;  // fp16: the scale this step's backward used
+  bool skipped = false;   // fp16: the gradients overflowed; no update was made
   StepBreakdown time;  // this rank's seconds per activity and the step's wall time
 };
 
@@ -127,7 +129,8 @@ class Trainer {
   MetricsWriter metrics_;
   std::unique_ptr<Tracer> tracer_;
   std::vector<double> sumsq_;  // per unit: this rank's squared gradient norm, this step
-  int64_t cur_step_ = 0;       // 0-based step in progress
+  int64_t cur_step_ = 0;       // 0-based optimizer step in progress (fp16: skipped steps not counted)
+  std::unique_ptr<LossScaler> scaler_;  // fp16 only
   double cur_lr_ = 0;
   // Last: destroyed first, so that queued updates finish while what they use still exists.
   std::unique_ptr<UpdateWorker> worker_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 namespace ferry::runtime {
 
@@ -47,24 +48,31 @@ PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, co
                                    const Partition& p, int64_t bucket, std::string name) {
   PendingCollective pc(Activity::all_gather, std::move(name), {shard, full});
   const int64_t W = p.world, S = p.shard;
+  if (shard.dtype() != full.dtype()) {
+    throw std::invalid_argument("all-gather of " + shard.describe() + " into " + full.describe() + ": one dtype");
+  }
   if (W == 1 && shard.data() == full.data()) return pc;
+  // Weights only move: a two-byte compute copy (bf16, f16) travels as u16.
+  const size_t esize = nn::dtype_size(shard.dtype());
+  const comm::DataType type = esize == 2 ? comm::DataType::u16 : comm::DataType::f32;
+  auto at = [esize](const Tensor& t, int64_t i) { return static_cast<char*>(t.data()) + static_cast<size_t>(i) * esize; };
   const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
   if (len >= S) {
-    pc.works_.push_back(comm.all_gather(shard.data(), full.data(), static_cast<size_t>(S), comm::DataType::f32));
+    pc.works_.push_back(comm.all_gather(shard.data(), full.data(), static_cast<size_t>(S), type));
     return pc;
   }
   std::vector<std::pair<int64_t, Tensor>> packs;  // (c0, pack)
   for (int64_t c0 = 0; c0 < S; c0 += len) {
     const int64_t c = std::min(len, S - c0);
-    const Tensor pack = Tensor::empty(dev, DType::f32, {W * c});
-    pc.works_.push_back(comm.all_gather(f32(shard) + c0, pack.data(), static_cast<size_t>(c), comm::DataType::f32));
+    const Tensor pack = Tensor::empty(dev, shard.dtype(), {W * c});
+    pc.works_.push_back(comm.all_gather(at(shard, c0), pack.data(), static_cast<size_t>(c), type));
     pc.keep_.push_back(pack);
     packs.emplace_back(c0, pack);
   }
-  pc.unpack_ = [packs, full, W, S] {
+  pc.unpack_ = [packs, full, W, S, at, esize] {
     for (const auto& [c0, pack] : packs) {
       const int64_t c = pack.numel() / W;
-      for (int64_t r = 0; r < W; ++r) std::memcpy(f32(full) + r * S + c0, f32(pack) + r * c, bytes(c));
+      for (int64_t r = 0; r < W; ++r) std::memcpy(at(full, r * S + c0), at(pack, r * c), static_cast<size_t>(c) * esize);
     }
   };
   return pc;
