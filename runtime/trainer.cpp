@@ -215,6 +215,14 @@ void Trainer::describe_placement() {
        << (units_->placement().grads_on_host ? "host memory (shards)" : "the device arena") << "\n"
        << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
        << nn::format_bytes(opt_->bytes()) << "  in " << opt_->where() << "\n";
+  if (nn::is_low_precision(cfg_.zero.compute)) {
+    const std::string low(nn::dtype_name(cfg_.zero.compute));
+    out_ << "  " << low << " compute weights         "
+         << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in the device arena, refreshed from the fp32 weights after each update"
+                                 : "cast from each fp32 shard and all-gathered per unit, freed after use")
+         << "\n  " << low << " activations; fp32 gradients, reductions, master weights and Adam state"
+         << (cfg_.fp16 ? "; dynamic loss scaling" : "") << "\n";
+  }
   if (pool_) {
     out_ << "  pinned staging pool          " << nn::format_bytes(pool_->bytes()) << "  (" << pool_->buffer_count()
          << " x " << nn::format_bytes(pool_->buffer_size()) << (pool_->pinned() ? ", page-locked)" : ", NOT page-locked)")
