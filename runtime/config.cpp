@@ -566,7 +566,6 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     const json* v = get_path(c.resolved, key);
     c.deepspeed.autos_resolved.push_back(key + " = " + (v ? v->dump() : std::string("(unset)")));
   }
-  for (const std::string& fixed : imp.fixed_autos) c.deepspeed.autos_resolved.push_back(fixed);
   c.deepspeed.ignored = imp.ignored;
   return c;
 }

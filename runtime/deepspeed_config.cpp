@@ -34,7 +34,9 @@ const std::map<std::string, std::string>& mapped_keys() {
                              "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_param.pin_memory",
                              "zero_optimization.offload_param.buffer_count", "zero_optimization.offload_param.buffer_size",
                              "zero_optimization.offload_param.max_in_cpu", "aio.block_size", "aio.queue_depth",
-                             "aio.intra_op_parallelism", "aio.single_submit", "aio.overlap_events"}) {
+                             "aio.intra_op_parallelism", "aio.single_submit", "aio.overlap_events", "bf16.enabled",
+                             "fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window",
+                             "fp16.hysteresis", "fp16.consecutive_hysteresis", "fp16.min_loss_scale"}) {
       k[same] = same;
     }
     k["zero_optimization.stage3_prefetch_bucket_size"] = "zero_optimization.stage3_prefetch_bucket_size";
@@ -42,6 +44,7 @@ const std::map<std::string, std::string>& mapped_keys() {
     k["zero_optimization.stage3_max_live_parameters"] = "zero_optimization.stage3_max_live_parameters";
     k["zero_optimization.max_live_parameters"] = "zero_optimization.stage3_max_live_parameters";
     k["aio.thread_count"] = "aio.intra_op_parallelism";  // DeepSpeed >= 0.15's name
+    k["bfloat16.enabled"] = "bf16.enabled";              // DeepSpeed's alias
     return k;
   }();
   return m;
@@ -72,7 +75,10 @@ bool ignorable(const std::string& path) {
       "optimizer.params.adam_w_mode", "optimizer.params.bias_correction", "optimizer.params.amsgrad",
       "data_types.grad_accum_dtype", "communication_data_type", "zero_optimization.zero_quantized_weights",
       "zero_optimization.zero_quantized_gradients", "zero_optimization.zero_quantized_nontrainable_weights",
-      "seq_parallel_communication_data_type", "compile"};
+      "seq_parallel_communication_data_type", "compile",
+      // fp16 inputs are cast where the first layer reads them anyway; bf16's fused-update and
+      // overflow-check switches only change when DeepSpeed does the same arithmetic.
+      "fp16.auto_cast", "bf16.immediate_grad_update", "bf16.check_grad_overflow"};
   for (const std::string& p : prefixes)
     if (path == p || path.starts_with(p + ".")) return true;
   return false;
@@ -114,14 +120,14 @@ class Translator {
 
   // Keys whose effect ferry lacks and whose absence would change what is computed.
   void check_refused(const json& ds) {
-    for (const char* precision : {"fp16", "bf16", "amp"}) {
-      const json* en = at(ds, std::string(precision) + ".enabled");
-      if (truthy(en)) {
-        fail(std::string(precision) + ".enabled",
-             "ferry computes in fp32 and has no " + std::string(precision) +
-                 " mixed precision yet; running this configuration in fp32 would not be the run it "
-                 "describes (set it to false or \"auto\", which resolves to false)");
-      }
+    if (truthy(at(ds, "amp.enabled"))) {
+      fail("amp.enabled", "apex AMP is not implemented by ferry; use \"bf16\" or \"fp16\" (DeepSpeed's own mixed precision)");
+    }
+    if (truthy(at(ds, "fp16.enabled")) && (truthy(at(ds, "bf16.enabled")) || truthy(at(ds, "bfloat16.enabled")))) {
+      fail("bf16.enabled", "bf16.enabled and fp16.enabled are both true; choose one");
+    }
+    if (truthy(at(ds, "fp16.fp16_master_weights_and_grads"))) {
+      fail("fp16.fp16_master_weights_and_grads", "ferry keeps master weights and gradients in fp32 under fp16");
     }
     for (const char* section : {"curriculum_learning", "data_efficiency", "progressive_layer_drop", "eigenvalue",
                                 "quantize_training", "elasticity"}) {
@@ -177,12 +183,7 @@ class Translator {
         set(path, path == "optimizer.type" ? json("AdamW") : value);
         continue;
       }
-      if (path == "fp16" || path == "bf16" || path == "amp") {
-        if (const json* en = at(value, "enabled"); en && en->is_string() && *en == "auto") {
-          out_.fixed_autos.push_back(path + ".enabled = false (ferry computes in fp32)");
-        }
-        continue;  // disabled (check_refused): its other keys have no effect
-      }
+      if (path == "amp" || path == "fp16.fp16_master_weights_and_grads") continue;  // false (check_refused)
       if (path == "zero_optimization.cpu_offload") {  // DeepSpeed's legacy spelling
         if (truthy(&value)) set("zero_optimization.offload_optimizer.device", "cpu");
         continue;

@@ -31,7 +31,6 @@ namespace ferry::runtime {
 struct DeepSpeedImport {
   nlohmann::json runtime = nlohmann::json::object();  // ferry key paths, nested; "auto" keys absent
   std::vector<std::string> autos;    // ferry key paths whose DeepSpeed value was "auto"
-  std::vector<std::string> fixed_autos;  // "auto" keys with no ferry knob: "bf16.enabled = false (...)"
   std::vector<std::string> ignored;  // DeepSpeed key paths ferry ignores (do not change results)
 };
 

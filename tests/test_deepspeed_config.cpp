@@ -68,7 +68,11 @@ BOOST_AUTO_TEST_CASE(hugging_face_zero2_cpu_offload) {
   BOOST_TEST(c.deepspeed.path == kZero2);
   BOOST_TEST(contains(c.deepspeed.autos_resolved, "train_micro_batch_size_per_gpu = 16"));
   BOOST_TEST(contains(c.deepspeed.autos_resolved, "scheduler.params.warmup_max_lr = 0.001"));
-  BOOST_TEST(contains(c.deepspeed.autos_resolved, "bf16.enabled = false (ferry computes in fp32)"));
+  // fp16/bf16 "auto": the ferry file's choice, as Hugging Face takes TrainingArguments'.
+  BOOST_TEST(contains(c.deepspeed.autos_resolved, "bf16.enabled = false"));
+  BOOST_TEST(contains(c.deepspeed.autos_resolved, "fp16.enabled = false"));
+  BOOST_TEST((c.zero.compute == ferry::nn::DType::f32));
+  BOOST_TEST(c.loss_scaling.hysteresis == 2);
   BOOST_TEST(c.deepspeed.autos_resolved.size() == 13u);
   for (const char* k : {"steps_per_print", "wall_clock_breakdown", "zero_optimization.contiguous_gradients",
                         "zero_optimization.reduce_scatter", "zero_optimization.allgather_partitions"}) {
@@ -142,11 +146,43 @@ BOOST_AUTO_TEST_CASE(deepspeed_defaults_where_they_change_the_result) {
   BOOST_TEST(set.grad_clip == 0.5);  // --set applies last
 }
 
+// DeepSpeed's precision sections map onto ferry's keys of the same names.
+BOOST_AUTO_TEST_CASE(bf16_and_fp16_sections_map) {
+  ferry::test::TempDir dir("ds_precision");
+  const std::string bf = write(dir.path / "bf16.json", {{"bf16", {{"enabled", true}, {"immediate_grad_update", false}}}});
+  const Config b = load_config(kModel, {}, 1, bf);
+  BOOST_TEST((b.zero.compute == ferry::nn::DType::bf16));
+  BOOST_TEST(!b.fp16);
+  BOOST_TEST(contains(b.deepspeed.ignored, "bf16.immediate_grad_update"));
+  const std::string alias = write(dir.path / "bfloat16.json", {{"bfloat16", {{"enabled", true}}}});
+  BOOST_TEST((load_config(kModel, {}, 1, alias).zero.compute == ferry::nn::DType::bf16));
+  const std::string fp = write(dir.path / "fp16.json", {{"fp16",
+                                                          {{"enabled", true},
+                                                           {"loss_scale", 0},
+                                                           {"initial_scale_power", 12},
+                                                           {"loss_scale_window", 500},
+                                                           {"hysteresis", 3},
+                                                           {"consecutive_hysteresis", true},
+                                                           {"min_loss_scale", 4},
+                                                           {"auto_cast", false}}}});
+  const Config f = load_config(kModel, {}, 1, fp);
+  BOOST_TEST((f.zero.compute == ferry::nn::DType::f16));
+  BOOST_TEST(f.fp16);
+  BOOST_TEST(f.loss_scaling.static_scale == 0.0);
+  BOOST_TEST(f.loss_scaling.initial_scale_power == 12);
+  BOOST_TEST(f.loss_scaling.window == 500);
+  BOOST_TEST(f.loss_scaling.hysteresis == 3);
+  BOOST_TEST(f.loss_scaling.consecutive_hysteresis);
+  BOOST_TEST(f.loss_scaling.min_scale == 4.0);
+  BOOST_TEST(contains(f.deepspeed.ignored, "fp16.auto_cast"));
+}
+
 BOOST_AUTO_TEST_CASE(refused_keys_name_the_file_and_key) {
   ferry::test::TempDir dir("ds_refused");
   const std::vector<std::pair<json, std::vector<std::string>>> cases = {
-      {{{"bf16", {{"enabled", true}}}}, {"key 'bf16.enabled'", "fp32"}},
-      {{{"fp16", {{"enabled", true}, {"loss_scale", 0}}}}, {"key 'fp16.enabled'"}},
+      {{{"amp", {{"enabled", true}}}}, {"key 'amp.enabled'", "bf16"}},
+      {{{"fp16", {{"enabled", true}, {"fp16_master_weights_and_grads", true}}}}, {"key 'fp16.fp16_master_weights_and_grads'"}},
+      {{{"fp16", {{"enabled", true}}}, {"bf16", {{"enabled", true}}}}, {"bf16.enabled and fp16.enabled are both true"}},
       {{{"optimizer", {{"type", "Lamb"}, {"params", {{"lr", 1e-3}}}}}}, {"key 'optimizer.type'", "\"Lamb\""}},
       {{{"optimizer", {{"type", "Adam"}, {"params", {{"adam_w_mode", false}}}}}}, {"key 'optimizer.params.adam_w_mode'"}},
       {{{"scheduler", {{"type", "OneCycle"}}}}, {"key 'scheduler.type'", "WarmupLR, WarmupDecayLR"}},
