@@ -102,6 +102,7 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
     largest_shard = std::max(largest_shard, p.shard);
     if (stage < 3) {
       weights += arena(f32(p.padded));
+      if (nn::is_low_precision(c.zero.compute)) weights += arena(static_cast<size_t>(p.padded) * 2);  // compute copy
     } else if (par == "nvme" && cached + p.shard <= c.offload.max_in_cpu) {
       cached += p.shard;
       m.host_states += f32(p.shard);
@@ -140,7 +141,8 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
   size_t ahead = stage == 3 && c.zero.overlap_comm ? static_cast<size_t>(std::max(1, c.schedule.prefetch_depth - 1)) : 0;
   // nvme shards larger than one staging buffer are read on demand, in pieces, never ahead.
   if (par == "nvme" && largest_shard > c.offload.param_buffer_size) ahead = 0;
-  const bool copies = stage == 3 && (ranks > 1 || par == "nvme");
+  // bf16/f16 stage 3 always gathers into a new (two-byte) buffer: counted at fp32 size.
+  const bool copies = stage == 3 && (ranks > 1 || par == "nvme" || nn::is_low_precision(c.zero.compute));
   const bool grads = stage >= 2;
   const PhaseBytes acts = activations(c, c.micro_batch);
   const size_t head = c.model_arch == "llama" ? F : F + E;  // GPT-2's head is tied to the embedding
@@ -249,6 +251,11 @@ std::string format_plan(const Config& base, int ranks, const Rates& r, const std
      << "\nrates: " << r.flops / 1e9 << " GFLOP/s, nvme " << r.nvme_bytes_per_s / 1e9 << " GB/s, comm "
      << r.comm_bytes_per_s / 1e9 << " GB/s, adam " << r.adam_params_per_s / 1e6 << " M params/s";
   for (const std::string& s : r.sources) os << "\n  " << s;
+  if (nn::is_low_precision(base.zero.compute)) {
+    os << "\n" << nn::dtype_name(base.zero.compute)
+       << ": states as planned (fp32, plus the two-byte compute copy at stages 0-2); activations and gathered units are "
+          "counted at fp32 size, an upper bound";
+  }
   os << "\n\nper rank, GiB; step time in seconds (overlapped = the longest resource, sequential = their sum)\n"
      << "stage  optimizer  params |  device peak (states + activations + in flight) |   host + pinned |      nvme | fits | step overlapped  sequential\n";
   for (const PlanRow& row : rows) {

@@ -153,6 +153,21 @@ BOOST_AUTO_TEST_CASE(memory_llama) {
   }
 }
 
+// bf16 is planned as fp32 plus the compute copy: an upper bound on the arena's peak
+// (activations and gathered units take half), exact host, pinned and nvme bytes.
+BOOST_AUTO_TEST_CASE(memory_bf16_is_an_upper_bound) {
+  test::TempDir dir("plan_bf16");
+  for (int world : {1, 2}) {
+    for (const auto& [stage, opt, par] : std::vector<std::tuple<int, const char*, const char*>>{
+             {0, "none", "none"}, {2, "cpu", "none"}, {3, "none", "none"}, {3, "nvme", "nvme"}}) {
+      Config c = config_for(stage, opt, par, dir.path.string(), world, 64, false, true);
+      c.zero.compute = nn::DType::bf16;
+      check_against_run(c, world, "bf16 llama, world " + std::to_string(world) + " stage " + std::to_string(stage), 1.0,
+                        2.0, true);
+    }
+  }
+}
+
 // Step-time arithmetic on rates read from ferry-bench result files.
 BOOST_AUTO_TEST_CASE(time_from_bench_rates) {
   test::TempDir dir("plan_bench");
