@@ -37,32 +37,39 @@ struct PhaseBytes {
 PhaseBytes activations(const Config& c, int64_t B) {
   const nn::GPTConfig& m = c.model;
   const int64_t T = m.block_size, N = B * T, C = m.n_embd, V = m.vocab_size, H = m.n_head;
-  const size_t NC = arena(f32(N * C)), Nv = arena(f32(N)), NV = arena(f32(N * V));
-  const size_t att = arena(f32(B * H * T * T));
+  // Activations in the compute dtype; statistics, probabilities and losses in fp32
+  // (nn::Model::stat_dtype).
+  const size_t e = nn::dtype_size(c.zero.compute);
+  auto act = [e](int64_t n) { return arena(static_cast<size_t>(std::max<int64_t>(n, 0)) * e); };
+  const size_t NC = act(N * C), Nv = arena(f32(N)), logits = act(N * V), probs = arena(f32(N * V));
+  const size_t att = act(B * H * T * T);
   size_t block_kept = 0, grad_temps = 0, head_kept = 0;
   if (c.model_arch == "llama") {
-    const size_t NW = arena(f32(N * c.llama.qkv_width())), NI = arena(f32(N * c.llama.intermediate));
-    const size_t N2I = arena(f32(N * 2 * c.llama.intermediate));
+    const size_t NW = act(N * c.llama.qkv_width()), NI = act(N * c.llama.intermediate);
+    const size_t N2I = act(N * 2 * c.llama.intermediate);
     // xn, atty, res2, xn2, output; qkv; gate_up, h; two RMSNorm statistics; probabilities.
     block_kept = 5 * NC + NW + N2I + NI + 2 * Nv + att;
     grad_temps = 4 * NC + NI + N2I + 2 * NW;  // dres2, dxin, dnorm, datty, dh, dgu, dqkv, dpre
-    head_kept = NC + 2 * Nv + 2 * NV;         // xf, rstdf, losses; logits, probs
+    head_kept = NC + 2 * Nv + logits + probs;  // xf, rstdf, losses; logits, probs
   } else {
-    const size_t N4C = arena(f32(N * 4 * C)), N3C = arena(f32(N * 3 * C));
+    const size_t N4C = act(N * 4 * C), N3C = act(N * 3 * C);
     // ln1, atty, res2, ln2, output; fch, fch_gelu; qkv; four LayerNorm statistics; probabilities.
     block_kept = 5 * NC + 2 * N4C + N3C + 4 * Nv + att;
-    grad_temps = 4 * NC + 2 * N4C + N3C;  // dres2, dxin, dln, datty, dfch, dfch_gelu, dqkv
-    head_kept = NC + 3 * Nv + 2 * NV;     // lnf, its statistics, losses; logits, probs
+    grad_temps = 4 * NC + 2 * N4C + N3C;       // dres2, dxin, dln, datty, dfch, dfch_gelu, dqkv
+    head_kept = NC + 3 * Nv + logits + probs;  // lnf, its statistics, losses; logits, probs
   }
   const size_t io = 2 * arena(static_cast<size_t>(N) * 4);  // tokens, targets (i32)
   const size_t L = static_cast<size_t>(m.n_layer);
   const size_t losses64 = arena(static_cast<size_t>(N) * 8);
+  // The head's backward adds dx, dlogits (compute dtype) and dlnf; the blocks' backward
+  // has freed the final norm's output, the logits and the probabilities.
+  const size_t head_grads = NC + logits + NC, head_freed = NC + logits + probs;
   PhaseBytes p;
   if (!c.activation_checkpointing) {
     const size_t kept = io + NC + L * block_kept + head_kept;
     p.forward = kept + losses64;
-    p.head = kept + NC + NV + NC;
-    p.blocks = kept - NC - 2 * NV + NC + grad_temps;
+    p.head = kept + head_grads;
+    p.blocks = kept - head_freed + NC + grad_temps;
     return p;
   }
   // Each block keeps only its output (the next block's input); one block's activations live
@@ -71,8 +78,8 @@ PhaseBytes activations(const Config& c, int64_t B) {
   const size_t kept = io + NC + L * NC + head_kept;
   const size_t one_block = block_kept - NC;
   p.forward = std::max(io + (L + 1) * NC + one_block + NC, kept + losses64);
-  p.head = kept + NC + NV + NC;
-  p.blocks = kept - NC - 2 * NV + NC + grad_temps + one_block;
+  p.head = kept + head_grads;
+  p.blocks = kept - head_freed + NC + grad_temps + one_block;
   p.recompute = p.blocks + 2 * NC;
   return p;
 }
@@ -135,22 +142,33 @@ MemoryPlan plan_memory(const Config& c, int ranks) {
   // together; Llama's only the final one. Stages 2-3 take a full gradient buffer per unit in backward, released when
   // its reduction completes: with several ranks the previous unit's is still in flight
   // (alone, the reduction is a copy done at once).
-  const size_t E = arena(f32(partition(units.front().numel, ranks, 0).padded));
-  const size_t F = arena(f32(partition(units.back().numel, ranks, 0).padded));
-  const size_t Bk = units.size() > 2 ? arena(f32(partition(units[1].numel, ranks, 0).padded)) : 0;
+  // Gathered weights are in the compute dtype, gradient buffers fp32.
+  const size_t e = nn::dtype_size(c.zero.compute);
+  auto padded = [&](size_t u, size_t esize) { return arena(static_cast<size_t>(partition(units[u].numel, ranks, 0).padded) * esize); };
+  const size_t E = padded(0, 4), F = padded(units.size() - 1, 4), Bk = units.size() > 2 ? padded(1, 4) : 0;
+  // bf16/f16: a unit fetched ahead also holds, until its use, the fp32 shard read from nvme
+  // into the arena and (several ranks) the two-byte cast of this rank's shard.
+  auto ahead_of = [&](size_t u) {
+    if (e == 4) return padded(u, 4);
+    const auto shard = static_cast<size_t>(partition(units[u].numel, ranks, 0).shard);
+    return padded(u, e) + (par == "nvme" ? arena(shard * 4) : 0) + (ranks > 1 ? arena(shard * e) : 0);
+  };
+  const size_t Ew = padded(0, e), Fw = padded(units.size() - 1, e), Bkw = units.size() > 2 ? padded(1, e) : 0;
+  const size_t Ea = ahead_of(0), Bka = units.size() > 2 ? ahead_of(1) : 0;
   size_t ahead = stage == 3 && c.zero.overlap_comm ? static_cast<size_t>(std::max(1, c.schedule.prefetch_depth - 1)) : 0;
   // nvme shards larger than one staging buffer are read on demand, in pieces, never ahead.
   if (par == "nvme" && largest_shard > c.offload.param_buffer_size) ahead = 0;
-  // bf16/f16 stage 3 always gathers into a new (two-byte) buffer: counted at fp32 size.
+  // bf16/f16 stage 3 always gathers into a new (two-byte) buffer.
   const bool copies = stage == 3 && (ranks > 1 || par == "nvme" || nn::is_low_precision(c.zero.compute));
   const bool grads = stage >= 2;
   const PhaseBytes acts = activations(c, c.micro_batch);
   const size_t head = c.model_arch == "llama" ? F : F + E;  // GPT-2's head is tied to the embedding
-  const size_t fwd_units = copies ? head + ahead * Bk : 0;
-  const size_t head_units = (copies ? head + ahead * Bk : 0) + (grads ? head : 0);
+  const size_t head_w = c.model_arch == "llama" ? Fw : Fw + Ew;
+  const size_t fwd_units = copies ? head_w + ahead * Bka : 0;
+  const size_t head_units = (copies ? head_w + ahead * Bka : 0) + (grads ? head : 0);
   const size_t previous = ranks > 1 ? std::max(Bk, head) : 0;
-  const size_t block_units = (copies ? Bk + ahead * std::max(Bk, E) : 0) + (grads ? Bk + previous : 0);
-  const size_t recompute_units = (copies ? Bk + ahead * std::max(Bk, E) : 0) + (grads ? previous : 0);
+  const size_t block_units = (copies ? Bkw + ahead * std::max(Bka, Ea) : 0) + (grads ? Bk + previous : 0);
+  const size_t recompute_units = (copies ? Bkw + ahead * std::max(Bka, Ea) : 0) + (grads ? previous : 0);
   const size_t peak = std::max({acts.forward + fwd_units, acts.head + head_units, acts.blocks + block_units,
                                 acts.recompute + recompute_units});
   m.device_activations = std::max({acts.forward, acts.head, acts.blocks, acts.recompute});
@@ -253,8 +271,7 @@ std::string format_plan(const Config& base, int ranks, const Rates& r, const std
   for (const std::string& s : r.sources) os << "\n  " << s;
   if (nn::is_low_precision(base.zero.compute)) {
     os << "\n" << nn::dtype_name(base.zero.compute)
-       << ": states as planned (fp32, plus the two-byte compute copy at stages 0-2); activations and gathered units are "
-          "counted at fp32 size, an upper bound";
+       << ": activations and gathered weights in two bytes; fp32 states, plus a two-byte compute copy at stages 0-2";
   }
   os << "\n\nper rank, GiB; step time in seconds (overlapped = the longest resource, sequential = their sum)\n"
      << "stage  optimizer  params |  device peak (states + activations + in flight) |   host + pinned |      nvme | fits | step overlapped  sequential\n";

@@ -64,9 +64,9 @@ PendingCollective ShardedUnits::issue_gather(int unit, const Tensor& shard, cons
     return issue_all_gather(comm_, dev_, shard, full, p, zero_.allgather_bucket_size, name(unit));
   }
   // Mixed precision: only this rank's slice is cast, and the gather moves two-byte values.
-  if (p.world == 1) {
+  if (p.world == 1) {  // the cast is the whole gather; a no-op collective marks it done
     dev_.cast(full.view(0, {p.shard}), shard);
-    return {};
+    return issue_all_gather(comm_, dev_, full, full, p, zero_.allgather_bucket_size, name(unit));
   }
   const Tensor low = Tensor::empty(dev_, full.dtype(), {p.shard});
   dev_.cast(low, shard);

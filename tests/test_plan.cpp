@@ -153,17 +153,27 @@ BOOST_AUTO_TEST_CASE(memory_llama) {
   }
 }
 
-// bf16 is planned as fp32 plus the compute copy: an upper bound on the arena's peak
-// (activations and gathered units take half), exact host, pinned and nvme bytes.
-BOOST_AUTO_TEST_CASE(memory_bf16_is_an_upper_bound) {
+// bf16: two-byte activations and gathered weights, fp32 statistics, gradients and states,
+// the stages 0-2 compute copy, and what a prefetched unit holds until use (the nvme read's
+// fp32 shard, the cast shard): other tiers exact; the arena's peak exact at one rank and
+// up to 11% high at two, where the plan counts the previous unit's fp32 gradient
+// reduction as still in flight (it often completes first; against two-byte activations
+// that one unit weighs more than in fp32).
+BOOST_AUTO_TEST_CASE(memory_bf16) {
   test::TempDir dir("plan_bf16");
   for (int world : {1, 2}) {
-    for (const auto& [stage, opt, par] : std::vector<std::tuple<int, const char*, const char*>>{
-             {0, "none", "none"}, {2, "cpu", "none"}, {3, "none", "none"}, {3, "nvme", "nvme"}}) {
-      Config c = config_for(stage, opt, par, dir.path.string(), world, 64, false, true);
-      c.zero.compute = nn::DType::bf16;
-      check_against_run(c, world, "bf16 llama, world " + std::to_string(world) + " stage " + std::to_string(stage), 1.0,
-                        2.0, true);
+    for (const auto& [arch, ckpt] : std::vector<std::pair<const char*, bool>>{{"llama", false}, {"llama", true}, {"gpt2", false}}) {
+      for (const auto& [stage, opt, par] : std::vector<std::tuple<int, const char*, const char*>>{
+               {0, "none", "none"}, {2, "cpu", "none"}, {3, "none", "none"}, {3, "nvme", "nvme"}}) {
+        const bool llama = std::string(arch) == "llama";
+        Config c = config_for(stage, opt, par, dir.path.string(), world, llama ? 64 : 96, ckpt, llama);
+        c.zero.compute = nn::DType::bf16;
+        check_against_run(c, world,
+                          std::string("bf16 ") + arch + (ckpt ? " checkpointing" : "") + ", world " +
+                              std::to_string(world) + " stage " + std::to_string(stage) + " optimizer " + opt +
+                              " params " + par,
+                          0.95, 1.12, true);
+      }
     }
   }
 }
