@@ -100,6 +100,10 @@ BOOST_AUTO_TEST_CASE(wrong_types_and_ranges_name_the_key) {
 BOOST_AUTO_TEST_CASE(cross_key_checks) {
   std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", 100}, {"n_head", 3}}}}); });
   BOOST_TEST(has(e, "model.n_embd (100) must be a multiple of model.n_head (3)"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"bf16", {{"enabled", true}}}, {"fp16", {{"enabled", true}}}}); });
+  BOOST_TEST(has(e, "bf16.enabled and fp16.enabled are both true; choose one"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"fp16", {{"min_loss_scale", 0}}}}); });
+  BOOST_TEST(has(e, "fp16.min_loss_scale"), e);
   e = error_of([] {
     from({{"data", {{"path", "x"}}}, {"train_batch_size", 64}, {"train_micro_batch_size_per_gpu", 8},
           {"gradient_accumulation_steps", 2}});
