@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "nn/cpu_kernels.h"
 
@@ -94,6 +95,17 @@ template <class T>
 void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int64_t hd, int64_t width, double theta,
                 bool inverse, bool accumulate) {
   const int64_t half = hd / 2;
+  // The angles depend only on (position, i): computed once per call for the T positions,
+  // not for every row of the batch (the same expressions, so the same values).
+  std::vector<T> cos_t(static_cast<size_t>(T_ * half)), sin_t(static_cast<size_t>(T_ * half));
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T_; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      cos_t[static_cast<size_t>(t * half + i)] = static_cast<T>(std::cos(a));
+      sin_t[static_cast<size_t>(t * half + i)] = static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
+    }
+  }
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = heads * hd; c < width; ++c) {
@@ -103,10 +115,10 @@ void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int6
         out[n * width + c] = inp[n * width + c];
       }
     }
-    const double pos = static_cast<double>(n % T_);
+    const T* cos_row = cos_t.data() + (n % T_) * half;
+    const T* sin_row = sin_t.data() + (n % T_) * half;
     for (int64_t i = 0; i < half; ++i) {
-      const double a = pos * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
-      const T c = static_cast<T>(std::cos(a)), s = static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
+      const T c = cos_row[i], s = sin_row[i];
       for (int64_t h = 0; h < heads; ++h) {
         const T* x = inp + n * width + h * hd;
         T* o = out + n * width + h * hd;
