@@ -203,7 +203,9 @@ void Trainer::describe_placement() {
                                  "2: Adam state and gradients sharded, weights replicated",
                                  "3: Adam state, gradients and weights sharded; a unit's weights gathered only while it runs"};
   const auto& off = cfg_.offload;
-  const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")"
+  std::string cached;  // nvme with offload_param.max_in_cpu: the shards kept in memory
+  if (sb.weights_host > 0) cached.append(", ").append(nn::format_bytes(sb.weights_host)).append(" of them in host memory (max_in_cpu)");
+  const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")" + cached
                                  : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
                                                                                      : std::string("the device arena");
   out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
@@ -510,6 +512,9 @@ TrainReport Trainer::run() {
     out_ << "resumed from " << from << " after step " << report.resumed_from << "\n";
   } else if (cfg_.checkpoint.resume == "auto") {
     out_ << "no checkpoint in " << cfg_.checkpoint.dir << " yet: starting from step 0\n";
+    // Opened for appending in case a checkpoint continued the run; none did, so a metrics
+    // file left by an earlier run must not precede this one's steps.
+    if (metrics_.enabled()) metrics_ = MetricsWriter(cfg_.log.metrics, /*append=*/false);
   }
   const auto& ck = cfg_.checkpoint;
   for (int64_t step = report.resumed_from; step < cfg_.train.steps; ++step) {

@@ -215,6 +215,50 @@ BOOST_AUTO_TEST_CASE(activation_checkpointing_same_results_less_memory) {
   BOOST_TEST(static_cast<double>(ckpt.peak) < 0.75 * static_cast<double>(full.peak));
 }
 
+// checkpoint.resume auto opens the metrics file for appending; when no checkpoint turns
+// up, the run starts afresh and so does its metrics file.
+BOOST_AUTO_TEST_CASE(a_fresh_start_under_resume_auto_truncates_the_metrics) {
+  const fs::path dir = fs::temp_directory_path() / ("ferry_resume_auto_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path path = dir / "m.jsonl";
+  std::ofstream(path) << "{\"step\": 99, \"loss\": 0}\n";  // an earlier run's
+  {
+    std::ostringstream log;
+    comm::SingleProcessCommunicator comm;
+    runtime::Trainer trainer(small_config({"train.steps=2", "train.sample_tokens=0", "log.metrics=" + path.string(),
+                                           "checkpoint.dir=" + (dir / "ckpt").string(), "checkpoint.resume=auto"}),
+                             comm, log);
+    trainer.run();
+    BOOST_TEST(log.str().find("starting from step 0") != std::string::npos);
+  }
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  BOOST_TEST(json::parse(first)["step"] == 1);
+  fs::remove_all(dir);
+}
+
+// Stage 3 with parameters on nvme and offload_param.max_in_cpu: the header says how much
+// of the parameter shards stays in host memory, as memory per tier counts it.
+BOOST_AUTO_TEST_CASE(the_header_names_parameters_kept_in_memory) {
+  const fs::path dir = fs::temp_directory_path() / ("ferry_max_in_cpu_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ostringstream log;
+  comm::SingleProcessCommunicator comm;
+  runtime::Trainer trainer(small_config({"train.steps=1", "train.sample_tokens=0", "zero_optimization.stage=3",
+                                         "zero_optimization.offload_param.device=nvme",
+                                         "zero_optimization.offload_param.nvme_path=" + dir.string(),
+                                         "zero_optimization.offload_param.max_in_cpu=20000"}),
+                           comm, log);
+  trainer.run();
+  const size_t cached = trainer.units().state_bytes().weights_host;
+  BOOST_TEST(cached > 0u);
+  BOOST_TEST(log.str().find("in nvme (" + dir.string() + "), " + nn::format_bytes(cached) +
+                            " of them in host memory (max_in_cpu)") != std::string::npos,
+             log.str());
+  fs::remove_all(dir);
+}
+
 BOOST_AUTO_TEST_CASE(progress_bar_and_eta) {
   std::ostringstream bar_out;
   {
