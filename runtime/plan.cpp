@@ -270,7 +270,7 @@ std::string format_plan(const Config& base, int ranks, const Rates& r, const std
      << r.comm_bytes_per_s / 1e9 << " GB/s, adam " << r.adam_params_per_s / 1e6 << " M params/s";
   for (const std::string& s : r.sources) os << "\n  " << s;
   if (nn::is_low_precision(base.zero.compute)) {
-    os << "\n" << nn::dtype_name(base.zero.compute)
+    os << "\n" << (base.fp16 ? "fp16" : "bf16")
        << ": activations and gathered weights in two bytes; fp32 states, plus a two-byte compute copy at stages 0-2";
   }
   os << "\n\nper rank, GiB; step time in seconds (overlapped = the longest resource, sequential = their sum)\n"

@@ -218,7 +218,7 @@ void Trainer::describe_placement() {
        << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
        << nn::format_bytes(opt_->bytes()) << "  in " << opt_->where() << "\n";
   if (nn::is_low_precision(cfg_.zero.compute)) {
-    const std::string low(nn::dtype_name(cfg_.zero.compute));
+    const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names
     out_ << "  " << (low + " compute weights" + std::string(29, ' ')).substr(0, 29)
          << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in the device arena, refreshed from the fp32 weights after each update"
                                  : "cast from each fp32 shard and all-gathered per unit, freed after use")
