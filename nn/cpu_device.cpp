@@ -8,6 +8,7 @@
 
 #include "nn/cpu_kernels.h"
 #include "nn/llama_kernels.h"
+#include "nn/op_checks.h"
 
 namespace ferry::nn {
 
@@ -37,9 +38,7 @@ namespace {
 
 constexpr size_t kAlign = 64;
 
-[[noreturn]] void fail(const char* op, const std::string& what) {
-  throw std::invalid_argument(std::string("cpu.") + op + ": " + what);
-}
+[[noreturn]] void fail(const char* op, const std::string& what) { checks::fail("cpu", op, what); }
 
 void expect_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) {
@@ -68,8 +67,7 @@ T* ptr(const Tensor& t) {
   return t.data_as<T>();
 }
 
-// Rows and columns of a tensor seen as a matrix whose last dimension is the row length.
-int64_t rows_of(const Tensor& t) { return t.numel() / t.dim(-1); }
+using checks::rows_of;
 
 template <class... Ts>
 bool any_low(const Ts&... t) {
@@ -236,17 +234,10 @@ void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b,
     gemm(w.out(c, beta != 0), w.in(a), ta, w.in(b), tb, alpha, beta);
     return w.store();
   }
-  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || a.dtype() != c.dtype() ||
-      b.dtype() != c.dtype()) {
-    fail("gemm", "needs 2-D tensors of one dtype: c " + c.describe() + ", a " + a.describe() +
-                     ", b " + b.describe());
+  if (a.dtype() != c.dtype() || b.dtype() != c.dtype()) {
+    fail("gemm", "needs one dtype: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
   }
-  const int64_t M = ta ? a.dim(1) : a.dim(0), K = ta ? a.dim(0) : a.dim(1);
-  const int64_t Kb = tb ? b.dim(1) : b.dim(0), N = tb ? b.dim(0) : b.dim(1);
-  if (K != Kb || c.dim(0) != M || c.dim(1) != N) {
-    fail("gemm", "shapes do not chain: c " + c.describe() + " = op(a " + a.describe() +
-                     (ta ? ")^T" : ")") + " @ op(b " + b.describe() + (tb ? ")^T" : ")"));
-  }
+  const auto [M, N, K] = checks::gemm("cpu", c, a, ta, b, tb);
   dispatch("gemm", c.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::gemm<T>(ptr<T>(c), ptr<T>(a), ptr<T>(b), M, N, K, ta, tb, static_cast<T>(alpha),
@@ -439,25 +430,6 @@ void CpuDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight,
   });
 }
 
-namespace {
-
-// Returns the channels C of out; n_kv_head already defaulted.
-int64_t check_attention(const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
-                        int64_t n_kv_head) {
-  if (qkv.ndim() != 3) fail(op, "qkv must be [B,T,(NH+2KVH)*hs], got " + qkv.describe());
-  const int64_t B = qkv.dim(0), T = qkv.dim(1);
-  if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0 || qkv.dim(2) % (n_head + 2 * n_kv_head) != 0) {
-    fail(op, "qkv " + qkv.describe() + " does not split into " + std::to_string(n_head) + " query and " +
-                 std::to_string(n_kv_head) + " key/value heads (n_head a multiple of n_kv_head)");
-  }
-  const int64_t C = qkv.dim(2) / (n_head + 2 * n_kv_head) * n_head;
-  if (out.numel() != B * T * C || att.numel() != B * n_head * T * T) {
-    fail(op, "out " + out.describe() + ", att " + att.describe() + ", qkv " + qkv.describe());
-  }
-  return C;
-}
-
-}  // namespace
 
 void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
                                   int64_t n_kv_head) {
@@ -467,7 +439,7 @@ void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Te
     return w.store();
   }
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
-  const int64_t C = check_attention("attention_forward", out, att, qkv, n_head, kv);
+  const int64_t C = checks::attention("cpu", "attention_forward", out, att, qkv, n_head, kv);
   dispatch("attention_forward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::attention_forward<T>(ptr<T>(out), ptr<T>(att), ptr<T>(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv);
@@ -482,7 +454,7 @@ void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const
     return w.store();
   }
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
-  const int64_t C = check_attention("attention_backward", dout, att, qkv, n_head, kv);
+  const int64_t C = checks::attention("cpu", "attention_backward", dout, att, qkv, n_head, kv);
   expect_same_shape("attention_backward", dqkv, qkv);
   dispatch("attention_backward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -562,19 +534,6 @@ void CpuDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, c
   });
 }
 
-namespace {
-
-void check_rope(const char* op, const Tensor& a, const Tensor& b, int64_t T, int64_t heads, int64_t hd) {
-  const int64_t width = a.dim(-1);
-  if (a.numel() != b.numel() || a.dtype() != b.dtype() || b.dim(-1) != width || heads < 1 || hd < 2 || hd % 2 != 0 ||
-      heads * hd > width || T < 1 || rows_of(a) % T != 0) {
-    throw std::invalid_argument(std::string(op) + ": " + a.describe() + " and " + b.describe() + " with T=" +
-                                std::to_string(T) + ", heads=" + std::to_string(heads) + ", head_dim=" +
-                                std::to_string(hd) + " (rows a multiple of T, an even head size, heads within a row)");
-  }
-}
-
-}  // namespace
 
 void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
                              double theta) {
@@ -583,7 +542,7 @@ void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, in
     rope_forward(w.out(out, false), w.in(inp), T, heads, head_dim, theta);
     return w.store();
   }
-  check_rope("rope_forward", out, inp, T, heads, head_dim);
+  checks::rope("cpu", "rope_forward", out, inp, T, heads, head_dim);
   dispatch("rope_forward", inp.dtype(), [&](auto tag) {
     using U = decltype(tag);
     cpu::rope_apply<U>(ptr<U>(out), ptr<U>(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), theta, false, false);
@@ -597,7 +556,7 @@ void CpuDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T,
     rope_backward(w.out(dinp, true), w.in(dout), T, heads, head_dim, theta);
     return w.store();
   }
-  check_rope("rope_backward", dinp, dout, T, heads, head_dim);
+  checks::rope("cpu", "rope_backward", dinp, dout, T, heads, head_dim);
   dispatch("rope_backward", dout.dtype(), [&](auto tag) {
     using U = decltype(tag);
     cpu::rope_apply<U>(ptr<U>(dinp), ptr<U>(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), theta, true, true);
@@ -667,6 +626,21 @@ void CpuDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Tens
     cpu::softmax_cross_entropy_backward<T>(ptr<T>(dlogits), ptr<T>(probs),
                                            targets.data_as<int32_t>(), N, V, static_cast<T>(dloss));
   });
+}
+
+void CpuDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                      const AdamWStep& step) {
+  for (const Tensor* t : {&param, &grad, &m, &v}) {
+    expect_dtype("adamw", *t, DType::f32);
+    if (t->numel() != param.numel()) fail("adamw", "param " + param.describe() + " vs " + t->describe());
+  }
+  if (step.step < 1) fail("adamw", "step must be >= 1, got " + std::to_string(step.step));
+  const AdamWConstants k = adamw_constants(step);
+  float *p = ptr<float>(param), *mp = ptr<float>(m), *vp = ptr<float>(v);
+  const float* g = ptr<float>(grad);
+  const int64_t n = param.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) adamw_element(k, p[i], g[i], mp[i], vp[i]);
 }
 
 }  // namespace ferry::nn

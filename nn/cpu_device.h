@@ -79,6 +79,8 @@ class CpuDevice final : public Device {
                                      const Tensor& logits, const Tensor& targets) override;
   void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
                                       const Tensor& targets, double dloss) override;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const AdamWStep& step) override;
 
  private:
   class Widen;

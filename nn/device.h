@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "nn/adamw_formula.h"
 #include "nn/tensor.h"
 
 namespace ferry::nn {
@@ -122,6 +123,13 @@ class Device {
   // dlogits += dloss * (probs - onehot(target)), the same dloss for every row.
   virtual void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
                                               const Tensor& targets, double dloss) = 0;
+
+  // ---- optimizer ---------------------------------------------------------------------------
+  // One AdamW step in place over f32 param, m, v from f32 grad, all of one numel
+  // (nn/adamw_formula.h: the formula offload/cpu_adam.h computes on host shards). For runs
+  // whose optimizer states stay on the device.
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWStep& step) = 0;
 };
 
 }  // namespace ferry::nn

@@ -7,6 +7,8 @@
 
 #include <Eigen/Core>
 
+#include "nn/adamw_formula.h"
+
 namespace ferry::offload {
 
 namespace {
@@ -27,17 +29,8 @@ inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
 void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
                      double lr, double weight_decay, double grad_scale, uint16_t* bf16_out) const {
   if (step < 1) throw std::invalid_argument("CpuAdam::update: step must be >= 1");
-  const double bc1 = 1.0 - std::pow(params_.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(params_.beta2, static_cast<double>(step));
-  const float b1 = static_cast<float>(params_.beta1), b2 = static_cast<float>(params_.beta2);
-  // 1 - beta in double, then rounded: 1.0f - 0.999f would carry float(0.999)'s error (1e-5).
-  const float one_minus_b1 = static_cast<float>(1.0 - params_.beta1);
-  const float one_minus_b2 = static_cast<float>(1.0 - params_.beta2);
-  const float decay = static_cast<float>(1.0 - lr * weight_decay);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float eps = static_cast<float>(params_.eps);
-  const float scale = static_cast<float>(grad_scale);
+  const nn::AdamWConstants k = nn::adamw_constants(
+      {step, lr, params_.beta1, params_.beta2, params_.eps, weight_decay, grad_scale});
   const int64_t tiles = (n + kTile - 1) / kTile;
 
 #pragma omp parallel for schedule(static) if (tiles > 1)
@@ -49,9 +42,10 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
     using namespace Eigen::internal;
     using Packet = packet_traits<float>::type;
     constexpr int64_t kLanes = packet_traits<float>::size;
-    const Packet vb1 = pset1<Packet>(b1), vb2 = pset1<Packet>(b2), v1b1 = pset1<Packet>(one_minus_b1),
-                 v1b2 = pset1<Packet>(one_minus_b2), vscale = pset1<Packet>(scale), vdecay = pset1<Packet>(decay),
-                 vstep = pset1<Packet>(step_size), vinv = pset1<Packet>(inv_sqrt_bc2), veps = pset1<Packet>(eps);
+    const Packet vb1 = pset1<Packet>(k.b1), vb2 = pset1<Packet>(k.b2), v1b1 = pset1<Packet>(k.one_minus_b1),
+                 v1b2 = pset1<Packet>(k.one_minus_b2), vscale = pset1<Packet>(k.scale),
+                 vdecay = pset1<Packet>(k.decay), vstep = pset1<Packet>(k.step_size),
+                 vinv = pset1<Packet>(k.inv_sqrt_bc2), veps = pset1<Packet>(k.eps);
     float *P = p + begin, *M = m + begin, *V = v + begin;
     const float* G = g + begin;
     int64_t i = 0;
@@ -65,12 +59,7 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
       pstoreu(V + i, vi);
       pstoreu(P + i, pi);
     }
-    for (; i < len; ++i) {  // the tail, same formula
-      const float gi = G[i] * scale;
-      M[i] = b1 * M[i] + one_minus_b1 * gi;
-      V[i] = b2 * V[i] + one_minus_b2 * (gi * gi);
-      P[i] = P[i] * decay - step_size * M[i] / (std::sqrt(V[i]) * inv_sqrt_bc2 + eps);
-    }
+    for (; i < len; ++i) nn::adamw_element(k, P[i], G[i], M[i], V[i]);  // the tail, same formula
     if (bf16_out) to_bf16(P, bf16_out + begin, len);  // while the tile is in cache
   }
 }

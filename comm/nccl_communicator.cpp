@@ -1,0 +1,293 @@
+#include "comm/nccl_communicator.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "comm/watchdog.h"
+
+namespace ferry::comm {
+
+namespace {
+
+[[noreturn]] void throw_cuda(cudaError_t e, const char* call, int line) {
+  throw CommError(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + call +
+                  " at nccl_communicator.cpp:" + std::to_string(line));
+}
+
+[[noreturn]] void throw_nccl(ncclResult_t r, const char* call, int line, ncclComm_t comm) {
+  std::string detail = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
+  throw CommError(std::string("NCCL error ") + ncclGetErrorString(r) + " in " + call + " at nccl_communicator.cpp:" +
+                  std::to_string(line) + (detail.empty() ? "" : ": " + detail));
+}
+
+#define FERRY_COMM_CUDA_CHECK(call)                                 \
+  do {                                                              \
+    const cudaError_t e_ = (call);                                  \
+    if (e_ != cudaSuccess) throw_cuda(e_, #call, __LINE__);         \
+  } while (0)
+
+#define FERRY_NCCL_CHECK(call, comm)                                \
+  do {                                                              \
+    const ncclResult_t r_ = (call);                                 \
+    if (r_ != ncclSuccess) throw_nccl(r_, #call, __LINE__, (comm)); \
+  } while (0)
+
+ncclDataType_t nccl_type(DataType t) {
+  switch (t) {
+    case DataType::f32: return ncclFloat32;
+    case DataType::f64: return ncclFloat64;
+    case DataType::i32: return ncclInt32;
+    case DataType::u8: return ncclUint8;
+    case DataType::u16: return ncclFloat16;  // moved bit for bit, never reduced
+  }
+  return ncclUint8;
+}
+
+bool on_device(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+class NcclComm final : public NcclCommunicator {
+ public:
+  NcclComm(MpiCommunicator& world, void* order_after, double timeout_s);
+  ~NcclComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  int gpu() const override { return gpu_; }
+  void order_before(void* stream) override;
+
+ protected:
+  void execute(const Op& op, const WorkPtr& work) override;
+
+ private:
+  struct Pending {
+    cudaEvent_t done;
+    WorkPtr work;
+    uint64_t watch;
+  };
+  void poll_loop();
+  void fail_all(const std::string& message);
+
+  int rank_, size_, local_rank_, local_size_, gpu_ = 0;
+  cudaStream_t order_after_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t before_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  void* barrier_buf_ = nullptr;
+  std::unique_ptr<Watchdog> watchdog_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  bool stop_ = false;
+  std::thread poller_;
+};
+
+NcclComm::NcclComm(MpiCommunicator& world, void* order_after, double timeout_s)
+    : rank_(world.rank()),
+      size_(world.size()),
+      local_rank_(world.local_rank()),
+      local_size_(world.local_size()),
+      order_after_(static_cast<cudaStream_t>(order_after)) {
+  int gpus = 0;
+  FERRY_COMM_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  if (local_size_ > gpus) {
+    throw CommError("rank " + std::to_string(rank_) + ": " + std::to_string(local_size_) +
+                    " ranks on this node but " + std::to_string(gpus) +
+                    " GPU(s): NCCL needs one GPU per rank (start as many ranks per node as GPUs)");
+  }
+  gpu_ = local_rank_;
+  FERRY_COMM_CUDA_CHECK(cudaSetDevice(gpu_));
+  watchdog_ = std::make_unique<Watchdog>(timeout_s, [this](const std::string& report) {
+    const std::string msg = "watchdog: rank " + std::to_string(rank_) + " (nccl, GPU " + std::to_string(gpu_) +
+                            "): " + report + "; another rank did not reach this collective or died. Recent collectives:\n" +
+                            recent_ops() + "Aborting the NCCL communicator and the job.";
+    if (comm_) ncclCommAbort(comm_);  // the stuck kernels return; the process ends next
+    MpiCommunicator::abort_job(msg, 1);
+  });
+  ncclUniqueId id{};
+  if (rank_ == 0) FERRY_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+  world.broadcast(&id, sizeof id, DataType::u8, 0)->wait();
+  const uint64_t watch = watchdog_->begin("ncclCommInitRank (rank " + std::to_string(rank_) + " of " +
+                                          std::to_string(size_) + ")");
+  FERRY_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), nullptr);
+  watchdog_->end(watch);
+  FERRY_COMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&before_, cudaEventDisableTiming));
+  FERRY_COMM_CUDA_CHECK(cudaMalloc(&barrier_buf_, sizeof(int)));
+  poller_ = std::thread([this] { poll_loop(); });
+}
+
+NcclComm::~NcclComm() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (poller_.joinable()) poller_.join();
+  watchdog_.reset();
+  cudaStreamSynchronize(stream_);
+  for (auto& p : pending_) cudaEventDestroy(p.done);
+  if (comm_) ncclCommDestroy(comm_);
+  cudaFree(barrier_buf_);
+  cudaEventDestroy(before_);
+  cudaStreamDestroy(stream_);
+}
+
+void NcclComm::order_before(void* stream) {
+  FERRY_COMM_CUDA_CHECK(cudaEventRecord(before_, stream_));
+  FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), before_, 0));
+}
+
+void NcclComm::execute(const Op& op, const WorkPtr& work) {
+  FERRY_COMM_CUDA_CHECK(cudaSetDevice(gpu_));  // the issuing thread may not have chosen it
+  if (order_after_) {
+    FERRY_COMM_CUDA_CHECK(cudaEventRecord(before_, order_after_));
+    FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, before_, 0));
+  }
+  const size_t esize = data_type_size(op.type);
+  const size_t recv_count = op.kind == OpKind::all_gather ? op.count * static_cast<size_t>(size_) : op.count;
+  const size_t send_count = op.kind == OpKind::reduce_scatter ? op.count * static_cast<size_t>(size_) : op.count;
+  // Host buffers: staged through stream-ordered device memory.
+  void* send = const_cast<void*>(op.send);
+  void* recv = op.recv;
+  void* send_dev = nullptr;
+  void* recv_dev = nullptr;
+  const bool has_data = op.kind != OpKind::barrier && op.count > 0;
+  const bool in_place = op.kind == OpKind::all_reduce || op.kind == OpKind::broadcast;
+  if (has_data && !on_device(recv)) {
+    FERRY_COMM_CUDA_CHECK(cudaMallocAsync(&recv_dev, recv_count * esize, stream_));
+    if (in_place) {
+      FERRY_COMM_CUDA_CHECK(cudaMemcpyAsync(recv_dev, recv, recv_count * esize, cudaMemcpyHostToDevice, stream_));
+    }
+  }
+  if (has_data && !in_place && !on_device(send)) {
+    FERRY_COMM_CUDA_CHECK(cudaMallocAsync(&send_dev, send_count * esize, stream_));
+    FERRY_COMM_CUDA_CHECK(cudaMemcpyAsync(send_dev, send, send_count * esize, cudaMemcpyHostToDevice, stream_));
+  }
+  void* r = recv_dev ? recv_dev : recv;
+  void* s = in_place ? r : (send_dev ? send_dev : send);
+  const ncclRedOp_t red = op.reduce == ReduceOp::avg ? ncclAvg : ncclSum;
+  const uint64_t watch = watchdog_->begin("rank " + std::to_string(rank_) + ": nccl " + op.describe());
+  work->mark_started();
+  switch (op.kind) {
+    case OpKind::all_gather:
+      if (has_data) FERRY_NCCL_CHECK(ncclAllGather(s, r, op.count, nccl_type(op.type), comm_, stream_), comm_);
+      break;
+    case OpKind::reduce_scatter:
+      if (has_data) {
+        FERRY_NCCL_CHECK(ncclReduceScatter(s, r, op.count, nccl_type(op.type), red, comm_, stream_), comm_);
+      }
+      break;
+    case OpKind::all_reduce:
+      if (has_data) FERRY_NCCL_CHECK(ncclAllReduce(r, r, op.count, nccl_type(op.type), red, comm_, stream_), comm_);
+      break;
+    case OpKind::broadcast:
+      if (has_data) FERRY_NCCL_CHECK(ncclBroadcast(r, r, op.count, nccl_type(op.type), op.root, comm_, stream_), comm_);
+      break;
+    case OpKind::barrier:
+      FERRY_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, stream_), comm_);
+      break;
+  }
+  if (recv_dev) {
+    // A pageable destination makes this copy wait for the collective: the documented cost
+    // of host buffers.
+    FERRY_COMM_CUDA_CHECK(cudaMemcpyAsync(recv, recv_dev, recv_count * esize, cudaMemcpyDeviceToHost, stream_));
+    FERRY_COMM_CUDA_CHECK(cudaFreeAsync(recv_dev, stream_));
+  }
+  if (send_dev) FERRY_COMM_CUDA_CHECK(cudaFreeAsync(send_dev, stream_));
+  cudaEvent_t done = nullptr;
+  FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  FERRY_COMM_CUDA_CHECK(cudaEventRecord(done, stream_));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.push_back({done, work, watch});
+  }
+  cv_.notify_all();
+}
+
+void NcclComm::fail_all(const std::string& message) {
+  std::deque<Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed.swap(pending_);
+  }
+  for (auto& p : failed) {
+    watchdog_->end(p.watch);
+    cudaEventDestroy(p.done);
+    p.work->fail(message);
+  }
+}
+
+// Completes Works in issue order as their events fire; checks NCCL's asynchronous error
+// state while any are pending. Sleeps on the condition variable when idle.
+void NcclComm::poll_loop() {
+  if (cudaSetDevice(gpu_) != cudaSuccess) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  int idle = 0;
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !pending_.empty(); });
+    if (stop_ && pending_.empty()) return;
+    Pending front = pending_.front();
+    lock.unlock();
+    const cudaError_t q = cudaEventQuery(front.done);
+    if (q == cudaSuccess) {
+      lock.lock();
+      pending_.pop_front();
+      lock.unlock();
+      watchdog_->end(front.watch);
+      cudaEventDestroy(front.done);
+      front.work->complete();
+      idle = 0;
+    } else if (q != cudaErrorNotReady) {
+      fail_all(std::string("rank ") + std::to_string(rank_) + ": CUDA error while waiting for a collective: " +
+               cudaGetErrorString(q));
+    } else {
+      ncclResult_t async = ncclSuccess;
+      if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess) {
+        fail_all("rank " + std::to_string(rank_) + ": NCCL error " + ncclGetErrorString(async) + ": " +
+                 ncclGetLastError(comm_));
+      } else if (++idle > 64) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));  // spin briefly, then nap
+      }
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace
+
+NcclStatus nccl_status() {
+  NcclStatus s;
+  s.built = true;
+  int gpus = 0;
+  const cudaError_t e = cudaGetDeviceCount(&gpus);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    s.reason = std::string("no usable GPU: cudaGetDeviceCount says ") + cudaGetErrorString(e);
+  } else if (gpus == 0) {
+    s.reason = "no GPU: the CUDA runtime sees 0 devices";
+  }
+  return s;
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& world, void* order_after,
+                                                           double timeout_s) {
+  const NcclStatus s = nccl_status();
+  if (!s.reason.empty()) throw CommError("rank " + std::to_string(world.rank()) + ": NCCL unavailable: " + s.reason);
+  return std::make_unique<NcclComm>(world, order_after, timeout_s);
+}
+
+}  // namespace ferry::comm

@@ -1,0 +1,46 @@
+// The NCCL backend for device buffers: collectives between GPUs, one GPU per rank.
+//
+// Setup (collective over an MPI communicator): the rank's GPU is its local rank on the
+// node (more ranks on a node than GPUs is an error naming both counts); rank 0 makes the
+// NCCL unique id and broadcasts it over MPI; every rank joins with ncclCommInitRank under
+// the watchdog, so a rank that never arrives ends the job instead of hanging it.
+// Ordering: collectives run on the communicator's own stream. Each one first makes that
+// stream wait, through an event, for the work already issued on `order_after` (the cuda
+// device's compute stream: the gradients it wrote), and order_before(stream) makes a
+// consumer stream wait for the collectives issued so far: events both ways, never a host
+// synchronization on the hot path. A Work completes when its event has fired (a poller
+// thread watches them), so Work::wait() is still available to host code.
+// Host buffers (a loss, a gradient norm) are accepted too: they are staged through device
+// memory, and a host receive buffer makes the call wait for the collective.
+// Errors: NCCL's asynchronous errors fail every pending Work with NCCL's text; a
+// collective older than the timeout makes the watchdog report it (operation, sequence,
+// recent collectives), abort the NCCL communicator (its kernels return) and end the job
+// with MPI_Abort: the MPI backend's behaviour.
+// Thread safety: issue collectives from one thread (the Communicator contract).
+#pragma once
+
+#include <memory>
+
+#include "comm/communicator.h"
+#include "comm/mpi_communicator.h"
+
+namespace ferry::comm {
+
+struct NcclStatus {
+  bool built = false;
+  std::string reason;  // "" when NCCL can be used here
+};
+NcclStatus nccl_status();
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Collective over `world`. `order_after` is a cudaStream_t (may be null).
+  static std::unique_ptr<NcclCommunicator> create(MpiCommunicator& world, void* order_after, double timeout_s);
+  ~NcclCommunicator() override = default;
+  std::string name() const override { return "nccl"; }
+  virtual int gpu() const = 0;
+  // `stream` (a cudaStream_t) waits for every collective issued so far.
+  virtual void order_before(void* stream) = 0;
+};
+
+}  // namespace ferry::comm

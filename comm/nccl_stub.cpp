@@ -1,0 +1,14 @@
+// NCCL in a build without it: unavailable, and saying why.
+#include "comm/nccl_communicator.h"
+
+namespace ferry::comm {
+
+NcclStatus nccl_status() {
+  return {false, "this build of ferry has no NCCL (the CUDA toolkit or NCCL was not found when it was configured)"};
+}
+
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator&, void*, double) {
+  throw CommError(nccl_status().reason);
+}
+
+}  // namespace ferry::comm

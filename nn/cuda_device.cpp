@@ -1,0 +1,621 @@
+#include "nn/cuda_device.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+#include "nn/cuda_check.h"
+#include "nn/cuda_kernels.h"
+#include "nn/op_checks.h"
+
+namespace ferry::nn {
+
+namespace {
+
+constexpr const char* kDev = "cuda";
+constexpr size_t kBlockAlign = 256;             // cudaMalloc's own alignment; enough for every vector load
+constexpr size_t kCublasWorkspace = 32u << 20;  // what cuBLAS recommends for Hopper
+
+using checks::fail;
+using checks::rows_of;
+using cuda::Arr;
+
+Arr arr(const Tensor& t) { return {t.data(), t.dtype()}; }
+
+size_t round_up(size_t n, size_t a) { return (std::max<size_t>(n, 1) + a - 1) / a * a; }
+
+// First fit over one slab; blocks are coalesced with free neighbours. Not thread safe
+// (the device's mutex guards it).
+class Arena {
+ public:
+  Arena(char* base, size_t size) : base_(base) { free_[0] = size; }
+  void* take(size_t bytes) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < bytes) continue;
+      const size_t at = it->first, left = it->second - bytes;
+      free_.erase(it);
+      if (left > 0) free_[at + bytes] = left;
+      used_[at] = bytes;
+      return base_ + at;
+    }
+    return nullptr;
+  }
+  void give(void* p) {
+    const size_t at = static_cast<size_t>(static_cast<char*>(p) - base_);
+    auto u = used_.find(at);
+    if (u == used_.end()) return;
+    size_t start = at, len = u->second;
+    used_.erase(u);
+    auto next = free_.lower_bound(at);
+    if (next != free_.end() && next->first == at + len) {
+      len += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        len += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[start] = len;
+  }
+  size_t largest_free() const {
+    size_t m = 0;
+    for (const auto& [at, len] : free_) m = std::max(m, len);
+    return m;
+  }
+
+ private:
+  char* base_;
+  std::map<size_t, size_t> free_;  // offset -> length
+  std::unordered_map<size_t, size_t> used_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(size_t capacity, int ordinal);
+  ~CudaDevice() override;
+
+  DeviceKind kind() const override { return DeviceKind::cuda; }
+  std::string name() const override { return name_; }
+  bool host_accessible() const override { return false; }
+  cudaStream_t compute_stream() const { return compute_; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* ptr, size_t bytes) noexcept override;
+  MemoryStats memory() const override;
+  void reset_peak() override;
+
+  void copy_from_host(const Tensor& dst, const void* src) override;
+  void copy_to_host(void* dst, const Tensor& src) override;
+  void copy(const Tensor& dst, const Tensor& src) override;
+  void cast(const Tensor& dst, const Tensor& src) override;
+  void fill(const Tensor& dst, double value) override;
+  void synchronize() override;
+
+  void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, double alpha,
+            double beta) override;
+  void add_bias(const Tensor& out, const Tensor& bias) override;
+  void bias_backward(const Tensor& dbias, const Tensor& dout) override;
+  void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
+  void accumulate(const Tensor& dst, const Tensor& src) override;
+  double sum_squares(const Tensor& x) override;
+  void scale(const Tensor& x, double factor) override;
+
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                         int64_t T) override;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
+                          int64_t T) override;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                         const Tensor& weight, const Tensor& bias) override;
+  void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                          const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
+  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+                         int64_t n_kv_head = 0) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                          int64_t n_head, int64_t n_kv_head = 0) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                       double eps) override;
+  void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                        const Tensor& weight, const Tensor& rstd) override;
+  void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
+  void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) override;
+  void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
+                    double theta) override;
+  void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
+                     double theta) override;
+  void gelu_forward(const Tensor& out, const Tensor& inp) override;
+  void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) override;
+  void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits,
+                                     const Tensor& targets) override;
+  void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& targets,
+                                      double dloss) override;
+  void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+             const AdamWStep& step) override;
+
+ private:
+  // Stream-ordered memory outside the budget, freed on the compute stream.
+  class Scratch {
+   public:
+    Scratch() = default;
+    Scratch(cudaStream_t s, size_t bytes) : stream_(s) { FERRY_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s)); }
+    Scratch(Scratch&& o) noexcept : p_(std::exchange(o.p_, nullptr)), stream_(o.stream_) {}
+    Scratch& operator=(Scratch&& o) noexcept {
+      std::swap(p_, o.p_);
+      std::swap(stream_, o.stream_);
+      return *this;
+    }
+    ~Scratch() {
+      if (p_) cudaFreeAsync(p_, stream_);  // no throw from a destructor; a failure resurfaces at the next check
+    }
+    void* get() const { return p_; }
+
+   private:
+    void* p_ = nullptr;
+    cudaStream_t stream_ = nullptr;
+  };
+
+  // A copy stream `s` waits for the compute work issued so far; returns nothing.
+  void after_compute(cudaStream_t s);
+  // Reads the kernels' error flag back (synchronizing the compute stream) and throws the
+  // recorded error, if any, as std::out_of_range built by `what(index, value)`.
+  template <class What>
+  void check_flag(What&& what);
+  Arr widen(const Tensor& t, Scratch& keep);
+  cuda::Stream st() const { return compute_; }
+
+  std::string name_;
+  int ordinal_;
+  mutable std::mutex mu_;
+  MemoryStats stats_;
+  char* slab_ = nullptr;
+  std::unique_ptr<Arena> arena_;
+  cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
+  cudaEvent_t compute_done_ = nullptr, copy_done_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* cublas_ws_ = nullptr;
+  int* err_ = nullptr;          // device int[3]: flag, index, value
+  int* err_host_ = nullptr;     // pinned int[3]
+  double* partial_ = nullptr;   // device double[kSumSquaresBlocks + 1]
+  double* total_host_ = nullptr;  // pinned double
+};
+
+CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
+  FERRY_CUDA_CHECK(cudaSetDevice(ordinal));
+  cudaDeviceProp prop{};
+  FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  stats_.capacity = capacity;
+  // Room for rounding every block up to 256 bytes: the budget counts the bytes asked for.
+  const size_t slab = capacity + capacity / 64 + (4u << 20);
+  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slab_), slab));
+  arena_ = std::make_unique<Arena>(slab_, slab);
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+  FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done_, cudaEventDisableTiming));
+  FERRY_CUBLAS_CHECK(cublasCreate(&cublas_));
+  FERRY_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+  // Plain fp32 GEMMs stay fp32 (no TF32): they are the reference the CPU device is checked
+  // against at 1e-5. bf16 GEMMs use tensor cores with fp32 accumulation either way.
+  FERRY_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  FERRY_CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
+  FERRY_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&err_), 3 * sizeof(int)));
+  FERRY_CUDA_CHECK(cudaMemset(err_, 0, 3 * sizeof(int)));
+  FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&err_host_), 3 * sizeof(int)));
+  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), (cuda::kSumSquaresBlocks + 1) * sizeof(double)));
+  FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&total_host_), sizeof(double)));
+  name_ = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ", sm_" + std::to_string(prop.major) +
+          std::to_string(prop.minor) + ", cap " + format_bytes(capacity) + ")";
+}
+
+CudaDevice::~CudaDevice() {
+  // Errors here cannot be reported usefully (the process may be unwinding one already).
+  cudaStreamSynchronize(compute_);
+  cudaStreamSynchronize(h2d_);
+  cudaStreamSynchronize(d2h_);
+  cublasDestroy(cublas_);
+  cudaFree(cublas_ws_);
+  cudaFree(err_);
+  cudaFreeHost(err_host_);
+  cudaFree(partial_);
+  cudaFreeHost(total_host_);
+  cudaEventDestroy(compute_done_);
+  cudaEventDestroy(copy_done_);
+  cudaStreamDestroy(compute_);
+  cudaStreamDestroy(h2d_);
+  cudaStreamDestroy(d2h_);
+  cudaFree(slab_);
+}
+
+void* CudaDevice::allocate(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > stats_.capacity - stats_.in_use) {
+    throw OutOfDeviceMemory("the cuda device", bytes, stats_.in_use, stats_.capacity);
+  }
+  void* p = arena_->take(round_up(bytes, kBlockAlign));
+  if (!p) {
+    // Within the budget but no free block is large enough: the slab is fragmented.
+    throw OutOfDeviceMemory("the cuda device (fragmented: largest free block " + format_bytes(arena_->largest_free()) +
+                                ")",
+                            bytes, stats_.in_use, stats_.capacity);
+  }
+  stats_.in_use += bytes;
+  stats_.peak = std::max(stats_.peak, stats_.in_use);
+  return p;
+}
+
+// Safe without waiting: the block can be reused only by work issued later, which runs
+// after the queued work on the compute stream, and the copy streams wait for that stream.
+void CudaDevice::deallocate(void* ptr, size_t bytes) noexcept {
+  std::lock_guard<std::mutex> lock(mu_);
+  arena_->give(ptr);
+  stats_.in_use -= bytes;
+}
+
+MemoryStats CudaDevice::memory() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CudaDevice::reset_peak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak = stats_.in_use;
+}
+
+void CudaDevice::after_compute(cudaStream_t s) {
+  FERRY_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(s, compute_done_, 0));
+}
+
+void CudaDevice::copy_from_host(const Tensor& dst, const void* src) {
+  after_compute(h2d_);
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, h2d_));
+  FERRY_CUDA_CHECK(cudaEventRecord(copy_done_, h2d_));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(compute_, copy_done_, 0));
+  FERRY_CUDA_CHECK(cudaEventSynchronize(copy_done_));  // the caller may reuse `src` now
+}
+
+void CudaDevice::copy_to_host(void* dst, const Tensor& src) {
+  after_compute(d2h_);
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, d2h_));
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(d2h_));
+}
+
+void CudaDevice::copy(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() != src.dtype() || dst.numel() != src.numel()) {
+    fail(kDev, "copy", dst.describe() + " <- " + src.describe());
+  }
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, compute_));
+}
+
+void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() != src.numel()) fail(kDev, "cast", dst.describe() + " <- " + src.describe());
+  if (dst.dtype() == src.dtype()) return copy(dst, src);
+  cuda::cast(st(), arr(dst), arr(src), src.numel());
+}
+
+void CudaDevice::fill(const Tensor& dst, double value) { cuda::fill(st(), arr(dst), value, dst.numel()); }
+
+void CudaDevice::synchronize() {
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(h2d_));
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(d2h_));
+}
+
+template <class What>
+void CudaDevice::check_flag(What&& what) {
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(err_host_, err_, 3 * sizeof(int), cudaMemcpyDeviceToHost, compute_));
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  if (err_host_[0] == 0) return;
+  const int index = err_host_[1], value = err_host_[2];
+  FERRY_CUDA_CHECK(cudaMemsetAsync(err_, 0, 3 * sizeof(int), compute_));
+  throw std::out_of_range(what(index, value));
+}
+
+Arr CudaDevice::widen(const Tensor& t, Scratch& keep) {
+  keep = Scratch(compute_, static_cast<size_t>(t.numel()) * 4);
+  const Arr w{keep.get(), DType::f32};
+  cuda::cast(st(), w, arr(t), t.numel());
+  return w;
+}
+
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::f64: return CUDA_R_64F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    case DType::i32: break;
+  }
+  throw std::invalid_argument("cuda.gemm: i32 is not a GEMM type");
+}
+
+}  // namespace
+
+// cuBLAS is column-major: row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T,
+// so B goes first and the leading dimensions are the row-major row lengths.
+// Operand types cuBLAS takes directly: A and B of one type, C of that type, or f32 C for
+// bf16/f16 A and B (weight gradients from bf16 activations). Anything else is widened to
+// f32 scratch, computed, and rounded back once.
+void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, double alpha,
+                      double beta) {
+  const auto [M, N, K] = checks::gemm(kDev, c, a, ta, b, tb);
+  if (M == 0 || N == 0) return;
+  const bool any_f64 = a.dtype() == DType::f64 || b.dtype() == DType::f64 || c.dtype() == DType::f64;
+  const bool all_f64 = a.dtype() == DType::f64 && b.dtype() == DType::f64 && c.dtype() == DType::f64;
+  if (any_f64 && !all_f64) {
+    fail(kDev, "gemm", "f64 does not mix: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
+  }
+  Scratch wa, wb, wc;
+  Arr A = arr(a), B = arr(b), Cm = arr(c);
+  if (A.dtype != B.dtype) {
+    if (A.dtype != DType::f32) A = widen(a, wa);
+    if (B.dtype != DType::f32) B = widen(b, wb);
+  }
+  const bool direct = Cm.dtype == A.dtype || (is_low_precision(A.dtype) && Cm.dtype == DType::f32);
+  if (!direct) {
+    wc = Scratch(compute_, static_cast<size_t>(c.numel()) * 4);
+    Cm = {wc.get(), DType::f32};
+    if (beta != 0) cuda::cast(st(), Cm, arr(c), c.numel());
+  }
+  const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N), ldc = static_cast<int>(N);
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (all_f64) {
+    FERRY_CUBLAS_CHECK(cublasGemmEx(cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                                    &alpha, B.p, CUDA_R_64F, ldb, A.p, CUDA_R_64F, lda, &beta, Cm.p, CUDA_R_64F, ldc,
+                                    CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT));
+  } else {
+    const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    FERRY_CUBLAS_CHECK(cublasGemmEx(cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                                    &alpha_f, B.p, cuda_type(B.dtype), ldb, A.p, cuda_type(A.dtype), lda, &beta_f, Cm.p,
+                                    cuda_type(Cm.dtype), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  if (!direct) cuda::cast(st(), arr(c), Cm, c.numel());
+}
+
+void CudaDevice::add_bias(const Tensor& out, const Tensor& bias) {
+  if (bias.numel() != out.dim(-1)) fail(kDev, "add_bias", out.describe() + " + " + bias.describe());
+  cuda::add_bias(st(), arr(out), arr(bias), rows_of(out), out.dim(-1));
+}
+
+void CudaDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
+  if (dbias.numel() != dout.dim(-1)) fail(kDev, "bias_backward", dbias.describe() + " from " + dout.describe());
+  cuda::column_sums(st(), arr(dbias), arr(dout), rows_of(dout), dout.dim(-1));
+}
+
+void CudaDevice::add(const Tensor& out, const Tensor& a, const Tensor& b) {
+  checks::same_shape(kDev, "add", out, a);
+  checks::same_shape(kDev, "add", out, b);
+  cuda::add(st(), arr(out), arr(a), arr(b), out.numel());
+}
+
+void CudaDevice::accumulate(const Tensor& dst, const Tensor& src) {
+  checks::same_shape(kDev, "accumulate", dst, src);
+  cuda::accumulate(st(), arr(dst), arr(src), dst.numel());
+}
+
+double CudaDevice::sum_squares(const Tensor& x) {
+  cuda::sum_squares(st(), arr(x), x.numel(), partial_);
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(total_host_, partial_ + cuda::kSumSquaresBlocks, sizeof(double),
+                                   cudaMemcpyDeviceToHost, compute_));
+  FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
+  return *total_host_;
+}
+
+void CudaDevice::scale(const Tensor& x, double factor) { cuda::scale(st(), arr(x), factor, x.numel()); }
+
+void CudaDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
+                                   int64_t T) {
+  const int64_t N = tokens.numel(), C = wte.dim(1), V = wte.dim(0);
+  if (tokens.dtype() != DType::i32 || out.numel() != N * C || wpe.dim(1) != C || wpe.dim(0) < T || N % T != 0) {
+    fail(kDev, "embedding_forward",
+         "out " + out.describe() + ", tokens " + tokens.describe() + ", wte " + wte.describe() + ", wpe " +
+             wpe.describe() + ", T " + std::to_string(T));
+  }
+  cuda::embedding_forward(st(), arr(out), tokens.data_as<int32_t>(), arr(wte), arr(wpe), N, T, C, V, err_);
+  check_flag([V](int n, int tok) {
+    return "embedding_forward: token " + std::to_string(tok) + " at position " + std::to_string(n) +
+           " is outside the vocabulary [0, " + std::to_string(V) + ")";
+  });
+}
+
+void CudaDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
+                                    int64_t T) {
+  const int64_t N = tokens.numel(), C = dwte.dim(1);
+  if (tokens.dtype() != DType::i32 || dout.numel() != N * C || dwpe.dim(1) != C || dwpe.dim(0) < T || N % T != 0) {
+    fail(kDev, "embedding_backward", "dout " + dout.describe() + ", dwte " + dwte.describe());
+  }
+  // A low-precision dwte would be rounded after every row's addition: widened instead, so
+  // the sum is rounded once (the CPU device's rule).
+  Scratch keep;
+  const Arr wte = is_low_precision(dwte.dtype()) ? widen(dwte, keep) : arr(dwte);
+  cuda::embedding_backward(st(), wte, arr(dwpe), arr(dout), tokens.data_as<int32_t>(), N, T, C);
+  if (wte.p != dwte.data()) cuda::cast(st(), arr(dwte), wte, dwte.numel());
+}
+
+void CudaDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
+                                   const Tensor& weight, const Tensor& bias) {
+  checks::same_shape(kDev, "layernorm_forward", out, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (weight.numel() != C || bias.numel() != C || mean.numel() != N || rstd.numel() != N) {
+    fail(kDev, "layernorm_forward", "inp " + inp.describe() + ", weight " + weight.describe() + ", mean " +
+                                        mean.describe());
+  }
+  cuda::layernorm_forward(st(), arr(out), arr(mean), arr(rstd), arr(inp), arr(weight), arr(bias), N, C);
+}
+
+void CudaDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                                    const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  checks::same_shape(kDev, "layernorm_backward", dinp, inp);
+  checks::same_shape(kDev, "layernorm_backward", dout, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (dweight.numel() != C || dbias.numel() != C || weight.numel() != C || mean.numel() != N || rstd.numel() != N) {
+    fail(kDev, "layernorm_backward", "inp " + inp.describe() + ", dweight " + dweight.describe());
+  }
+  cuda::layernorm_backward(st(), arr(dinp), arr(dweight), arr(dbias), arr(dout), arr(inp), arr(weight), arr(mean),
+                           arr(rstd), N, C);
+}
+
+void CudaDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+                                   int64_t n_kv_head) {
+  const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
+  const int64_t C = checks::attention(kDev, "attention_forward", out, att, qkv, n_head, kv);
+  cuda::attention_forward(st(), arr(out), arr(att), arr(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv);
+}
+
+void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
+                                    int64_t n_head, int64_t n_kv_head) {
+  const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
+  const int64_t C = checks::attention(kDev, "attention_backward", dout, att, qkv, n_head, kv);
+  checks::same_shape(kDev, "attention_backward", dqkv, qkv);
+  const bool f64 = dqkv.dtype() == DType::f64 || dout.dtype() == DType::f64 || qkv.dtype() == DType::f64 ||
+                   att.dtype() == DType::f64;
+  const int64_t rows = qkv.dim(0) * n_head * qkv.dim(1);
+  Scratch rowdot(compute_, static_cast<size_t>(rows) * (f64 ? 8 : 4));
+  cuda::attention_backward(st(), arr(dqkv), arr(dout), arr(qkv), arr(att), qkv.dim(0), qkv.dim(1), C, n_head, kv,
+                           rowdot.get());
+}
+
+void CudaDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                                 double eps) {
+  checks::same_shape(kDev, "rmsnorm_forward", out, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (weight.numel() != C || rstd.numel() != N) {
+    fail(kDev, "rmsnorm_forward", "inp " + inp.describe() + ", weight " + weight.describe() + ", rstd " +
+                                      rstd.describe());
+  }
+  cuda::rmsnorm_forward(st(), arr(out), arr(rstd), arr(inp), arr(weight), N, C, eps);
+}
+
+void CudaDevice::rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                                  const Tensor& weight, const Tensor& rstd) {
+  checks::same_shape(kDev, "rmsnorm_backward", dinp, inp);
+  checks::same_shape(kDev, "rmsnorm_backward", dout, inp);
+  const int64_t C = inp.dim(-1), N = rows_of(inp);
+  if (dweight.numel() != C || weight.numel() != C || rstd.numel() != N) {
+    fail(kDev, "rmsnorm_backward", "inp " + inp.describe() + ", dweight " + dweight.describe() + ", rstd " +
+                                       rstd.describe());
+  }
+  cuda::rmsnorm_backward(st(), arr(dinp), arr(dweight), arr(dout), arr(inp), arr(weight), arr(rstd), N, C);
+}
+
+void CudaDevice::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  const int64_t H = out.dim(-1), N = rows_of(out);
+  if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H) {
+    fail(kDev, "swiglu_forward", "out " + out.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
+  }
+  cuda::swiglu_forward(st(), arr(out), arr(gate_up), N, H);
+}
+
+void CudaDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) {
+  checks::same_shape(kDev, "swiglu_backward", dgate_up, gate_up);
+  const int64_t H = dout.dim(-1), N = rows_of(dout);
+  if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H) {
+    fail(kDev, "swiglu_backward", "dout " + dout.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
+  }
+  cuda::swiglu_backward(st(), arr(dgate_up), arr(gate_up), arr(dout), N, H);
+}
+
+void CudaDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
+                              double theta) {
+  checks::rope(kDev, "rope_forward", out, inp, T, heads, head_dim);
+  cuda::rope(st(), arr(out), arr(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), theta, false, false);
+}
+
+void CudaDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
+                               double theta) {
+  checks::rope(kDev, "rope_backward", dinp, dout, T, heads, head_dim);
+  cuda::rope(st(), arr(dinp), arr(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), theta, true, true);
+}
+
+void CudaDevice::gelu_forward(const Tensor& out, const Tensor& inp) {
+  checks::same_shape(kDev, "gelu_forward", out, inp);
+  cuda::gelu_forward(st(), arr(out), arr(inp), inp.numel());
+}
+
+void CudaDevice::gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) {
+  checks::same_shape(kDev, "gelu_backward", dinp, inp);
+  checks::same_shape(kDev, "gelu_backward", dout, inp);
+  cuda::gelu_backward(st(), arr(dinp), arr(inp), arr(dout), inp.numel());
+}
+
+void CudaDevice::softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits,
+                                               const Tensor& targets) {
+  checks::same_shape(kDev, "softmax_cross_entropy_forward", probs, logits);
+  const int64_t V = logits.dim(-1), N = rows_of(logits);
+  if (targets.dtype() != DType::i32 || targets.numel() != N || losses.numel() != N) {
+    fail(kDev, "softmax_cross_entropy_forward", "logits " + logits.describe() + ", targets " + targets.describe() +
+                                                    ", losses " + losses.describe());
+  }
+  cuda::softmax_cross_entropy_forward(st(), arr(losses), arr(probs), arr(logits), targets.data_as<int32_t>(), N, V,
+                                      err_);
+  check_flag([V](int n, int t) {
+    return "softmax_cross_entropy: target " + std::to_string(t) + " at row " + std::to_string(n) +
+           " is outside [0, " + std::to_string(V) + ")";
+  });
+}
+
+void CudaDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& targets,
+                                                double dloss) {
+  checks::same_shape(kDev, "softmax_cross_entropy_backward", dlogits, probs);
+  const int64_t V = probs.dim(-1), N = rows_of(probs);
+  if (targets.dtype() != DType::i32 || targets.numel() != N) {
+    fail(kDev, "softmax_cross_entropy_backward", targets.describe());
+  }
+  cuda::softmax_cross_entropy_backward(st(), arr(dlogits), arr(probs), targets.data_as<int32_t>(), N, V, dloss);
+}
+
+void CudaDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                       const AdamWStep& step) {
+  for (const Tensor* t : {&param, &grad, &m, &v}) {
+    if (t->dtype() != DType::f32 || t->numel() != param.numel()) {
+      fail(kDev, "adamw", "f32 tensors of one numel: param " + param.describe() + ", got " + t->describe());
+    }
+  }
+  if (step.step < 1) fail(kDev, "adamw", "step must be >= 1, got " + std::to_string(step.step));
+  cuda::adamw(st(), param.data_as<float>(), grad.data_as<float>(), m.data_as<float>(), v.data_as<float>(),
+              param.numel(), adamw_constants(step));
+}
+
+}  // namespace
+
+CudaStatus cuda_status() {
+  CudaStatus s;
+  s.built = true;
+  const cudaError_t e = cudaGetDeviceCount(&s.gpus);
+  if (e != cudaSuccess) {
+    s.gpus = 0;
+    s.reason = std::string("no usable GPU: cudaGetDeviceCount says ") + cudaGetErrorString(e);
+    cudaGetLastError();  // clear it: later calls must not inherit this error
+  } else if (s.gpus == 0) {
+    s.reason = "no GPU: the CUDA runtime sees 0 devices";
+  }
+  return s;
+}
+
+std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal) {
+  const CudaStatus s = cuda_status();
+  if (!s.available()) throw std::runtime_error("the cuda device is unavailable: " + s.reason);
+  if (ordinal < 0 || ordinal >= s.gpus) {
+    throw std::runtime_error("the cuda device: GPU " + std::to_string(ordinal) + " does not exist (" +
+                             std::to_string(s.gpus) + " visible)");
+  }
+  return std::make_unique<CudaDevice>(capacity_bytes, ordinal);
+}
+
+void* cuda_compute_stream(Device& device) {
+  auto* d = dynamic_cast<CudaDevice*>(&device);
+  if (!d) throw std::invalid_argument("cuda_compute_stream: " + device.name() + " is not a cuda device");
+  return d->compute_stream();
+}
+
+}  // namespace ferry::nn

@@ -1,0 +1,65 @@
+// The CUDA device's kernels, behind plain C++ launchers (this header needs no CUDA
+// headers; nn/cuda_kernels.cu implements it with nvcc).
+//
+// Every launcher enqueues on `stream` (a cudaStream_t) and checks the launch; none
+// synchronizes. Arrays are raw device pointers with their dtype (Arr), so one kernel
+// serves f32, bf16, f16 and mixed operands: each element is loaded into the accumulation
+// type, computed there, and rounded once when stored, which is what the CPU device's
+// widening does (nn/cpu_device.cpp). The accumulation type is f32, or f64 when an operand
+// is f64. Reductions run in a fixed order (no atomics on values), so results are
+// deterministic. Shapes have been checked by the caller (nn/cuda_device.cpp).
+// Errors that depend on values (a token outside the vocabulary) are written to `err`
+// (device int[3]: flag, index, value) for the caller to read back.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/adamw_formula.h"
+#include "nn/dtype.h"
+
+namespace ferry::nn::cuda {
+
+struct Arr {
+  void* p = nullptr;
+  DType dtype = DType::f32;
+};
+
+using Stream = void*;  // cudaStream_t
+
+void cast(Stream s, Arr dst, Arr src, int64_t n);
+void fill(Stream s, Arr dst, double value, int64_t n);
+void add(Stream s, Arr out, Arr a, Arr b, int64_t n);
+void accumulate(Stream s, Arr dst, Arr src, int64_t n);
+void scale(Stream s, Arr x, double factor, int64_t n);
+void add_bias(Stream s, Arr out, Arr bias, int64_t N, int64_t C);
+void column_sums(Stream s, Arr dst, Arr src, int64_t N, int64_t C);  // dst[c] += sum_n src[n,c]
+// partial: device double[kSumSquaresBlocks + 1]; the total lands in partial[kSumSquaresBlocks].
+constexpr int kSumSquaresBlocks = 512;
+void sum_squares(Stream s, Arr x, int64_t n, double* partial);
+
+void embedding_forward(Stream s, Arr out, const int32_t* tokens, Arr wte, Arr wpe, int64_t N, int64_t T, int64_t C,
+                       int64_t V, int* err);
+void embedding_backward(Stream s, Arr dwte, Arr dwpe, Arr dout, const int32_t* tokens, int64_t N, int64_t T,
+                        int64_t C);
+void layernorm_forward(Stream s, Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b, int64_t N, int64_t C);
+void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, Arr w, Arr mean, Arr rstd, int64_t N,
+                        int64_t C);
+void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C, double eps);
+void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N, int64_t C);
+void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH);
+// rowdot: device scratch of B*NH*T elements of the accumulation type (f64 if any operand is).
+void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T, int64_t C, int64_t NH,
+                        int64_t KVH, void* rowdot);
+void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H);
+void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, int64_t H);
+void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd, int64_t width, double theta,
+          bool inverse, bool accumulate);
+void gelu_forward(Stream s, Arr out, Arr inp, int64_t n);
+void gelu_backward(Stream s, Arr dinp, Arr inp, Arr dout, int64_t n);
+void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits, const int32_t* targets, int64_t N,
+                                   int64_t V, int* err);
+void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int32_t* targets, int64_t N, int64_t V,
+                                    double dloss);
+void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n, const AdamWConstants& k);
+
+}  // namespace ferry::nn::cuda

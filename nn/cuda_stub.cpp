@@ -1,0 +1,19 @@
+// The cuda device in a build without the CUDA toolkit: unavailable, and saying why.
+#include <stdexcept>
+
+#include "nn/cuda_device.h"
+
+namespace ferry::nn {
+
+CudaStatus cuda_status() {
+  CudaStatus s;
+  s.reason =
+      "this build of ferry has no CUDA (the CUDA toolkit was not found when it was configured, or FERRY_CUDA=OFF)";
+  return s;
+}
+
+std::unique_ptr<Device> make_cuda_device(size_t, int) { throw std::runtime_error(cuda_status().reason); }
+
+void* cuda_compute_stream(Device&) { throw std::invalid_argument("cuda_compute_stream: not a cuda device"); }
+
+}  // namespace ferry::nn

@@ -1,0 +1,60 @@
+#include "nn/op_checks.h"
+
+#include <stdexcept>
+
+namespace ferry::nn::checks {
+
+void fail(const char* device, const char* op, const std::string& what) {
+  throw std::invalid_argument(std::string(device) + "." + op + ": " + what);
+}
+
+void same_shape(const char* device, const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) fail(device, op, a.describe() + " vs " + b.describe());
+}
+
+GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb) {
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) {
+    fail(device, "gemm", "needs 2-D tensors: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
+  }
+  GemmDims d;
+  d.M = ta ? a.dim(1) : a.dim(0);
+  d.K = ta ? a.dim(0) : a.dim(1);
+  const int64_t Kb = tb ? b.dim(1) : b.dim(0);
+  d.N = tb ? b.dim(0) : b.dim(1);
+  if (d.K != Kb || c.dim(0) != d.M || c.dim(1) != d.N) {
+    std::string what = "shapes do not chain: c " + c.describe();
+    what.append(" = op(a ").append(a.describe()).append(ta ? ")^T" : ")");
+    what.append(" @ op(b ").append(b.describe()).append(tb ? ")^T" : ")");
+    fail(device, "gemm", what);
+  }
+  return d;
+}
+
+int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv,
+                  int64_t n_head, int64_t n_kv_head) {
+  if (qkv.ndim() != 3) fail(device, op, "qkv must be [B,T,(NH+2KVH)*hs], got " + qkv.describe());
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0 || qkv.dim(2) % (n_head + 2 * n_kv_head) != 0) {
+    fail(device, op,
+         "qkv " + qkv.describe() + " does not split into " + std::to_string(n_head) + " query and " +
+             std::to_string(n_kv_head) + " key/value heads (n_head a multiple of n_kv_head)");
+  }
+  const int64_t C = qkv.dim(2) / (n_head + 2 * n_kv_head) * n_head;
+  if (out.numel() != B * T * C || att.numel() != B * n_head * T * T) {
+    fail(device, op, "out " + out.describe() + ", att " + att.describe() + ", qkv " + qkv.describe());
+  }
+  return C;
+}
+
+void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, int64_t T, int64_t heads,
+          int64_t hd) {
+  const int64_t width = a.dim(-1);
+  if (a.numel() != b.numel() || a.dtype() != b.dtype() || b.dim(-1) != width || heads < 1 || hd < 2 || hd % 2 != 0 ||
+      heads * hd > width || T < 1 || rows_of(a) % T != 0) {
+    fail(device, op,
+         a.describe() + " and " + b.describe() + " with T=" + std::to_string(T) + ", heads=" + std::to_string(heads) +
+             ", head_dim=" + std::to_string(hd) + " (rows a multiple of T, an even head size, heads within a row)");
+  }
+}
+
+}  // namespace ferry::nn::checks

@@ -1,0 +1,478 @@
+// Backend ops: every op of every available device against the CPU device's f64 oracle, on
+// fresh random inputs with odd shapes.
+//
+// Each case runs twice per device: "f32" (every float tensor f32) and "bf16" (the dtypes a
+// bf16 model hands the op: activations and weights bf16; statistics, probabilities,
+// losses and weight gradients f32). Inputs are drawn in f64, rounded to the dtype under
+// test, and the oracle computes in f64 from those same rounded values, so the differences
+// measure the op, not the inputs. Checks per output:
+// - values: |got - want| <= tol * (|want| + max|want|), tol 1e-5 (f32) or 1e-2 (bf16);
+// - finite: inputs are finite, so a NaN or inf is a bug (outputs an op writes without
+//   reading start as NaN bytes, so an element it forgets shows up here too);
+// - guard: 64 bytes after each output are filled with a pattern that must come back.
+// Accumulating outputs (the *_backward gradients, gemm with beta) start from random
+// values, which checks the "add into" contract.
+// Devices: the CPU device always; the cuda device when cuda_status() finds a GPU; its
+// cases are skipped (with the reason) otherwise.
+#define BOOST_TEST_MODULE backend_ops
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/cpu_device.h"
+#include "nn/cuda_device.h"
+#include "nn/rng.h"
+
+using namespace ferry;
+using nn::DType;
+using nn::Tensor;
+
+namespace {
+
+// What a buffer is to the op: decides its dtype in the bf16 mode and how it starts.
+enum class Role { act, weight, stat, wgrad, ids };
+
+struct Buf {
+  Role role;
+  nn::Shape shape;
+  bool output = false;
+  bool accumulates = false;  // output read before written (+=)
+  double lo = -1, hi = 1;    // range of the random values (ids: [0, hi))
+};
+
+struct OpCase {
+  std::string name;
+  std::vector<Buf> bufs;
+  // Runs the op; returns a scalar result for ops that return one (sum_squares), else NaN.
+  std::function<double(nn::Device&, const std::vector<Tensor>&)> run;
+};
+
+constexpr size_t kGuardBytes = 64;
+constexpr uint8_t kGuard = 0xA5;
+
+DType dtype_for(Role r, bool low, bool oracle) {
+  if (r == Role::ids) return DType::i32;
+  if (oracle) return DType::f64;
+  if (low && (r == Role::act || r == Role::weight)) return DType::bf16;
+  return DType::f32;
+}
+
+double round_to(DType t, double v) {
+  switch (t) {
+    case DType::f32: return static_cast<float>(v);
+    case DType::bf16: return nn::bf16_to_f32(nn::f32_to_bf16(static_cast<float>(v)));
+    case DType::f16: return nn::f16_to_f32(nn::f32_to_f16(static_cast<float>(v)));
+    default: return v;
+  }
+}
+
+void encode(DType t, double v, unsigned char* out) {
+  switch (t) {
+    case DType::f32: {
+      const float f = static_cast<float>(v);
+      std::memcpy(out, &f, 4);
+      return;
+    }
+    case DType::f64: std::memcpy(out, &v, 8); return;
+    case DType::bf16: {
+      const uint16_t h = nn::f32_to_bf16(static_cast<float>(v));
+      std::memcpy(out, &h, 2);
+      return;
+    }
+    case DType::f16: {
+      const uint16_t h = nn::f32_to_f16(static_cast<float>(v));
+      std::memcpy(out, &h, 2);
+      return;
+    }
+    case DType::i32: {
+      const int32_t i = static_cast<int32_t>(v);
+      std::memcpy(out, &i, 4);
+      return;
+    }
+  }
+}
+
+double decode(DType t, const unsigned char* in) {
+  switch (t) {
+    case DType::f32: {
+      float f;
+      std::memcpy(&f, in, 4);
+      return f;
+    }
+    case DType::f64: {
+      double d;
+      std::memcpy(&d, in, 8);
+      return d;
+    }
+    case DType::bf16:
+    case DType::f16: {
+      uint16_t h;
+      std::memcpy(&h, in, 2);
+      return t == DType::bf16 ? nn::bf16_to_f32(h) : nn::f16_to_f32(h);
+    }
+    case DType::i32: {
+      int32_t i;
+      std::memcpy(&i, in, 4);
+      return i;
+    }
+  }
+  return 0;
+}
+
+struct Result {
+  std::vector<std::vector<double>> outputs;  // per buffer (empty for inputs)
+  std::vector<bool> guard_ok;
+  double scalar = NAN;
+};
+
+// Runs `c` on `dev` with the given values (already rounded for the dtypes in use).
+Result run_case(nn::Device& dev, const OpCase& c, const std::vector<std::vector<double>>& values, bool low,
+                bool oracle) {
+  std::vector<Tensor> views, whole;
+  for (size_t i = 0; i < c.bufs.size(); ++i) {
+    const Buf& b = c.bufs[i];
+    const DType t = dtype_for(b.role, low, oracle);
+    const size_t es = nn::dtype_size(t);
+    const int64_t n = nn::shape_numel(b.shape);
+    const int64_t guard_elems = static_cast<int64_t>(kGuardBytes / es);
+    Tensor all = Tensor::empty(dev, t, {n + guard_elems});
+    std::vector<unsigned char> bytes(static_cast<size_t>(n + guard_elems) * es, kGuard);
+    if (b.output && !b.accumulates) {
+      std::memset(bytes.data(), 0xFF, static_cast<size_t>(n) * es);  // NaN in every float format
+    } else {
+      for (int64_t k = 0; k < n; ++k) encode(t, values[i][static_cast<size_t>(k)], bytes.data() + k * es);
+    }
+    dev.copy_from_host(all, bytes.data());
+    whole.push_back(all);
+    views.push_back(all.view(0, b.shape));
+  }
+  Result r;
+  r.scalar = c.run(dev, views);
+  dev.synchronize();
+  r.outputs.resize(c.bufs.size());
+  r.guard_ok.assign(c.bufs.size(), true);
+  for (size_t i = 0; i < c.bufs.size(); ++i) {
+    if (!c.bufs[i].output) continue;
+    const Tensor& all = whole[i];
+    const size_t es = nn::dtype_size(all.dtype());
+    std::vector<unsigned char> bytes(all.nbytes());
+    dev.copy_to_host(bytes.data(), all);
+    const int64_t n = views[i].numel();
+    for (int64_t k = 0; k < n; ++k) r.outputs[i].push_back(decode(all.dtype(), bytes.data() + k * es));
+    for (size_t k = static_cast<size_t>(n) * es; k < bytes.size(); ++k) {
+      if (bytes[k] != kGuard) r.guard_ok[i] = false;
+    }
+  }
+  return r;
+}
+
+void check_case(nn::Device& dev, const OpCase& c, bool low, uint64_t seed) {
+  nn::CpuDevice oracle(size_t{1} << 30);
+  nn::Rng rng(seed);
+  std::vector<std::vector<double>> values;
+  for (const Buf& b : c.bufs) {
+    const DType t = dtype_for(b.role, low, false);
+    std::vector<double> v(static_cast<size_t>(nn::shape_numel(b.shape)));
+    for (double& x : v) {
+      x = b.role == Role::ids ? static_cast<double>(rng.below(static_cast<uint64_t>(b.hi)))
+                              : round_to(t, b.lo + (b.hi - b.lo) * rng.uniform());
+    }
+    values.push_back(std::move(v));
+  }
+  const Result want = run_case(oracle, c, values, low, true);
+  const Result got = run_case(dev, c, values, low, false);
+  const double tol = low ? 1e-2 : 1e-5;
+  const std::string where = c.name + (low ? " [bf16]" : " [f32]") + " on " + dev.name();
+  if (!std::isnan(want.scalar)) {
+    BOOST_TEST(std::abs(got.scalar - want.scalar) <= tol * std::abs(want.scalar), where << ": " << got.scalar
+                                                                                     << " vs " << want.scalar);
+  }
+  for (size_t i = 0; i < c.bufs.size(); ++i) {
+    if (!c.bufs[i].output) continue;
+    BOOST_TEST(got.guard_ok[i], where << ": output " << i << " wrote past its end (guard bytes changed)");
+    double scale = 0;
+    for (double w : want.outputs[i]) scale = std::max(scale, std::abs(w));
+    size_t bad = 0, nonfinite = 0;
+    double worst = 0;
+    for (size_t k = 0; k < want.outputs[i].size(); ++k) {
+      const double g = got.outputs[i][k], w = want.outputs[i][k];
+      if (!std::isfinite(g)) {
+        ++nonfinite;
+        continue;
+      }
+      const double err = std::abs(g - w) / (std::abs(w) + scale + 1e-30);
+      worst = std::max(worst, err);
+      if (err > tol) ++bad;
+    }
+    BOOST_TEST(nonfinite == 0u, where << ": output " << i << " has " << nonfinite << " NaN/inf elements");
+    BOOST_TEST(bad == 0u, where << ": output " << i << " has " << bad << " elements off by more than " << tol
+                                << " (worst " << worst << ")");
+    BOOST_TEST_MESSAGE(where << ": output " << i << " worst relative error " << worst);
+  }
+}
+
+// ---- the cases: odd shapes everywhere --------------------------------------------------
+
+constexpr int64_t B = 3, T = 7, NH = 3, HS = 6, C = NH * HS, V = 37, H = 11, N = B * T;
+
+std::vector<OpCase> all_cases() {
+  using D = nn::Device;
+  using Ts = std::vector<Tensor>;
+  std::vector<OpCase> cs;
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t M = 13, Nn = 5, K = 9;
+      for (int acc = 0; acc < 2; ++acc) {
+        // beta = 0: forward activations (bf16 out); beta = 1: a weight gradient (f32 out).
+        cs.push_back({"gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + (acc ? " beta=1" : " beta=0"),
+                      {{acc ? Role::wgrad : Role::act, {M, Nn}, true, acc == 1},
+                       {Role::act, ta ? nn::Shape{K, M} : nn::Shape{M, K}},
+                       {Role::weight, tb ? nn::Shape{Nn, K} : nn::Shape{K, Nn}}},
+                      [ta, tb, acc](D& d, const Ts& t) {
+                        d.gemm(t[0], t[1], ta, t[2], tb, 0.75, acc ? 1.0 : 0.0);
+                        return NAN;
+                      }});
+      }
+    }
+  }
+  cs.push_back({"add_bias", {{Role::act, {N, C}, true, true}, {Role::weight, {C}}}, [](D& d, const Ts& t) {
+                  d.add_bias(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"bias_backward", {{Role::wgrad, {C}, true, true}, {Role::act, {N, C}}}, [](D& d, const Ts& t) {
+                  d.bias_backward(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"add", {{Role::act, {N, C}, true}, {Role::act, {N, C}}, {Role::act, {N, C}}}, [](D& d, const Ts& t) {
+                  d.add(t[0], t[1], t[2]);
+                  return NAN;
+                }});
+  cs.push_back({"accumulate", {{Role::wgrad, {N, C}, true, true}, {Role::wgrad, {N, C}}}, [](D& d, const Ts& t) {
+                  d.accumulate(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"scale", {{Role::act, {N, C}, true, true}}, [](D& d, const Ts& t) {
+                  d.scale(t[0], -0.375);
+                  return NAN;
+                }});
+  cs.push_back({"cast", {{Role::act, {N, C}, true}, {Role::wgrad, {N, C}}}, [](D& d, const Ts& t) {
+                  d.cast(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"fill", {{Role::act, {N, C}, true}}, [](D& d, const Ts& t) {
+                  d.fill(t[0], 0.625);
+                  return NAN;
+                }});
+  cs.push_back({"sum_squares", {{Role::act, {N, C}}}, [](D& d, const Ts& t) { return d.sum_squares(t[0]); }});
+  cs.push_back({"embedding_forward",
+                {{Role::act, {N, C}, true}, {Role::ids, {N}, false, false, 0, V}, {Role::weight, {V, C}},
+                 {Role::weight, {T + 2, C}}},
+                [](D& d, const Ts& t) {
+                  d.embedding_forward(t[0], t[1], t[2], t[3], T);
+                  return NAN;
+                }});
+  cs.push_back({"embedding_backward",
+                {{Role::wgrad, {V, C}, true, true}, {Role::wgrad, {T + 2, C}, true, true}, {Role::act, {N, C}},
+                 {Role::ids, {N}, false, false, 0, 5}},  // few distinct tokens: rows collide
+                [](D& d, const Ts& t) {
+                  d.embedding_backward(t[0], t[1], t[2], t[3], T);
+                  return NAN;
+                }});
+  cs.push_back({"layernorm_forward",
+                {{Role::act, {N, C}, true}, {Role::stat, {N}, true}, {Role::stat, {N}, true}, {Role::act, {N, C}},
+                 {Role::weight, {C}}, {Role::weight, {C}}},
+                [](D& d, const Ts& t) {
+                  d.layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5]);
+                  return NAN;
+                }});
+  cs.push_back({"layernorm_backward",
+                {{Role::act, {N, C}, true, true}, {Role::wgrad, {C}, true, true}, {Role::wgrad, {C}, true, true},
+                 {Role::act, {N, C}}, {Role::act, {N, C}}, {Role::weight, {C}}, {Role::stat, {N}, false, false, -0.2, 0.2},
+                 {Role::stat, {N}, false, false, 0.5, 2}},
+                [](D& d, const Ts& t) {
+                  d.layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+                  return NAN;
+                }});
+  cs.push_back({"rmsnorm_forward",
+                {{Role::act, {N, C}, true}, {Role::stat, {N}, true}, {Role::act, {N, C}}, {Role::weight, {C}}},
+                [](D& d, const Ts& t) {
+                  d.rmsnorm_forward(t[0], t[1], t[2], t[3], 1e-5);
+                  return NAN;
+                }});
+  cs.push_back({"rmsnorm_backward",
+                {{Role::act, {N, C}, true, true}, {Role::wgrad, {C}, true, true}, {Role::act, {N, C}},
+                 {Role::act, {N, C}}, {Role::weight, {C}}, {Role::stat, {N}, false, false, 0.5, 2}},
+                [](D& d, const Ts& t) {
+                  d.rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5]);
+                  return NAN;
+                }});
+  for (int64_t kvh : {NH, int64_t{1}}) {
+    const int64_t W = (NH + 2 * kvh) * HS;
+    const std::string tag = " kv_heads=" + std::to_string(kvh);
+    cs.push_back({"attention_forward" + tag,
+                  {{Role::act, {B, T, C}, true}, {Role::stat, {B, NH, T, T}, true}, {Role::act, {B, T, W}}},
+                  [kvh](D& d, const Ts& t) {
+                    d.attention_forward(t[0], t[1], t[2], NH, kvh);
+                    return NAN;
+                  }});
+    cs.push_back({"attention_backward" + tag,
+                  {{Role::act, {B, T, W}, true, true}, {Role::act, {B, T, C}}, {Role::act, {B, T, W}},
+                   {Role::stat, {B, NH, T, T}, false, false, 0, 1}},
+                  [kvh](D& d, const Ts& t) {
+                    d.attention_backward(t[0], t[1], t[2], t[3], NH, kvh);
+                    return NAN;
+                  }});
+  }
+  cs.push_back({"swiglu_forward", {{Role::act, {N, H}, true}, {Role::act, {N, 2 * H}, false, false, -3, 3}},
+                [](D& d, const Ts& t) {
+                  d.swiglu_forward(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"swiglu_backward",
+                {{Role::act, {N, 2 * H}, true, true}, {Role::act, {N, 2 * H}, false, false, -3, 3}, {Role::act, {N, H}}},
+                [](D& d, const Ts& t) {
+                  d.swiglu_backward(t[0], t[1], t[2]);
+                  return NAN;
+                }});
+  // Rows of 2 rotated heads of 6 plus 5 pass-through columns.
+  cs.push_back({"rope_forward", {{Role::act, {N, 17}, true}, {Role::act, {N, 17}}}, [](D& d, const Ts& t) {
+                  d.rope_forward(t[0], t[1], T, 2, 6, 10000.0);
+                  return NAN;
+                }});
+  cs.push_back({"rope_backward", {{Role::act, {N, 17}, true, true}, {Role::act, {N, 17}}}, [](D& d, const Ts& t) {
+                  d.rope_backward(t[0], t[1], T, 2, 6, 10000.0);
+                  return NAN;
+                }});
+  cs.push_back({"gelu_forward", {{Role::act, {N, H}, true}, {Role::act, {N, H}, false, false, -4, 4}},
+                [](D& d, const Ts& t) {
+                  d.gelu_forward(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"gelu_backward",
+                {{Role::act, {N, H}, true, true}, {Role::act, {N, H}, false, false, -4, 4}, {Role::act, {N, H}}},
+                [](D& d, const Ts& t) {
+                  d.gelu_backward(t[0], t[1], t[2]);
+                  return NAN;
+                }});
+  cs.push_back({"softmax_cross_entropy_forward",
+                {{Role::stat, {N}, true}, {Role::stat, {N, V}, true}, {Role::act, {N, V}, false, false, -6, 6},
+                 {Role::ids, {N}, false, false, 0, V}},
+                [](D& d, const Ts& t) {
+                  d.softmax_cross_entropy_forward(t[0], t[1], t[2], t[3]);
+                  return NAN;
+                }});
+  cs.push_back({"softmax_cross_entropy_backward",
+                {{Role::act, {N, V}, true, true}, {Role::stat, {N, V}, false, false, 0, 0.1},
+                 {Role::ids, {N}, false, false, 0, V}},
+                [](D& d, const Ts& t) {
+                  d.softmax_cross_entropy_backward(t[0], t[1], t[2], 1.0 / N);
+                  return NAN;
+                }});
+  cs.push_back({"adamw",
+                {{Role::wgrad, {1031}, true, true}, {Role::wgrad, {1031}}, {Role::wgrad, {1031}, true, true},
+                 {Role::wgrad, {1031}, true, true, 0, 1e-3}},
+                [](D& d, const Ts& t) {
+                  d.adamw(t[0], t[1], t[2], t[3], {7, 3e-3, 0.9, 0.95, 1e-8, 0.1, 0.5});
+                  return NAN;
+                }});
+  return cs;
+}
+
+// adamw's tensors are f32 on every device: the oracle runs it in f32 too.
+bool oracle_in_f32(const OpCase& c) { return c.name == "adamw"; }
+
+void check_device(nn::Device& dev) {
+  uint64_t seed = 1;
+  for (const OpCase& c : all_cases()) {
+    for (bool low : {false, true}) {
+      if (oracle_in_f32(c)) {
+        if (low) continue;
+        nn::CpuDevice ref(size_t{1} << 30);
+        nn::Rng rng(seed);
+        std::vector<std::vector<double>> values;
+        for (const Buf& b : c.bufs) {
+          std::vector<double> v(static_cast<size_t>(nn::shape_numel(b.shape)));
+          for (double& x : v) x = static_cast<float>(b.lo + (b.hi - b.lo) * rng.uniform());
+          values.push_back(std::move(v));
+        }
+        const Result want = run_case(ref, c, values, false, false);
+        const Result got = run_case(dev, c, values, false, false);
+        for (size_t i = 0; i < c.bufs.size(); ++i) {
+          if (!c.bufs[i].output) continue;
+          BOOST_TEST(got.guard_ok[i], "adamw on " << dev.name() << ": output " << i << " guard bytes changed");
+          for (size_t k = 0; k < want.outputs[i].size(); ++k) {
+            const double w = want.outputs[i][k], g = got.outputs[i][k];
+            BOOST_TEST(std::abs(g - w) <= 1e-6 * (std::abs(w) + 1e-6), "adamw on " << dev.name() << ": output " << i
+                                                                                   << "[" << k << "] " << g << " vs " << w);
+          }
+        }
+        ++seed;
+        continue;
+      }
+      check_case(dev, c, low, seed++);
+    }
+  }
+}
+
+struct CudaPresent {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    const nn::CudaStatus s = nn::cuda_status();
+    boost::test_tools::assertion_result r(s.available());
+    if (!s.available()) r.message() << "the cuda device is unavailable: " << s.reason;
+    return r;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(cpu_device_ops_match_the_f64_oracle) {
+  nn::CpuDevice dev(size_t{1} << 30);
+  check_device(dev);
+}
+
+BOOST_AUTO_TEST_CASE(cuda_device_ops_match_the_cpu_device, *boost::unit_test::precondition(CudaPresent{})) {
+  auto dev = nn::make_cuda_device(size_t{1} << 30);
+  check_device(*dev);
+}
+
+// Without a GPU the cuda device must say so, not crash or pretend.
+BOOST_AUTO_TEST_CASE(cuda_device_reports_why_it_is_unavailable) {
+  const nn::CudaStatus s = nn::cuda_status();
+  if (s.available()) {
+    BOOST_TEST(s.gpus > 0);
+    return;
+  }
+  BOOST_TEST(!s.reason.empty());
+  try {
+    nn::make_cuda_device(size_t{1} << 20);
+    BOOST_FAIL("make_cuda_device succeeded without a GPU");
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(std::string(e.what()).find(s.reason) != std::string::npos, e.what());
+  }
+}
+
+// Values that depend on data, not shapes, are checked on every device: a token outside
+// the vocabulary is an error naming it, not a wild read.
+BOOST_AUTO_TEST_CASE(out_of_vocabulary_ids_are_reported) {
+  std::vector<std::unique_ptr<nn::Device>> devs;
+  devs.push_back(std::make_unique<nn::CpuDevice>(size_t{1} << 24));
+  if (nn::cuda_status().available()) devs.push_back(nn::make_cuda_device(size_t{1} << 24));
+  for (auto& d : devs) {
+    const Tensor out = Tensor::empty(*d, DType::f32, {4, 3});
+    const Tensor ids = Tensor::empty(*d, DType::i32, {4});
+    const Tensor wte = Tensor::empty(*d, DType::f32, {5, 3});
+    const Tensor wpe = Tensor::empty(*d, DType::f32, {2, 3});
+    const int32_t host[4] = {0, 4, 9, 1};
+    d->copy_from_host(ids, host);
+    d->fill(wte, 1);
+    d->fill(wpe, 1);
+    BOOST_CHECK_EXCEPTION(d->embedding_forward(out, ids, wte, wpe, 2), std::out_of_range, [](const std::out_of_range& e) {
+      return std::string(e.what()).find("token 9 at position 2") != std::string::npos;
+    });
+  }
+}
