@@ -12,6 +12,8 @@ struct ModelBenchOptions {
   size_t device_memory = 8ull << 30;
   bool quick = false;              // fewer repetitions (smoke test)
   std::string only;                // one config by name; "" = all
+  std::string device = "cpu";      // cpu | cuda
+  bool bf16 = false;               // bf16 weights and activations (fp32 accumulation)
 };
 
 // Fills `report` (the headline is the last, largest config). Returns the exit status.

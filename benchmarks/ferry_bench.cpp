@@ -16,14 +16,16 @@
 namespace {
 
 void usage(std::ostream& os) {
-  os << "usage: ferry-bench model [--json PATH] [--threads T] [--quick] [--only tiny|gpt-50m]\n"
+  os << "usage: ferry-bench model [--json PATH] [--threads T] [--quick] [--only NAME] [--device cpu|cuda] [--bf16]\n"
         "       mpiexec -n N ferry-bench comm [--json PATH] [--quick]\n"
         "       ferry-bench adam [--json PATH] [--threads T] [--quick]\n"
         "       ferry-bench io --path DIR [--json PATH] [--quick]\n"
         "       ferry-bench ckpt --path DIR [--json PATH] [--quick]\n"
         "       ferry-bench step --nvme-path DIR [--trace FILE] [--json PATH] [--quick]\n"
         "  model   forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT\n"
-        "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes\n"
+        "          on the CPU device, as a fraction of Eigen's GEMM GFLOP/s at the model's shapes;\n"
+        "          --device cuda: GPT-2 124M/350M shapes on the GPU, as a fraction of cuBLAS's GEMM\n"
+        "          rate at those shapes measured in the same run (MFU; --bf16 for bf16)\n"
         "  comm    all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB,\n"
         "          as a fraction of the same MPI collective called directly\n"
         "  adam    CPU AdamW params/s on 100M fp32 params at 1 and all threads, against a\n"
@@ -61,6 +63,10 @@ int main(int argc, char** argv) {
       opt.only = argv[++i];
     } else if (a == "--quick") {
       opt.quick = true;
+    } else if (a == "--device" && i + 1 < argc) {
+      opt.device = argv[++i];
+    } else if (a == "--bf16") {
+      opt.bf16 = true;
     } else {
       std::cerr << "ferry-bench: unknown argument '" << a << "'\n";
       usage(std::cerr);

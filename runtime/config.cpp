@@ -82,9 +82,6 @@ json check_value(const Knob& k, const json& v, const std::string& source, const 
         std::string list;
         for (const auto& c : k.choices) list += (list.empty() ? "" : ", ") + c;
         std::string msg = "key '" + k.path + "' must be one of " + list + ", got " + v.dump();
-        if (k.path == "device.type" && v.get<std::string>() == "cuda") {
-          msg += " (the CUDA device is not part of this release of ferry)";
-        }
         fail(source, msg);
       }
       return v;

@@ -9,6 +9,7 @@
 
 #include <sys/resource.h>
 
+#include "nn/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "nn/rng.h"
@@ -35,6 +36,19 @@ std::string fmt(const char* f, double v) {
 
 // device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
 // launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
+// device.type cuda: the GPU of this rank's local rank, with the device.memory budget.
+std::unique_ptr<nn::Device> make_gpu(const Config& c, const comm::Communicator& comm) {
+  const nn::CudaStatus s = nn::cuda_status();
+  if (!s.available()) {
+    throw std::invalid_argument("key 'device.type': cuda, but the cuda device is unavailable: " + s.reason);
+  }
+  if (comm.local_size() > s.gpus) {
+    throw std::invalid_argument("key 'device.type': cuda with " + std::to_string(comm.local_size()) +
+                                " ranks on this node but " + std::to_string(s.gpus) + " GPU(s): one GPU per rank");
+  }
+  return nn::make_cuda_device(c.device.memory, comm.local_rank());
+}
+
 int compute_threads(const Config& c, const comm::Communicator& comm) {
   if (c.device.threads > 0) return c.device.threads;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -64,13 +78,16 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     : cfg_(config),
       comm_(comm),
       out_(out),
-      device_(std::make_unique<nn::CpuDevice>(config.device.memory, compute_threads(config, comm))),
+      device_(std::make_unique<nn::CpuDevice>(config.device.type == "cuda" ? SIZE_MAX : config.device.memory,
+                                              compute_threads(config, comm))),
+      gpu_(config.device.type == "cuda" ? make_gpu(config, comm) : nullptr),
+      compute_(gpu_ ? gpu_.get() : device_.get()),
       model_([&]() -> std::unique_ptr<nn::Model> {
         std::unique_ptr<nn::Model> m;
         if (config.model_arch == "llama") {
-          m = std::make_unique<nn::Llama>(config.llama, *device_, config.zero.compute);
+          m = std::make_unique<nn::Llama>(config.llama, *compute_, config.zero.compute);
         } else {
-          m = std::make_unique<nn::GPT>(config.model, *device_, config.zero.compute);
+          m = std::make_unique<nn::GPT>(config.model, *compute_, config.zero.compute);
         }
         m->set_activation_checkpointing(config.activation_checkpointing);
         return m;
@@ -125,8 +142,8 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   }
   place.overlap_io = cfg_.schedule.overlap_offload;
   units_ = std::make_unique<ShardedUnits>(*device_, comm_, layout, cfg_.zero,
-                                          [&](int u, const Tensor& full) { model_->init_unit(u, full, cfg_.model_seed); },
-                                          place);
+                                          [&](int u, const Tensor& full) { init_unit(u, full); }, place);
+  if (gpu_) staged_ = std::make_unique<nn::StagedUnits>(*units_, *gpu_);
   std::string warning;
   opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, *device_, *host_, adam_, off, pool_.get(), comm_.rank(),
                                           &warning);
@@ -164,9 +181,9 @@ Trainer::~Trainer() = default;
 TierMemory Trainer::memory_by_tier() const {
   const StateBytes sb = units_->state_bytes();
   TierMemory m;
-  m.device_cap = device_->memory().capacity;
-  m.device_peak = device_->memory().peak;
-  m.device_in_use = device_->memory().in_use;
+  m.device_cap = compute_->memory().capacity;
+  m.device_peak = compute_->memory().peak;
+  m.device_in_use = compute_->memory().in_use;
   m.host_pinned = pool_ ? pool_->bytes() : 0;
   m.host_states = sb.gradients_host +
                   (opt_->tier() == Tier::cpu ? opt_->bytes() : 0) + sb.weights_host;
@@ -183,6 +200,15 @@ nlohmann::json TierMemory::to_json() const {
 // arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
 // memory, optimizer state or parameters in host memory; the rest is the program itself,
 // the corpus, allocator slack and the I/O threads' stacks.
+void Trainer::init_unit(int unit, const Tensor& full) {
+  if (!gpu_) return model_->init_unit(unit, full, cfg_.model_seed);
+  // The model writes through its own device: initialise on the GPU, then bring the values
+  // to the state tensor (the same values: init draws them on the host in f64).
+  const Tensor here = Tensor::empty(*gpu_, full.dtype(), full.shape());
+  model_->init_unit(unit, here, cfg_.model_seed);
+  gpu_->copy_to_host(full.data(), here);
+}
+
 void Trainer::describe_memory() {
   const size_t rss = peak_resident_bytes();
   const TierMemory m = memory_by_tier();
@@ -211,7 +237,7 @@ void Trainer::describe_placement() {
   out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
        << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
-       << "; per rank (device: " << device_->name() << "):\n"
+       << "; per rank (device: " << compute_->name() << "):\n"
        << "  fp32 weights                 " << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
        << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
        << (units_->placement().grads_on_host ? "host memory (shards)" : "the device arena") << "\n"
@@ -307,17 +333,17 @@ StepStats Trainer::train_step(int64_t step) {
   if (scaler_) model_->set_loss_scale(scaler_->scale());
   sumsq_.assign(static_cast<size_t>(model_->num_units()), 0.0);
   units_->begin_step(step + 1);
-  device_->reset_peak();
-  const Tensor tokens = Tensor::empty(*device_, DType::i32, {B * T});
-  const Tensor targets = Tensor::empty(*device_, DType::i32, {B * T});
+  compute_->reset_peak();
+  const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
+  const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
   double loss_sum = 0;
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
     const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size());
-    device_->copy_from_host(tokens, batch.inputs.data());
-    device_->copy_from_host(targets, batch.targets.data());
+    compute_->copy_from_host(tokens, batch.inputs.data());
+    compute_->copy_from_host(targets, batch.targets.data());
     units_->set_micro_batch(micro == cfg_.grad_accum - 1);
-    loss_sum += model_->forward(*units_, tokens, targets, B, T);
-    model_->backward(*units_);
+    loss_sum += model_->forward(model_units(), tokens, targets, B, T);
+    model_->backward(model_units());
   }
   units_->finish_gradients();
   units_->end_step();
@@ -338,7 +364,7 @@ StepStats Trainer::train_step(int64_t step) {
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
   s.tflops = model_->flops_per_token(T) * s.tokens_per_s / 1e12;
-  s.device_peak_bytes = device_->memory().peak;
+  s.device_peak_bytes = compute_->memory().peak;
   s.time = tracer_->end_step();
   if (log::enabled(log::Level::debug, log::Subsys::train)) {
     log::debug(log::Subsys::train, "step " + std::to_string(s.step) + ": " + describe_breakdown(s.time) +
@@ -350,14 +376,14 @@ StepStats Trainer::train_step(int64_t step) {
 double Trainer::evaluate() {
   sync_updates();
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
-  const Tensor tokens = Tensor::empty(*device_, DType::i32, {B * T});
-  const Tensor targets = Tensor::empty(*device_, DType::i32, {B * T});
+  const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
+  const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
   double sum = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
     const Batch batch = sampler_.val_batch(i);
-    device_->copy_from_host(tokens, batch.inputs.data());
-    device_->copy_from_host(targets, batch.targets.data());
-    sum += model_->forward(*units_, tokens, targets, B, T);
+    compute_->copy_from_host(tokens, batch.inputs.data());
+    compute_->copy_from_host(targets, batch.targets.data());
+    sum += model_->forward(model_units(), tokens, targets, B, T);
   }
   model_->free_activations();
   return sum / static_cast<double>(cfg_.train.eval_batches);
@@ -373,13 +399,13 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
   for (int64_t i = 0; i < n_tokens; ++i) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), cfg_.model.block_size);
     std::vector<int32_t> ctx(seq.end() - T, seq.end());
-    const Tensor tokens = Tensor::empty(*device_, DType::i32, {T});
-    device_->copy_from_host(tokens, ctx.data());
-    model_->forward(*units_, tokens, Tensor{}, 1, T);
+    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {T});
+    compute_->copy_from_host(tokens, ctx.data());
+    model_->forward(model_units(), tokens, Tensor{}, 1, T);
     const Tensor last = model_->logits().view((T - 1) * V, {V});
-    const Tensor wide = Tensor::empty(*device_, DType::f32, {V});  // bf16/f16 logits under mixed precision
-    device_->cast(wide, last);
-    device_->copy_to_host(logits.data(), wide);
+    const Tensor wide = Tensor::empty(*compute_, DType::f32, {V});  // bf16/f16 logits under mixed precision
+    compute_->cast(wide, last);
+    compute_->copy_to_host(logits.data(), wide);
     double mx = logits[0];
     for (float l : logits) mx = std::max<double>(mx, l);
     std::vector<double> p(static_cast<size_t>(V));

@@ -29,6 +29,7 @@
 
 #include "comm/communicator.h"
 #include "nn/cpu_device.h"
+#include "nn/staged_units.h"
 #include "nn/model.h"
 #include "offload/cpu_adam.h"
 #include "runtime/config.h"
@@ -99,11 +100,13 @@ class Trainer {
   nn::Model& model() { return *model_; }
   ShardedUnits& units() { return *units_; }
   OptimizerState& optimizer() { return *opt_; }
-  nn::Device& device() { return *device_; }
+  // Where the model computes: the cpu device, or the cuda device (device.type cuda).
+  nn::Device& device() { return *compute_; }
   Tracer& tracer() { return *tracer_; }
   TierMemory memory_by_tier() const;
 
  private:
+  void init_unit(int unit, const nn::Tensor& full);  // the model's initial weights into a state tensor
   void describe_placement();
   void describe_memory();
   nlohmann::json step_record(const StepStats& s) const;  // the metrics file's line for a step
@@ -116,11 +119,17 @@ class Trainer {
   Config cfg_;
   comm::Communicator& comm_;
   std::ostream& out_;
+  // The state device: the arena of the model states (device.memory) on the cpu device;
+  // host memory without a cap when the model computes on a GPU (device.type cuda).
   std::unique_ptr<nn::CpuDevice> device_;
+  std::unique_ptr<nn::Device> gpu_;  // device.type cuda only
+  nn::Device* compute_;              // gpu_ or device_
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<nn::CpuDevice> host_;  // host memory outside the device arena (offload "cpu")
   std::unique_ptr<offload::PinnedPool> pool_;
   std::unique_ptr<ShardedUnits> units_;
+  std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: units_ copied to and from the GPU
+  nn::UnitAccess& model_units() { return staged_ ? static_cast<nn::UnitAccess&>(*staged_) : *units_; }
   offload::CpuAdam adam_;
   std::unique_ptr<OptimizerState> opt_;
   std::vector<std::vector<DecayRange>> decay_;  // per unit, within its owned range

@@ -1,0 +1,53 @@
+#include "nn/staged_units.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace ferry::nn {
+
+Tensor StagedUnits::stage(const Tensor& home, const char* what, int unit) {
+  if (!home.device().host_accessible()) {
+    throw std::invalid_argument(std::string("StagedUnits: unit ") + std::to_string(unit) + "'s " + what + " live on " +
+                                home.device().name() + ", which the host cannot read");
+  }
+  Tensor here = Tensor::empty(compute_, home.dtype(), home.shape());
+  compute_.copy_from_host(here, home.data());
+  return here;
+}
+
+Tensor StagedUnits::acquire_weights(int unit) {
+  Staged& s = weights_[unit];
+  if (s.refs++ == 0) {
+    s.home = home_.acquire_weights(unit);
+    s.here = stage(s.home, "weights", unit);
+  }
+  return s.here;
+}
+
+void StagedUnits::release_weights(int unit) {
+  auto it = weights_.find(unit);
+  if (it == weights_.end()) throw std::logic_error("StagedUnits: weights of unit " + std::to_string(unit) + " released twice");
+  if (--it->second.refs > 0) return;
+  weights_.erase(it);
+  home_.release_weights(unit);
+}
+
+Tensor StagedUnits::acquire_grads(int unit) {
+  Staged& s = grads_[unit];
+  if (s.refs++ == 0) {
+    s.home = home_.acquire_grads(unit);
+    s.here = stage(s.home, "gradients", unit);
+  }
+  return s.here;
+}
+
+void StagedUnits::release_grads(int unit, bool complete) {
+  auto it = grads_.find(unit);
+  if (it == grads_.end()) throw std::logic_error("StagedUnits: gradients of unit " + std::to_string(unit) + " released twice");
+  if (--it->second.refs > 0) return;
+  compute_.copy_to_host(it->second.home.data(), it->second.here);  // waits for the backward ops that wrote it
+  grads_.erase(it);
+  home_.release_grads(unit, complete);
+}
+
+}  // namespace ferry::nn

@@ -1,0 +1,43 @@
+// StagedUnits: compute on one device while the units live behind another UnitAccess whose
+// tensors are in host memory (ZeRO-Offload's arrangement: parameters, gradients and
+// optimizer states on the host side, the GPU holding activations and the units in use).
+//
+// acquire_weights copies the unit's weights (whatever dtype the home hands out: bf16
+// under mixed precision) to the compute device; the copy is dropped on the last release.
+// acquire_grads copies the home's gradient buffer up and release_grads copies it back,
+// so the += of every backward op lands in the home's buffer exactly as if the ops had
+// run there (the same f32 arithmetic, in the same order). Nested acquires of one unit
+// (a tied embedding) share one staged copy.
+// The home's tensors must be host-accessible (std::invalid_argument otherwise).
+// Memory: staged copies come from the compute device's arena (its cap and peak count them).
+// Threads: the model's thread, as every UnitAccess.
+#pragma once
+
+#include <map>
+
+#include "nn/unit.h"
+
+namespace ferry::nn {
+
+class StagedUnits final : public UnitAccess {
+ public:
+  StagedUnits(UnitAccess& home, Device& compute) : home_(home), compute_(compute) {}
+
+  Tensor acquire_weights(int unit) override;
+  void release_weights(int unit) override;
+  Tensor acquire_grads(int unit) override;
+  void release_grads(int unit, bool complete) override;
+
+ private:
+  struct Staged {
+    Tensor home, here;
+    int refs = 0;
+  };
+  Tensor stage(const Tensor& home, const char* what, int unit);
+
+  UnitAccess& home_;
+  Device& compute_;
+  std::map<int, Staged> weights_, grads_;
+};
+
+}  // namespace ferry::nn

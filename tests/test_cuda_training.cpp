@@ -1,0 +1,177 @@
+// Training on the cuda device (device.type cuda): the model computes on the GPU through
+// StagedUnits while ZeRO's states stay in host memory, and NCCL moves device buffers.
+// - StagedUnits is checked here on any machine: a model computing on a second CPU device
+//   through it must produce exactly the losses and gradients it produces on the first.
+// - With a GPU (skipped otherwise, with the reason): the trainer on the cuda device follows
+//   the CPU trainer for 200 steps in bf16 within the tolerance test_mixed_precision states
+//   for bf16 against fp32; the first fp32 steps agree closely; NCCL collectives at world
+//   size 1 move device and host buffers exactly.
+#define BOOST_TEST_MODULE cuda_training
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <sstream>
+
+#include "comm/nccl_communicator.h"
+#include "nn/cpu_device.h"
+#include "nn/cuda_device.h"
+#include "nn/gpt.h"
+#include "nn/rng.h"
+#include "nn/staged_units.h"
+#include "runtime/trainer.h"
+#include "test_util.h"
+
+using namespace ferry;
+using nlohmann::json;
+using nn::DType;
+using nn::Tensor;
+
+namespace {
+
+std::vector<float> host_values(const Tensor& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  t.device().copy_to_host(v.data(), t);
+  return v;
+}
+
+struct GpuPresent {
+  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
+    const nn::CudaStatus s = nn::cuda_status();
+    boost::test_tools::assertion_result r(s.available());
+    if (!s.available()) r.message() << "the cuda device is unavailable: " << s.reason;
+    return r;
+  }
+};
+
+json doc(int64_t steps) {
+  return {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 32}}},
+          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+          {"device", {{"memory", "256MiB"}, {"threads", 1}}},
+          {"train_micro_batch_size_per_gpu", 4},
+          {"optimizer", {{"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
+          {"train", {{"steps", steps}, {"eval_every", 0}, {"eval_batches", 2}, {"sample_tokens", 0}}}};
+}
+
+struct Run {
+  std::vector<double> losses;
+  double val = 0;
+  std::string log;
+};
+
+Run train(const json& d, const std::vector<std::string>& sets) {
+  Run r;
+  test::run_ranks(1, [&](int, comm::Communicator& c) {
+    std::ostringstream log;
+    runtime::Trainer t(runtime::config_from_json(d, "cuda", "", sets, 1), c, log);
+    const runtime::TrainReport rep = t.run();
+    for (const auto& s : rep.steps) r.losses.push_back(s.loss);
+    r.val = rep.val_losses.back().second;
+    r.log = log.str();
+  });
+  return r;
+}
+
+double window_mean(const Run& r, size_t begin, size_t n) {
+  double s = 0;
+  for (size_t i = begin; i < begin + n; ++i) s += r.losses[i] / static_cast<double>(n);
+  return s;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(staged_units_compute_exactly_as_resident_ones) {
+  nn::CpuDevice home_dev(size_t{256} << 20, 1), compute_dev(size_t{256} << 20, 1);
+  const nn::GPTConfig cfg{2, 2, 32, 64, 16};
+  nn::GPT direct(cfg, home_dev, DType::f32), staged_model(cfg, compute_dev, DType::f32);
+  nn::ResidentUnits a(home_dev, DType::f32, direct.units()), b(home_dev, DType::f32, direct.units());
+  for (int u = 0; u < direct.num_units(); ++u) {
+    direct.init_unit(u, a.weights[static_cast<size_t>(u)], 7);
+    direct.init_unit(u, b.weights[static_cast<size_t>(u)], 7);
+  }
+  a.zero_grads();
+  b.zero_grads();
+  nn::StagedUnits staged(b, compute_dev);
+  const int64_t B = 3, T = 16;
+  nn::Rng rng(3);
+  for (int micro = 0; micro < 3; ++micro) {  // gradients accumulate across micro-batches
+    std::vector<int32_t> ids(static_cast<size_t>(2 * B * T));
+    for (auto& x : ids) x = static_cast<int32_t>(rng.below(64));
+    const Tensor tok_a = Tensor::empty(home_dev, DType::i32, {B * T}), tgt_a = Tensor::empty(home_dev, DType::i32, {B * T});
+    const Tensor tok_b = Tensor::empty(compute_dev, DType::i32, {B * T}), tgt_b = Tensor::empty(compute_dev, DType::i32, {B * T});
+    for (const Tensor* t : {&tok_a, &tok_b}) t->device().copy_from_host(*t, ids.data());
+    for (const Tensor* t : {&tgt_a, &tgt_b}) t->device().copy_from_host(*t, ids.data() + B * T);
+    const double la = direct.forward(a, tok_a, tgt_a, B, T);
+    const double lb = staged_model.forward(staged, tok_b, tgt_b, B, T);
+    BOOST_TEST(la == lb);
+    direct.backward(a);
+    staged_model.backward(staged);
+  }
+  for (int u = 0; u < direct.num_units(); ++u) {
+    BOOST_TEST(host_values(a.grads[static_cast<size_t>(u)]) == host_values(b.grads[static_cast<size_t>(u)]),
+               boost::test_tools::per_element());
+  }
+  // Every staged copy was handed back: nothing of the units is left on the compute device.
+  direct.free_activations();
+  staged_model.free_activations();
+  BOOST_TEST(compute_dev.memory().in_use == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
+                     *boost::unit_test::precondition(GpuPresent{})) {
+  const Run cpu = train(doc(200), {"bf16.enabled=true"});
+  const Run gpu = train(doc(200), {"bf16.enabled=true", "device.type=cuda"});
+  BOOST_TEST(gpu.log.find("device: cuda:") != std::string::npos);
+  double worst = 0;
+  for (size_t w = 0; w < 200; w += 20) {
+    const double gap = std::abs(window_mean(gpu, w, 20) - window_mean(cpu, w, 20));
+    BOOST_TEST_MESSAGE("steps " << w + 1 << "-" << w + 20 << ": cpu " << window_mean(cpu, w, 20) << ", cuda "
+                                << window_mean(gpu, w, 20) << ", gap " << gap);
+    worst = std::max(worst, gap);
+  }
+  BOOST_TEST_MESSAGE("worst window gap " << worst << "; validation cpu " << cpu.val << ", cuda " << gpu.val);
+  BOOST_TEST(worst < 0.1);
+  BOOST_TEST(std::abs(gpu.val - cpu.val) < 0.05);
+  BOOST_TEST(window_mean(gpu, 180, 20) < gpu.losses[0] - 2.0);
+}
+
+BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer, *boost::unit_test::precondition(GpuPresent{})) {
+  const Run cpu = train(doc(5), {});
+  const Run gpu = train(doc(5), {"device.type=cuda"});
+  for (size_t i = 0; i < 5; ++i) BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-4 * cpu.losses[i]);
+}
+
+BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers, *boost::unit_test::precondition(GpuPresent{})) {
+  auto world = comm::MpiCommunicator::world(60);
+  auto dev = nn::make_cuda_device(size_t{64} << 20);
+  auto nccl = comm::NcclCommunicator::create(*world, nn::cuda_compute_stream(*dev), 60);
+  BOOST_TEST(nccl->size() == 1);
+  std::vector<float> values(1001);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 7.f;
+  const Tensor a = Tensor::empty(*dev, DType::f32, {1001}), b = Tensor::empty(*dev, DType::f32, {1001});
+  dev->copy_from_host(a, values.data());
+  dev->fill(b, 0);
+  nccl->all_gather(a.data(), b.data(), 1001, comm::DataType::f32)->wait();
+  nccl->order_before(nn::cuda_compute_stream(*dev));
+  BOOST_TEST(host_values(b) == values, boost::test_tools::per_element());
+  dev->scale(a, 2.0);  // ordered before the reduction by the communicator's event
+  nccl->all_reduce(a.data(), 1001, comm::DataType::f32, comm::ReduceOp::avg)->wait();
+  nccl->order_before(nn::cuda_compute_stream(*dev));
+  const std::vector<float> got = host_values(a);
+  for (size_t i = 0; i < values.size(); ++i) BOOST_TEST(got[i] == 2 * values[i]);
+  double host[2] = {1.5, -2.0};  // host buffers are staged through device memory
+  nccl->all_reduce(host, 2, comm::DataType::f64, comm::ReduceOp::sum)->wait();
+  BOOST_TEST(host[0] == 1.5);
+  BOOST_TEST(host[1] == -2.0);
+  nccl->barrier()->wait();
+}
+
+// Without a GPU the NCCL backend refuses to start and says why.
+BOOST_AUTO_TEST_CASE(nccl_reports_why_it_is_unavailable) {
+  const comm::NcclStatus s = comm::nccl_status();
+  if (s.reason.empty()) return;  // a GPU is here: the test above ran
+  auto world = comm::MpiCommunicator::world(60);
+  BOOST_CHECK_EXCEPTION(comm::NcclCommunicator::create(*world, nullptr, 60), comm::CommError,
+                        [&](const comm::CommError& e) {
+                          return std::string(e.what()).find(s.reason) != std::string::npos;
+                        });
+}
