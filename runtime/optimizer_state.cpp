@@ -66,6 +66,21 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     }
   };
   const ShardedUnits::Owned o = units_.owned(unit);
+  if (alias_ && !o.weights.device().host_accessible()) {
+    // States on a GPU: AdamW on the device, one launch per decay range, on views.
+    Tracer::Span span(tracer_, Activity::adam, name);
+    nn::Device& dev = o.weights.device();
+    const nn::Tensor m = store_->tensor(region(unit, kM)), v = store_->tensor(region(unit, kV));
+    const offload::AdamWParams& hp = adam_.params();
+    for (const DecayRange& r : ranges) {
+      const int64_t lo = std::max<int64_t>(r.begin, 0), hi = std::min(r.end, o.length);
+      if (lo >= hi) continue;
+      const nn::Shape sh{hi - lo};
+      dev.adamw(o.weights.view(lo, sh), grads.view(lo, sh), m.view(lo, sh), v.view(lo, sh),
+                {step, lr, hp.beta1, hp.beta2, hp.eps, r.weight_decay, grad_scale});
+    }
+    return;
+  }
   if (tier_ != Tier::nvme) {
     float* m = store_->tensor(region(unit, kM)).data_as<float>();
     float* v = store_->tensor(region(unit, kV)).data_as<float>();
@@ -146,9 +161,9 @@ void OptimizerState::read_state(int unit, Array array, int64_t offset, int64_t n
   if (offset < 0 || n < 0 || offset + n > o.length) throw std::out_of_range("OptimizerState::read_state outside the owned range");
   if (n == 0) return;
   if (array == kMaster && alias_) {
-    std::memcpy(dst, o.weights.data_as<float>() + offset, static_cast<size_t>(n) * 4);
+    o.weights.device().copy_to_host(dst, o.weights.view(offset, {n}));  // a GPU's too
   } else if (tier_ != Tier::nvme) {
-    std::memcpy(dst, store_->tensor(region(unit, array)).data_as<float>() + offset, static_cast<size_t>(n) * 4);
+    store_->read(region(unit, array), offset, n, dst);
   } else {
     // Whole aligned tiles from the current slot; the part inside [offset, offset + n) kept.
     const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
@@ -169,7 +184,7 @@ void OptimizerState::write_state(int unit, Array array, const float* src) {
   const bool via_pool = tier_ == Tier::nvme || (array == kMaster && units_.placement().params == Tier::nvme);
   if (!via_pool) {
     if (array == kMaster && alias_) return units_.write_owned_weights(unit, 0, o.length, src);
-    std::memcpy(store_->tensor(region(unit, array)).data_as<float>(), src, bytes(o.length));
+    store_->write(region(unit, array), 0, o.length, src);
     if (array == kMaster) units_.write_owned_weights(unit, 0, o.length, src);
     return;
   }

@@ -92,7 +92,7 @@ void ShardStore::read(int region, int64_t offset, int64_t n, float* dst) {
   const auto r = static_cast<size_t>(region);
   if (offset < 0 || n < 0 || offset + n > sizes_.at(r)) throw std::out_of_range("ShardStore::read out of its region");
   if (tier_ != Tier::nvme) {
-    std::memcpy(dst, tensors_[r].data_as<float>() + offset, static_cast<size_t>(n) * 4);
+    if (n > 0) tensors_[r].device().copy_to_host(dst, tensors_[r].view(offset, {n}));  // a GPU's too
     return;
   }
   if (offset % kNvmeQuantum) throw std::invalid_argument("ShardStore::read: nvme offsets are multiples of 1024 elements");
@@ -103,7 +103,7 @@ void ShardStore::write(int region, int64_t offset, int64_t n, const float* src) 
   const auto r = static_cast<size_t>(region);
   if (offset < 0 || n < 0 || offset + n > sizes_.at(r)) throw std::out_of_range("ShardStore::write out of its region");
   if (tier_ != Tier::nvme) {
-    std::memcpy(tensors_[r].data_as<float>() + offset, src, static_cast<size_t>(n) * 4);
+    if (n > 0) tensors_[r].device().copy_from_host(tensors_[r].view(offset, {n}), src);
     return;
   }
   if (offset % kNvmeQuantum) throw std::invalid_argument("ShardStore::write: nvme offsets are multiples of 1024 elements");

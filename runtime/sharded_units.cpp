@@ -33,8 +33,9 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
                            const Placement& placement)
     : dev_(device), comm_(comm), zero_(zero), place_(placement), order_(unit_names(units), comm) {
   if (zero.stage < 0 || zero.stage > 3) throw std::invalid_argument("ZeRO stage must be 0..3");
-  if (!device.host_accessible()) {
-    throw std::invalid_argument("ShardedUnits: the MPI communicator needs a host-accessible device");
+  if (!device.host_accessible() && (place_.params != Tier::device || place_.grads_on_host)) {
+    throw std::invalid_argument("ShardedUnits: offloaded states need a host-accessible device (" + device.name() +
+                                " is not); offload runs compute on a GPU through nn::StagedUnits");
   }
   if (place_.params != Tier::device && zero.stage != 3) {
     throw std::invalid_argument("ShardedUnits: parameters move off the device only at stage 3");
@@ -79,9 +80,14 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
       // The shard goes to its tier in pool-sized pieces (aligned, as O_DIRECT wants).
       const int64_t piece = place_.pool ? static_cast<int64_t>(place_.pool->buffer_size() / 4) : p.shard;
       float* staging = place_.pool ? static_cast<float*>(place_.pool->acquire()) : nullptr;
+      std::vector<float> host;  // a GPU's shard comes through host memory once, at start
+      if (!dev_.host_accessible()) {
+        host.resize(static_cast<size_t>(p.shard));
+        if (p.shard > 0) dev_.copy_to_host(host.data(), full.view(p.begin(), {p.shard}));
+      }
       for (int64_t k = 0; k < p.shard; k += piece) {
         const int64_t len = std::min(piece, p.shard - k);
-        const float* src = full.data_as<float>() + p.begin() + k;
+        const float* src = host.empty() ? full.data_as<float>() + p.begin() + k : host.data() + k;
         if (staging) std::memcpy(staging, src, static_cast<size_t>(len) * 4), src = staging;
         store(static_cast<int>(u)).write(region(static_cast<int>(u)), k, len, src);
       }
@@ -140,7 +146,7 @@ void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float
   const Owned o = owned(unit);
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("read_owned_weights outside the owned range");
   if (zero_.stage == 3) return store(unit).read(region(unit), offset, n, buf);
-  std::memcpy(buf, o.weights.data_as<float>() + offset, static_cast<size_t>(n) * 4);
+  if (n > 0) o.weights.device().copy_to_host(buf, o.weights.view(offset, {n}));
 }
 
 void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf) {
@@ -151,7 +157,7 @@ void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, cons
     Tracer::Span span(nvme ? tracer_ : nullptr, Activity::param_write, name(unit), static_cast<uint64_t>(n) * 4);
     return store(unit).write(region(unit), offset, n, buf);
   }
-  std::memcpy(o.weights.data_as<float>() + offset, buf, static_cast<size_t>(n) * 4);
+  if (n > 0) o.weights.device().copy_from_host(o.weights.view(offset, {n}), buf);
 }
 
 Tensor ShardedUnits::acquire_weights(int unit) {

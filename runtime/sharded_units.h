@@ -31,8 +31,10 @@
 //   no update for it pending (the next forward waits for the unit it needs, nothing else).
 // With overlap_comm and overlap_io off the same calls run in the plain sequential order.
 //
-// Memory: every buffer comes from the device (its arena's cap and peak include them); the
-// device must be host-accessible (the MPI backend moves host buffers).
+// Memory: every buffer comes from the device (its arena's cap and peak include them). The
+// device may be a GPU when every state stays on it (params and gradients Tier::device):
+// buffers then move only through the communicator (NCCL) and device ops, never memcpy.
+// Offloaded placements need a host-accessible device.
 // Threads: used from the thread that runs the model, except write_owned_weights (see
 // there). Every method that communicates is collective: all ranks call it in the same order.
 #pragma once

@@ -141,11 +141,23 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     }
   }
   place.overlap_io = cfg_.schedule.overlap_offload;
-  units_ = std::make_unique<ShardedUnits>(*device_, comm_, layout, cfg_.zero,
+  // On a GPU, states stay on it when nothing is offloaded (gathers and reductions over
+  // NCCL, AdamW on the device); with offload they live on the host side and the model
+  // reaches them through StagedUnits (reductions over MPI, CPU Adam).
+  const bool on_gpu = gpu_ && opt_tier == Tier::device && param_tier == Tier::device;
+  nn::Device& state = on_gpu ? *gpu_ : static_cast<nn::Device&>(*device_);
+  comm::Communicator* shard_comm = &comm_;
+  if (on_gpu) {
+    auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
+    if (!mpi) throw std::invalid_argument("device.type cuda without offload starts NCCL over MPI: run under ferry-train");
+    nccl_ = comm::NcclCommunicator::create(*mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
+    shard_comm = nccl_.get();
+  }
+  units_ = std::make_unique<ShardedUnits>(state, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
-  if (gpu_) staged_ = std::make_unique<nn::StagedUnits>(*units_, *gpu_);
+  if (gpu_ && !on_gpu) staged_ = std::make_unique<nn::StagedUnits>(*units_, *gpu_);
   std::string warning;
-  opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, *device_, *host_, adam_, off, pool_.get(), comm_.rank(),
+  opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, state, *host_, adam_, off, pool_.get(), comm_.rank(),
                                           &warning);
   if (!warning.empty()) log::warn(log::Subsys::optim, "optimizer state: " + warning);
   log::info(log::Subsys::optim, "optimizer state: " + nn::format_bytes(opt_->bytes()) + " in " + opt_->where());
@@ -168,7 +180,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   }
   tracer_ = std::make_unique<Tracer>(comm_.rank());
   if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
-  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload);
+  // States on a GPU: updates are kernels queued in order on the compute stream, issued
+  // from this thread (the Device contract), so there is no host work to overlap.
+  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload && !nccl_);
   units_->set_tracer(tracer_.get());
   units_->set_update_worker(worker_.get());
   units_->on_gradients_ready([this](int u) { gradients_ready(u); });
@@ -201,7 +215,7 @@ nlohmann::json TierMemory::to_json() const {
 // memory, optimizer state or parameters in host memory; the rest is the program itself,
 // the corpus, allocator slack and the I/O threads' stacks.
 void Trainer::init_unit(int unit, const Tensor& full) {
-  if (!gpu_) return model_->init_unit(unit, full, cfg_.model_seed);
+  if (!gpu_ || &full.device() == gpu_.get()) return model_->init_unit(unit, full, cfg_.model_seed);
   // The model writes through its own device: initialise on the GPU, then bring the values
   // to the state tensor (the same values: init draws them on the host in f64).
   const Tensor here = Tensor::empty(*gpu_, full.dtype(), full.shape());
@@ -267,7 +281,7 @@ void Trainer::gradients_ready(int unit) {
   const Tensor g = units_->grad_shard(unit);
   worker_->submit(unit, [this, unit, g] {
     Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units_->order().unit_name(unit));
-    sumsq_[static_cast<size_t>(unit)] = host_->sum_squares(g);
+    sumsq_[static_cast<size_t>(unit)] = g.device().sum_squares(g);  // host memory, or the GPU's
   });
   // Nothing to wait for: update now. Clipping needs the global norm first, and fp16 needs
   // to know that no rank's gradients overflowed.

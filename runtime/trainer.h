@@ -7,6 +7,11 @@
 // Placement follows zero_optimization.offload_optimizer / offload_param: by default every
 // state lives in the device arena; offloaded states live in host memory or on NVMe
 // (staged through a pinned pool). Activations are allocated in the arena per micro-batch.
+// device.type cuda: the model computes on the rank's GPU (its local rank). Without offload
+// every state lives in the GPU arena, NCCL (started over comm, which must then be the MPI
+// communicator) gathers and reduce-scatters them, and AdamW runs on the device; with
+// offload the states live on the host side as above and the model reaches them through
+// nn::StagedUnits (MPI reductions, CPU Adam).
 // Only rank 0 writes to `out` and the metrics file; every rank must call the same methods
 // in the same order (they communicate).
 // Errors: ConfigError-style problems surface as std::runtime_error naming the key or
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/nccl_communicator.h"
 #include "nn/cpu_device.h"
 #include "nn/staged_units.h"
 #include "nn/model.h"
@@ -127,6 +133,8 @@ class Trainer {
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<nn::CpuDevice> host_;  // host memory outside the device arena (offload "cpu")
   std::unique_ptr<offload::PinnedPool> pool_;
+  // device.type cuda without offload: the states live on the GPU and NCCL moves them.
+  std::unique_ptr<comm::NcclCommunicator> nccl_;
   std::unique_ptr<ShardedUnits> units_;
   std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: units_ copied to and from the GPU
   nn::UnitAccess& model_units() { return staged_ ? static_cast<nn::UnitAccess&>(*staged_) : *units_; }

@@ -1,8 +1,9 @@
 #include "runtime/unit_collectives.h"
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
+
+#include "nn/device.h"
 
 namespace ferry::runtime {
 
@@ -12,7 +13,6 @@ using nn::Tensor;
 namespace {
 
 float* f32(const Tensor& t) { return t.data_as<float>(); }
-size_t bytes(int64_t n) { return static_cast<size_t>(n) * 4; }
 
 }  // namespace
 
@@ -69,10 +69,11 @@ PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, co
     pc.keep_.push_back(pack);
     packs.emplace_back(c0, pack);
   }
-  pc.unpack_ = [packs, full, W, S, at, esize] {
+  // Device copies, not memcpy: the buffers may live on a GPU (the NCCL path).
+  pc.unpack_ = [packs, full, W, S, &dev] {
     for (const auto& [c0, pack] : packs) {
       const int64_t c = pack.numel() / W;
-      for (int64_t r = 0; r < W; ++r) std::memcpy(at(full, r * S + c0), at(pack, r * c), static_cast<size_t>(c) * esize);
+      for (int64_t r = 0; r < W; ++r) dev.copy(full.view(r * S + c0, {c}), pack.view(r * c, {c}));
     }
   };
   return pc;
@@ -92,7 +93,7 @@ PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev
   for (int64_t c0 = 0; c0 < S; c0 += len) {
     const int64_t c = std::min(len, S - c0);
     const Tensor pack = Tensor::empty(dev, DType::f32, {W * c});
-    for (int64_t r = 0; r < W; ++r) std::memcpy(f32(pack) + r * c, f32(full) + r * S + c0, bytes(c));
+    for (int64_t r = 0; r < W; ++r) dev.copy(pack.view(r * c, {c}), full.view(r * S + c0, {c}));
     pc.works_.push_back(comm.reduce_scatter(pack.data(), f32(shard) + c0, static_cast<size_t>(c), comm::DataType::f32,
                                             comm::ReduceOp::sum));
     pc.keep_.push_back(pack);

@@ -4,8 +4,9 @@
 //   through it must produce exactly the losses and gradients it produces on the first.
 // - With a GPU (skipped otherwise, with the reason): the trainer on the cuda device follows
 //   the CPU trainer for 200 steps in bf16 within the tolerance test_mixed_precision states
-//   for bf16 against fp32; the first fp32 steps agree closely; NCCL collectives at world
-//   size 1 move device and host buffers exactly.
+//   for bf16 against fp32; the first fp32 steps agree closely with states on the GPU
+//   (NCCL, AdamW on the device) and in host memory (StagedUnits); NCCL collectives at
+//   world size 1 move device and host buffers exactly.
 #define BOOST_TEST_MODULE cuda_training
 #include <boost/test/unit_test.hpp>
 
@@ -58,16 +59,21 @@ struct Run {
   std::string log;
 };
 
+// One MPI world for the whole process (MPI starts once): a singleton of size 1. The
+// trainer needs it on a GPU without offload, where NCCL starts over MPI.
+comm::MpiCommunicator& mpi_world() {
+  static std::unique_ptr<comm::MpiCommunicator> world = comm::MpiCommunicator::world(120);
+  return *world;
+}
+
 Run train(const json& d, const std::vector<std::string>& sets) {
   Run r;
-  test::run_ranks(1, [&](int, comm::Communicator& c) {
-    std::ostringstream log;
-    runtime::Trainer t(runtime::config_from_json(d, "cuda", "", sets, 1), c, log);
-    const runtime::TrainReport rep = t.run();
-    for (const auto& s : rep.steps) r.losses.push_back(s.loss);
-    r.val = rep.val_losses.back().second;
-    r.log = log.str();
-  });
+  std::ostringstream log;
+  runtime::Trainer t(runtime::config_from_json(d, "cuda", "", sets, 1), mpi_world(), log);
+  const runtime::TrainReport rep = t.run();
+  for (const auto& s : rep.steps) r.losses.push_back(s.loss);
+  r.val = rep.val_losses.back().second;
+  r.log = log.str();
   return r;
 }
 
@@ -134,16 +140,26 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
   BOOST_TEST(window_mean(gpu, 180, 20) < gpu.losses[0] - 2.0);
 }
 
+// fp32, 10 steps: states on the GPU (NCCL, AdamW on the device) at stages 0 and 3, and
+// states in host memory (offload cpu: StagedUnits, CPU Adam), each against the CPU trainer.
 BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer, *boost::unit_test::precondition(GpuPresent{})) {
-  const Run cpu = train(doc(5), {});
-  const Run gpu = train(doc(5), {"device.type=cuda"});
-  for (size_t i = 0; i < 5; ++i) BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-4 * cpu.losses[i]);
+  const Run cpu = train(doc(10), {});
+  const std::vector<std::vector<std::string>> variants = {
+      {"device.type=cuda"},
+      {"device.type=cuda", "zero_optimization.stage=3"},
+      {"device.type=cuda", "zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+       "zero_optimization.offload_param.device=cpu"}};
+  for (const auto& sets : variants) {
+    const Run gpu = train(doc(10), sets);
+    BOOST_TEST_CONTEXT(sets.back()) {
+      for (size_t i = 0; i < 10; ++i) BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-4 * cpu.losses[i]);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers, *boost::unit_test::precondition(GpuPresent{})) {
-  auto world = comm::MpiCommunicator::world(60);
   auto dev = nn::make_cuda_device(size_t{64} << 20);
-  auto nccl = comm::NcclCommunicator::create(*world, nn::cuda_compute_stream(*dev), 60);
+  auto nccl = comm::NcclCommunicator::create(mpi_world(), nn::cuda_compute_stream(*dev), 60);
   BOOST_TEST(nccl->size() == 1);
   std::vector<float> values(1001);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 7.f;
@@ -169,8 +185,7 @@ BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers, *boost::unit_test::prec
 BOOST_AUTO_TEST_CASE(nccl_reports_why_it_is_unavailable) {
   const comm::NcclStatus s = comm::nccl_status();
   if (s.reason.empty()) return;  // a GPU is here: the test above ran
-  auto world = comm::MpiCommunicator::world(60);
-  BOOST_CHECK_EXCEPTION(comm::NcclCommunicator::create(*world, nullptr, 60), comm::CommError,
+  BOOST_CHECK_EXCEPTION(comm::NcclCommunicator::create(mpi_world(), nullptr, 60), comm::CommError,
                         [&](const comm::CommError& e) {
                           return std::string(e.what()).find(s.reason) != std::string::npos;
                         });
