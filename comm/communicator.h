@@ -63,6 +63,12 @@ class Communicator {
   WorkPtr broadcast(void* buf, size_t count, DataType type, int root);
   WorkPtr barrier();
 
+  // Device-side ordering (NCCL): instead of a host wait for a collective, the consumer's
+  // stream is made to wait for every collective issued so far (order_consumer()). Host
+  // backends return false and order nothing.
+  virtual bool orders_on_device() const { return false; }
+  virtual void order_consumer() {}
+
   // Blocking conveniences.
   void all_reduce_sum(std::span<double> values);
 

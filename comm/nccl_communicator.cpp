@@ -68,6 +68,10 @@ class NcclComm final : public NcclCommunicator {
   int local_size() const override { return local_size_; }
   int gpu() const override { return gpu_; }
   void order_before(void* stream) override;
+  bool orders_on_device() const override { return order_after_ != nullptr; }
+  void order_consumer() override {
+    if (order_after_) order_before(order_after_);
+  }
 
  protected:
   void execute(const Op& op, const WorkPtr& work) override;
@@ -218,6 +222,8 @@ void NcclComm::execute(const Op& op, const WorkPtr& work) {
   cv_.notify_all();
 }
 
+// A failed NCCL communicator cannot continue, and under device-side ordering nobody waits
+// on the Works: the error ends the job with its message, as the watchdog does.
 void NcclComm::fail_all(const std::string& message) {
   std::deque<Pending> failed;
   {
@@ -229,6 +235,8 @@ void NcclComm::fail_all(const std::string& message) {
     cudaEventDestroy(p.done);
     p.work->fail(message);
   }
+  if (comm_) ncclCommAbort(comm_);
+  MpiCommunicator::abort_job(message + "\nRecent collectives:\n" + recent_ops(), 1);
 }
 
 // Completes Works in issue order as their events fire; checks NCCL's asynchronous error

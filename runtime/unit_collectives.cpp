@@ -31,8 +31,13 @@ bool PendingCollective::done() const {
 }
 
 void PendingCollective::finish(Tracer* tracer) {
-  for (const comm::WorkPtr& w : works_) w->wait();
-  if (tracer && !works_.empty()) {
+  const bool on_device = comm_ && comm_->orders_on_device() && !works_.empty();
+  if (on_device) {
+    comm_->order_consumer();
+  } else {
+    for (const comm::WorkPtr& w : works_) w->wait();
+  }
+  if (tracer && !works_.empty() && !on_device) {
     auto t0 = works_.front()->started_at(), t1 = works_.front()->finished_at();
     for (const comm::WorkPtr& w : works_) t0 = std::min(t0, w->started_at()), t1 = std::max(t1, w->finished_at());
     tracer->record(activity_, name_, t0, t1, -1, bytes_);
@@ -47,6 +52,7 @@ void PendingCollective::finish(Tracer* tracer) {
 PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, const Tensor& shard, const Tensor& full,
                                    const Partition& p, int64_t bucket, std::string name) {
   PendingCollective pc(Activity::all_gather, std::move(name), {shard, full});
+  pc.comm_ = &comm;
   const int64_t W = p.world, S = p.shard;
   if (shard.dtype() != full.dtype()) {
     throw std::invalid_argument("all-gather of " + shard.describe() + " into " + full.describe() + ": one dtype");
@@ -82,6 +88,7 @@ PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, co
 PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev, const Tensor& full,
                                        const Tensor& shard, const Partition& p, int64_t bucket, std::string name) {
   PendingCollective pc(Activity::reduce_scatter, std::move(name), {full, shard});
+  pc.comm_ = &comm;
   const int64_t W = p.world, S = p.shard;
   if (W == 1 && shard.data() == full.data()) return pc;
   const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
@@ -103,6 +110,7 @@ PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev
 
 PendingCollective issue_all_reduce(comm::Communicator& comm, const Tensor& full, int64_t bucket, std::string name) {
   PendingCollective pc(Activity::all_reduce, std::move(name), {full});
+  pc.comm_ = &comm;
   const int64_t n = full.numel();
   const int64_t len = std::clamp<int64_t>(bucket, 1, std::max<int64_t>(n, 1));
   for (int64_t c0 = 0; c0 < n; c0 += len) {

@@ -34,7 +34,10 @@ class PendingCollective {
 
   bool valid() const { return issued_; }  // issued and not yet finished
   bool done() const;  // every chunk finished (successfully or not)
-  // Waits, rethrows a failed chunk's CommError, unpacks; then the result is in place.
+  // Waits, rethrows a failed chunk's CommError, unpacks; then the result is in place. On a
+  // backend that orders on the device (NCCL), it orders the compute stream after the
+  // chunks instead of waiting (the result is in place for every op issued afterwards;
+  // the trace records no span then), and the unpacking copies follow on that stream.
   void finish(Tracer* tracer);
 
  private:
@@ -48,6 +51,7 @@ class PendingCollective {
     for (const nn::Tensor& t : keep_) bytes_ = std::max<uint64_t>(bytes_, t.defined() ? t.nbytes() : 0);
   }
   bool issued_ = false;
+  comm::Communicator* comm_ = nullptr;  // device-ordering backends finish without a host wait
   Activity activity_ = Activity::all_gather;
   std::string name_;
   uint64_t bytes_ = 0;  // the largest buffer taking part: the collective's full size
