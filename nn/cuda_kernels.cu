@@ -55,10 +55,14 @@ __device__ __forceinline__ void st(const Arr& a, int64_t i, A v) {
 struct Sum {
   template <class A>
   __device__ A operator()(A a, A b) const { return a + b; }
+  template <class A>
+  __device__ static A identity() { return A(0); }
 };
 struct Max {
   template <class A>
   __device__ A operator()(A a, A b) const { return a > b ? a : b; }
+  template <class A>
+  __device__ static A identity() { return -INFINITY; }
 };
 
 // Reduces v over the block (blockDim.x a multiple of 32); every thread gets the result.
@@ -71,7 +75,7 @@ __device__ A block_reduce(A v, A* scratch, Op op) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < warps ? scratch[lane] : scratch[0];
+    v = lane < warps ? scratch[lane] : Op::template identity<A>();  // lanes past the last warp add nothing
     for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
     if (lane == 0) scratch[0] = v;
   }
@@ -314,7 +318,7 @@ AttnShape attn_shape(int64_t T, int64_t C, int64_t NH, int64_t KVH) {
 // weighted sum of values. Dynamic shared memory: T scores and the q row.
 template <class A>
 __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s) {
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   A* score = reinterpret_cast<A*>(smem_raw);
   A* q = score + s.T;
   __shared__ A scratch[32];
@@ -355,7 +359,7 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s)
 // dS_ij = P_ij (dP_j - dot) scale; dQ_i += sum_j dS_ij k_j. `dot` is kept for part 2.
 template <class A>
 __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s, A* rowdot) {
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   A* ds = reinterpret_cast<A*>(smem_raw);
   A* dO = ds + s.T;
   __shared__ A scratch[32];
@@ -390,7 +394,7 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
 // recomputed from part 1's `dot`. Each key row is written once: no collisions.
 template <class A>
 __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s, const A* rowdot) {
-  extern __shared__ unsigned char smem_raw[];
+  extern __shared__ __align__(16) unsigned char smem_raw[];
   A* ds = reinterpret_cast<A*>(smem_raw);
   A* p = ds + s.T;
   A* vj = p + s.T;
