@@ -15,14 +15,17 @@ Tensor StagedUnits::stage(const Tensor& home, const char* what, int unit) {
   return here;
 }
 
-Tensor StagedUnits::acquire_weights(int unit) {
-  Staged& s = weights_[unit];
-  if (s.refs++ == 0) {
-    s.home = home_.acquire_weights(unit);
-    s.here = stage(s.home, "weights", unit);
+Tensor StagedUnits::acquire(std::map<int, Staged>& staged, int unit, bool grads) {
+  Staged& s = staged[unit];
+  if (s.refs == 0) {
+    s.home = grads ? home_.acquire_grads(unit) : home_.acquire_weights(unit);
+    s.here = stage(s.home, grads ? "gradients" : "weights", unit);
   }
+  ++s.refs;
   return s.here;
 }
+
+Tensor StagedUnits::acquire_weights(int unit) { return acquire(weights_, unit, false); }
 
 void StagedUnits::release_weights(int unit) {
   auto it = weights_.find(unit);
@@ -32,14 +35,7 @@ void StagedUnits::release_weights(int unit) {
   home_.release_weights(unit);
 }
 
-Tensor StagedUnits::acquire_grads(int unit) {
-  Staged& s = grads_[unit];
-  if (s.refs++ == 0) {
-    s.home = home_.acquire_grads(unit);
-    s.here = stage(s.home, "gradients", unit);
-  }
-  return s.here;
-}
+Tensor StagedUnits::acquire_grads(int unit) { return acquire(grads_, unit, true); }
 
 void StagedUnits::release_grads(int unit, bool complete) {
   auto it = grads_.find(unit);

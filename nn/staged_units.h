@@ -33,6 +33,7 @@ class StagedUnits final : public UnitAccess {
     Tensor home, here;
     int refs = 0;
   };
+  Tensor acquire(std::map<int, Staged>& staged, int unit, bool grads);
   Tensor stage(const Tensor& home, const char* what, int unit);
 
   UnitAccess& home_;

@@ -245,22 +245,26 @@ void Trainer::describe_placement() {
   const auto& off = cfg_.offload;
   std::string cached;  // nvme with offload_param.max_in_cpu: the shards kept in memory
   if (sb.weights_host > 0) cached.append(", ").append(nn::format_bytes(sb.weights_host)).append(" of them in host memory (max_in_cpu)");
+  // With offload on a GPU the state arena is host memory; the GPU holds staged copies.
+  const std::string arena = staged_ ? "host memory (staged to the GPU per unit)" : "the device arena";
   const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")" + cached
                                  : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
-                                                                                     : std::string("the device arena");
+                                                                                     : arena;
+  const std::string opt_at = staged_ && opt_->where() == "the device arena" ? arena : opt_->where();
   out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
        << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
        << "; per rank (device: " << compute_->name() << "):\n"
        << "  fp32 weights                 " << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
        << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
-       << (units_->placement().grads_on_host ? "host memory (shards)" : "the device arena") << "\n"
+       << (units_->placement().grads_on_host ? "host memory (shards)" : arena) << "\n"
        << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
-       << nn::format_bytes(opt_->bytes()) << "  in " << opt_->where() << "\n";
+       << nn::format_bytes(opt_->bytes()) << "  in " << opt_at << (nccl_ ? ", updated on the GPU" : "") << "\n";
+  if (nccl_) out_ << "  collectives                  NCCL on GPU " << nccl_->gpu() << ", ordered by CUDA events\n";
   if (nn::is_low_precision(cfg_.zero.compute)) {
     const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names
     out_ << "  " << (low + " compute weights" + std::string(29, ' ')).substr(0, 29)
-         << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in the device arena, refreshed from the fp32 weights after each update"
+         << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in " + arena + ", refreshed from the fp32 weights after each update"
                                  : "cast from each fp32 shard and all-gathered per unit, freed after use")
          << "\n  " << low << " activations; fp32 gradients, reductions, master weights and Adam state"
          << (cfg_.fp16 ? "; dynamic loss scaling" : "") << "\n";

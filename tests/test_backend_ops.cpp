@@ -26,6 +26,7 @@
 
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
+#include "cuda_precondition.h"
 #include "nn/rng.h"
 
 using namespace ferry;
@@ -419,14 +420,6 @@ void check_device(nn::Device& dev) {
   }
 }
 
-struct CudaPresent {
-  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
-    const nn::CudaStatus s = nn::cuda_status();
-    boost::test_tools::assertion_result r(s.available());
-    if (!s.available()) r.message() << "the cuda device is unavailable: " << s.reason;
-    return r;
-  }
-};
 
 }  // namespace
 
@@ -435,7 +428,7 @@ BOOST_AUTO_TEST_CASE(cpu_device_ops_match_the_f64_oracle) {
   check_device(dev);
 }
 
-BOOST_AUTO_TEST_CASE(cuda_device_ops_match_the_cpu_device, *boost::unit_test::precondition(CudaPresent{})) {
+BOOST_AUTO_TEST_CASE(cuda_device_ops_match_the_cpu_device, *boost::unit_test::precondition(test::CudaPresent{})) {
   auto dev = nn::make_cuda_device(size_t{1} << 30);
   check_device(*dev);
 }

@@ -16,6 +16,7 @@
 #include "comm/nccl_communicator.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
+#include "cuda_precondition.h"
 #include "nn/gpt.h"
 #include "nn/rng.h"
 #include "nn/staged_units.h"
@@ -35,14 +36,6 @@ std::vector<float> host_values(const Tensor& t) {
   return v;
 }
 
-struct GpuPresent {
-  boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
-    const nn::CudaStatus s = nn::cuda_status();
-    boost::test_tools::assertion_result r(s.available());
-    if (!s.available()) r.message() << "the cuda device is unavailable: " << s.reason;
-    return r;
-  }
-};
 
 json doc(int64_t steps) {
   return {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 32}}},
@@ -123,7 +116,7 @@ BOOST_AUTO_TEST_CASE(staged_units_compute_exactly_as_resident_ones) {
 }
 
 BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
-                     *boost::unit_test::precondition(GpuPresent{})) {
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
   const Run cpu = train(doc(200), {"bf16.enabled=true"});
   const Run gpu = train(doc(200), {"bf16.enabled=true", "device.type=cuda"});
   BOOST_TEST(gpu.log.find("device: cuda:") != std::string::npos);
@@ -142,7 +135,7 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
 
 // fp32, 10 steps: states on the GPU (NCCL, AdamW on the device) at stages 0 and 3, and
 // states in host memory (offload cpu: StagedUnits, CPU Adam), each against the CPU trainer.
-BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer, *boost::unit_test::precondition(GpuPresent{})) {
+BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer, *boost::unit_test::precondition(test::CudaPresent{})) {
   const Run cpu = train(doc(10), {});
   const std::vector<std::vector<std::string>> variants = {
       {"device.type=cuda"},
@@ -157,7 +150,7 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer, *boost::unit
   }
 }
 
-BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers, *boost::unit_test::precondition(GpuPresent{})) {
+BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers, *boost::unit_test::precondition(test::CudaPresent{})) {
   auto dev = nn::make_cuda_device(size_t{64} << 20);
   auto nccl = comm::NcclCommunicator::create(mpi_world(), nn::cuda_compute_stream(*dev), 60);
   BOOST_TEST(nccl->size() == 1);
