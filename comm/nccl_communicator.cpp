@@ -15,20 +15,21 @@ namespace ferry::comm {
 namespace {
 
 [[noreturn]] void throw_cuda(cudaError_t e, const char* call, int line) {
-  throw CommError(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ") in " + call +
-                  " at nccl_communicator.cpp:" + std::to_string(line));
+  throw CommError(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                  ") in " + call + " at nccl_communicator.cpp:" + std::to_string(line));
 }
 
 [[noreturn]] void throw_nccl(ncclResult_t r, const char* call, int line, ncclComm_t comm) {
   std::string detail = comm ? ncclGetLastError(comm) : ncclGetLastError(nullptr);
-  throw CommError(std::string("NCCL error ") + ncclGetErrorString(r) + " in " + call + " at nccl_communicator.cpp:" +
-                  std::to_string(line) + (detail.empty() ? "" : ": " + detail));
+  throw CommError(std::string("NCCL error ") + ncclGetErrorString(r) + " in " + call +
+                  " at nccl_communicator.cpp:" + std::to_string(line) +
+                  (detail.empty() ? "" : ": " + detail));
 }
 
-#define FERRY_COMM_CUDA_CHECK(call)                                 \
-  do {                                                              \
-    const cudaError_t e_ = (call);                                  \
-    if (e_ != cudaSuccess) throw_cuda(e_, #call, __LINE__);         \
+#define FERRY_COMM_CUDA_CHECK(call)                         \
+  do {                                                      \
+    const cudaError_t e_ = (call);                          \
+    if (e_ != cudaSuccess) throw_cuda(e_, #call, __LINE__); \
   } while (0)
 
 #define FERRY_NCCL_CHECK(call, comm)                                \
@@ -39,11 +40,16 @@ namespace {
 
 ncclDataType_t nccl_type(DataType t) {
   switch (t) {
-    case DataType::f32: return ncclFloat32;
-    case DataType::f64: return ncclFloat64;
-    case DataType::i32: return ncclInt32;
-    case DataType::u8: return ncclUint8;
-    case DataType::u16: return ncclFloat16;  // moved bit for bit, never reduced
+    case DataType::f32:
+      return ncclFloat32;
+    case DataType::f64:
+      return ncclFloat64;
+    case DataType::i32:
+      return ncclInt32;
+    case DataType::u8:
+      return ncclUint8;
+    case DataType::u16:
+      return ncclFloat16;  // moved bit for bit, never reduced
   }
   return ncclUint8;
 }
@@ -115,17 +121,19 @@ NcclComm::NcclComm(MpiCommunicator& world, void* order_after, double timeout_s)
   gpu_ = local_rank_;
   FERRY_COMM_CUDA_CHECK(cudaSetDevice(gpu_));
   watchdog_ = std::make_unique<Watchdog>(timeout_s, [this](const std::string& report) {
-    const std::string msg = "watchdog: rank " + std::to_string(rank_) + " (nccl, GPU " + std::to_string(gpu_) +
-                            "): " + report + "; another rank did not reach this collective or died. Recent collectives:\n" +
-                            recent_ops() + "Aborting the NCCL communicator and the job.";
+    const std::string msg =
+        "watchdog: rank " + std::to_string(rank_) + " (nccl, GPU " + std::to_string(gpu_) +
+        "): " + report +
+        "; another rank did not reach this collective or died. Recent collectives:\n" +
+        recent_ops() + "Aborting the NCCL communicator and the job.";
     if (comm_) ncclCommAbort(comm_);  // the stuck kernels return; the process ends next
     MpiCommunicator::abort_job(msg, 1);
   });
   ncclUniqueId id{};
   if (rank_ == 0) FERRY_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
   world.broadcast(&id, sizeof id, DataType::u8, 0)->wait();
-  const uint64_t watch = watchdog_->begin("ncclCommInitRank (rank " + std::to_string(rank_) + " of " +
-                                          std::to_string(size_) + ")");
+  const uint64_t watch = watchdog_->begin("ncclCommInitRank (rank " + std::to_string(rank_) +
+                                          " of " + std::to_string(size_) + ")");
   FERRY_NCCL_CHECK(ncclCommInitRank(&comm_, size_, id, rank_), nullptr);
   watchdog_->end(watch);
   FERRY_COMM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -162,8 +170,10 @@ void NcclComm::execute(const Op& op, const WorkPtr& work) {
     FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(stream_, before_, 0));
   }
   const size_t esize = data_type_size(op.type);
-  const size_t recv_count = op.kind == OpKind::all_gather ? op.count * static_cast<size_t>(size_) : op.count;
-  const size_t send_count = op.kind == OpKind::reduce_scatter ? op.count * static_cast<size_t>(size_) : op.count;
+  const size_t recv_count =
+      op.kind == OpKind::all_gather ? op.count * static_cast<size_t>(size_) : op.count;
+  const size_t send_count =
+      op.kind == OpKind::reduce_scatter ? op.count * static_cast<size_t>(size_) : op.count;
   // Host buffers: staged through stream-ordered device memory.
   void* send = const_cast<void*>(op.send);
   void* recv = op.recv;
@@ -174,41 +184,52 @@ void NcclComm::execute(const Op& op, const WorkPtr& work) {
   if (has_data && !on_device(recv)) {
     FERRY_COMM_CUDA_CHECK(cudaMallocAsync(&recv_dev, recv_count * esize, stream_));
     if (in_place) {
-      FERRY_COMM_CUDA_CHECK(cudaMemcpyAsync(recv_dev, recv, recv_count * esize, cudaMemcpyHostToDevice, stream_));
+      FERRY_COMM_CUDA_CHECK(
+          cudaMemcpyAsync(recv_dev, recv, recv_count * esize, cudaMemcpyHostToDevice, stream_));
     }
   }
   if (has_data && !in_place && !on_device(send)) {
     FERRY_COMM_CUDA_CHECK(cudaMallocAsync(&send_dev, send_count * esize, stream_));
-    FERRY_COMM_CUDA_CHECK(cudaMemcpyAsync(send_dev, send, send_count * esize, cudaMemcpyHostToDevice, stream_));
+    FERRY_COMM_CUDA_CHECK(
+        cudaMemcpyAsync(send_dev, send, send_count * esize, cudaMemcpyHostToDevice, stream_));
   }
   void* r = recv_dev ? recv_dev : recv;
   void* s = in_place ? r : (send_dev ? send_dev : send);
   const ncclRedOp_t red = op.reduce == ReduceOp::avg ? ncclAvg : ncclSum;
-  const uint64_t watch = watchdog_->begin("rank " + std::to_string(rank_) + ": nccl " + op.describe());
+  const uint64_t watch =
+      watchdog_->begin("rank " + std::to_string(rank_) + ": nccl " + op.describe());
   work->mark_started();
   switch (op.kind) {
     case OpKind::all_gather:
-      if (has_data) FERRY_NCCL_CHECK(ncclAllGather(s, r, op.count, nccl_type(op.type), comm_, stream_), comm_);
+      if (has_data)
+        FERRY_NCCL_CHECK(ncclAllGather(s, r, op.count, nccl_type(op.type), comm_, stream_), comm_);
       break;
     case OpKind::reduce_scatter:
       if (has_data) {
-        FERRY_NCCL_CHECK(ncclReduceScatter(s, r, op.count, nccl_type(op.type), red, comm_, stream_), comm_);
+        FERRY_NCCL_CHECK(ncclReduceScatter(s, r, op.count, nccl_type(op.type), red, comm_, stream_),
+                         comm_);
       }
       break;
     case OpKind::all_reduce:
-      if (has_data) FERRY_NCCL_CHECK(ncclAllReduce(r, r, op.count, nccl_type(op.type), red, comm_, stream_), comm_);
+      if (has_data)
+        FERRY_NCCL_CHECK(ncclAllReduce(r, r, op.count, nccl_type(op.type), red, comm_, stream_),
+                         comm_);
       break;
     case OpKind::broadcast:
-      if (has_data) FERRY_NCCL_CHECK(ncclBroadcast(r, r, op.count, nccl_type(op.type), op.root, comm_, stream_), comm_);
+      if (has_data)
+        FERRY_NCCL_CHECK(ncclBroadcast(r, r, op.count, nccl_type(op.type), op.root, comm_, stream_),
+                         comm_);
       break;
     case OpKind::barrier:
-      FERRY_NCCL_CHECK(ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, stream_), comm_);
+      FERRY_NCCL_CHECK(
+          ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, comm_, stream_), comm_);
       break;
   }
   if (recv_dev) {
     // A pageable destination makes this copy wait for the collective: the documented cost
     // of host buffers.
-    FERRY_COMM_CUDA_CHECK(cudaMemcpyAsync(recv, recv_dev, recv_count * esize, cudaMemcpyDeviceToHost, stream_));
+    FERRY_COMM_CUDA_CHECK(
+        cudaMemcpyAsync(recv, recv_dev, recv_count * esize, cudaMemcpyDeviceToHost, stream_));
     FERRY_COMM_CUDA_CHECK(cudaFreeAsync(recv_dev, stream_));
   }
   if (send_dev) FERRY_COMM_CUDA_CHECK(cudaFreeAsync(send_dev, stream_));
@@ -260,13 +281,13 @@ void NcclComm::poll_loop() {
       front.work->complete();
       idle = 0;
     } else if (q != cudaErrorNotReady) {
-      fail_all(std::string("rank ") + std::to_string(rank_) + ": CUDA error while waiting for a collective: " +
-               cudaGetErrorString(q));
+      fail_all(std::string("rank ") + std::to_string(rank_) +
+               ": CUDA error while waiting for a collective: " + cudaGetErrorString(q));
     } else {
       ncclResult_t async = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess) {
-        fail_all("rank " + std::to_string(rank_) + ": NCCL error " + ncclGetErrorString(async) + ": " +
-                 ncclGetLastError(comm_));
+        fail_all("rank " + std::to_string(rank_) + ": NCCL error " + ncclGetErrorString(async) +
+                 ": " + ncclGetLastError(comm_));
       } else if (++idle > 64) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));  // spin briefly, then nap
       }
@@ -291,10 +312,11 @@ NcclStatus nccl_status() {
   return s;
 }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& world, void* order_after,
-                                                           double timeout_s) {
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& world,
+                                                           void* order_after, double timeout_s) {
   const NcclStatus s = nccl_status();
-  if (!s.reason.empty()) throw CommError("rank " + std::to_string(world.rank()) + ": NCCL unavailable: " + s.reason);
+  if (!s.reason.empty())
+    throw CommError("rank " + std::to_string(world.rank()) + ": NCCL unavailable: " + s.reason);
   return std::make_unique<NcclComm>(world, order_after, timeout_s);
 }
 

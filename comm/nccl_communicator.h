@@ -39,7 +39,8 @@ NcclStatus nccl_status();
 class NcclCommunicator : public Communicator {
  public:
   // Collective over `world`. `order_after` is a cudaStream_t (may be null).
-  static std::unique_ptr<NcclCommunicator> create(MpiCommunicator& world, void* order_after, double timeout_s);
+  static std::unique_ptr<NcclCommunicator> create(MpiCommunicator& world, void* order_after,
+                                                  double timeout_s);
   ~NcclCommunicator() override = default;
   std::string name() const override { return "nccl"; }
   virtual int gpu() const = 0;

@@ -32,14 +32,19 @@ struct AdamWConstants {
 inline AdamWConstants adamw_constants(const AdamWStep& s) {
   const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
   const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));
-  return {static_cast<float>(s.beta1),           static_cast<float>(s.beta2),
-          static_cast<float>(1.0 - s.beta1),     static_cast<float>(1.0 - s.beta2),
-          static_cast<float>(1.0 - s.lr * s.weight_decay), static_cast<float>(s.lr / bc1),
-          static_cast<float>(1.0 / std::sqrt(bc2)), static_cast<float>(s.eps),
+  return {static_cast<float>(s.beta1),
+          static_cast<float>(s.beta2),
+          static_cast<float>(1.0 - s.beta1),
+          static_cast<float>(1.0 - s.beta2),
+          static_cast<float>(1.0 - s.lr * s.weight_decay),
+          static_cast<float>(s.lr / bc1),
+          static_cast<float>(1.0 / std::sqrt(bc2)),
+          static_cast<float>(s.eps),
           static_cast<float>(s.grad_scale)};
 }
 
-FERRY_HOST_DEVICE inline void adamw_element(const AdamWConstants& k, float& p, float g, float& m, float& v) {
+FERRY_HOST_DEVICE inline void adamw_element(const AdamWConstants& k, float& p, float g, float& m,
+                                            float& v) {
   const float gi = g * k.scale;
   m = k.b1 * m + k.one_minus_b1 * gi;
   v = k.b2 * v + k.one_minus_b2 * (gi * gi);

@@ -2,43 +2,51 @@
 // goes through one; kernel launches are followed by FERRY_CUDA_CHECK_LAUNCH, which reads
 // cudaGetLastError (a bad configuration or a missing image for this GPU surfaces there).
 // Errors: std::runtime_error naming the call, the file:line and the library's own text.
-// Include only from files built with the CUDA toolkit (FERRY_WITH_CUDA).
+// Include only from files built with the CUDA toolkit (FERRY_WITH_CUDA), or for the CPU
+// emulation of tests (FERRY_CUDA_EMULATION).
 #pragma once
 
-#include <string>
 #include <stdexcept>
+#include <string>
 
+#ifdef FERRY_CUDA_EMULATION
+#include "nn/cuda_emulation.h"
+#else
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#endif
 
 namespace ferry::nn::cuda {
 
 [[noreturn]] inline void throw_cuda(cudaError_t e, const char* call, const char* file, int line) {
-  throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
-                           ") in " + call + " at " + file + ":" + std::to_string(line));
+  throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" +
+                           cudaGetErrorString(e) + ") in " + call + " at " + file + ":" +
+                           std::to_string(line));
 }
 
-[[noreturn]] inline void throw_cublas(cublasStatus_t s, const char* call, const char* file, int line) {
-  throw std::runtime_error(std::string("cuBLAS error ") + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) +
-                           ") in " + call + " at " + file + ":" + std::to_string(line));
+[[noreturn]] inline void throw_cublas(cublasStatus_t s, const char* call, const char* file,
+                                      int line) {
+  throw std::runtime_error(std::string("cuBLAS error ") + cublasGetStatusName(s) + " (" +
+                           cublasGetStatusString(s) + ") in " + call + " at " + file + ":" +
+                           std::to_string(line));
 }
 
 }  // namespace ferry::nn::cuda
 
-#define FERRY_CUDA_CHECK(call)                                                          \
-  do {                                                                                  \
-    const cudaError_t ferry_cuda_err_ = (call);                                         \
-    if (ferry_cuda_err_ != cudaSuccess) {                                               \
-      ::ferry::nn::cuda::throw_cuda(ferry_cuda_err_, #call, __FILE__, __LINE__);        \
-    }                                                                                   \
+#define FERRY_CUDA_CHECK(call)                                                   \
+  do {                                                                           \
+    const cudaError_t ferry_cuda_err_ = (call);                                  \
+    if (ferry_cuda_err_ != cudaSuccess) {                                        \
+      ::ferry::nn::cuda::throw_cuda(ferry_cuda_err_, #call, __FILE__, __LINE__); \
+    }                                                                            \
   } while (0)
 
 #define FERRY_CUDA_CHECK_LAUNCH() FERRY_CUDA_CHECK(cudaGetLastError())
 
-#define FERRY_CUBLAS_CHECK(call)                                                        \
-  do {                                                                                  \
-    const cublasStatus_t ferry_cublas_st_ = (call);                                     \
-    if (ferry_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                    \
-      ::ferry::nn::cuda::throw_cublas(ferry_cublas_st_, #call, __FILE__, __LINE__);     \
-    }                                                                                   \
+#define FERRY_CUBLAS_CHECK(call)                                                    \
+  do {                                                                              \
+    const cublasStatus_t ferry_cublas_st_ = (call);                                 \
+    if (ferry_cublas_st_ != CUBLAS_STATUS_SUCCESS) {                                \
+      ::ferry::nn::cuda::throw_cublas(ferry_cublas_st_, #call, __FILE__, __LINE__); \
+    }                                                                               \
   } while (0)

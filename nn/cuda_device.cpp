@@ -16,16 +16,20 @@ namespace ferry::nn {
 namespace {
 
 constexpr const char* kDev = "cuda";
-constexpr size_t kBlockAlign = 256;             // cudaMalloc's own alignment; enough for every vector load
+constexpr size_t kBlockAlign = 256;  // cudaMalloc's own alignment; enough for every vector load
 constexpr size_t kCublasWorkspace = 32u << 20;  // what cuBLAS recommends for Hopper
 
 using checks::fail;
 using checks::rows_of;
 using cuda::Arr;
 
-Arr arr(const Tensor& t) { return {t.data(), t.dtype()}; }
+Arr arr(const Tensor& t) {
+  return {t.data(), t.dtype()};
+}
 
-size_t round_up(size_t n, size_t a) { return (std::max<size_t>(n, 1) + a - 1) / a * a; }
+size_t round_up(size_t n, size_t a) {
+  return (std::max<size_t>(n, 1) + a - 1) / a * a;
+}
 
 // First fit over one slab; blocks are coalesced with free neighbours. Not thread safe
 // (the device's mutex guards it).
@@ -98,8 +102,8 @@ class CudaDevice final : public Device {
   void fill(const Tensor& dst, double value) override;
   void synchronize() override;
 
-  void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, double alpha,
-            double beta) override;
+  void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
+            double alpha, double beta) override;
   void add_bias(const Tensor& out, const Tensor& bias) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
@@ -107,34 +111,35 @@ class CudaDevice final : public Device {
   double sum_squares(const Tensor& x) override;
   void scale(const Tensor& x, double factor) override;
 
-  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                         int64_t T) override;
-  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                          int64_t T) override;
-  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
-                         const Tensor& weight, const Tensor& bias) override;
-  void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                          const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
+  void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                         const Tensor& wpe, int64_t T) override;
+  void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                          const Tensor& tokens, int64_t T) override;
+  void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                         const Tensor& inp, const Tensor& weight, const Tensor& bias) override;
+  void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                          const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                          const Tensor& mean, const Tensor& rstd) override;
   void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
                          int64_t n_kv_head = 0) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int64_t n_head, int64_t n_kv_head = 0) override;
-  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                       double eps) override;
-  void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                        const Tensor& weight, const Tensor& rstd) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                          const Tensor& att, int64_t n_head, int64_t n_kv_head = 0) override;
+  void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                       const Tensor& weight, double eps) override;
+  void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                        const Tensor& inp, const Tensor& weight, const Tensor& rstd) override;
   void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
   void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) override;
-  void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
-                    double theta) override;
-  void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
-                     double theta) override;
+  void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads,
+                    int64_t head_dim, double theta) override;
+  void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads,
+                     int64_t head_dim, double theta) override;
   void gelu_forward(const Tensor& out, const Tensor& inp) override;
   void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) override;
-  void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits,
-                                     const Tensor& targets) override;
-  void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                                      double dloss) override;
+  void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
+                                     const Tensor& logits, const Tensor& targets) override;
+  void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
+                                      const Tensor& targets, double dloss) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const AdamWStep& step) override;
 
@@ -143,7 +148,9 @@ class CudaDevice final : public Device {
   class Scratch {
    public:
     Scratch() = default;
-    Scratch(cudaStream_t s, size_t bytes) : stream_(s) { FERRY_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s)); }
+    Scratch(cudaStream_t s, size_t bytes) : stream_(s) {
+      FERRY_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
+    }
     Scratch(Scratch&& o) noexcept : p_(std::exchange(o.p_, nullptr)), stream_(o.stream_) {}
     Scratch& operator=(Scratch&& o) noexcept {
       std::swap(p_, o.p_);
@@ -151,7 +158,9 @@ class CudaDevice final : public Device {
       return *this;
     }
     ~Scratch() {
-      if (p_) cudaFreeAsync(p_, stream_);  // no throw from a destructor; a failure resurfaces at the next check
+      if (p_)
+        cudaFreeAsync(
+            p_, stream_);  // no throw from a destructor; a failure resurfaces at the next check
     }
     void* get() const { return p_; }
 
@@ -179,9 +188,9 @@ class CudaDevice final : public Device {
   cudaEvent_t compute_done_ = nullptr, copy_done_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
-  int* err_ = nullptr;          // device int[3]: flag, index, value
-  int* err_host_ = nullptr;     // pinned int[3]
-  double* partial_ = nullptr;   // device double[kSumSquaresBlocks + 1]
+  int* err_ = nullptr;            // device int[3]: flag, index, value
+  int* err_host_ = nullptr;       // pinned int[3]
+  double* partial_ = nullptr;     // device double[kSumSquaresBlocks + 1]
   double* total_host_ = nullptr;  // pinned double
 };
 
@@ -209,10 +218,12 @@ CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
   FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&err_), 3 * sizeof(int)));
   FERRY_CUDA_CHECK(cudaMemset(err_, 0, 3 * sizeof(int)));
   FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&err_host_), 3 * sizeof(int)));
-  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_), (cuda::kSumSquaresBlocks + 1) * sizeof(double)));
+  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_),
+                              (cuda::kSumSquaresBlocks + 1) * sizeof(double)));
   FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&total_host_), sizeof(double)));
-  name_ = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ", sm_" + std::to_string(prop.major) +
-          std::to_string(prop.minor) + ", cap " + format_bytes(capacity) + ")";
+  name_ = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ", sm_" +
+          std::to_string(prop.major) + std::to_string(prop.minor) + ", cap " +
+          format_bytes(capacity) + ")";
 }
 
 CudaDevice::~CudaDevice() {
@@ -242,8 +253,8 @@ void* CudaDevice::allocate(size_t bytes) {
   void* p = arena_->take(round_up(bytes, kBlockAlign));
   if (!p) {
     // Within the budget but no free block is large enough: the slab is fragmented.
-    throw OutOfDeviceMemory("the cuda device (fragmented: largest free block " + format_bytes(arena_->largest_free()) +
-                                ")",
+    throw OutOfDeviceMemory("the cuda device (fragmented: largest free block " +
+                                format_bytes(arena_->largest_free()) + ")",
                             bytes, stats_.in_use, stats_.capacity);
   }
   stats_.in_use += bytes;
@@ -292,7 +303,8 @@ void CudaDevice::copy(const Tensor& dst, const Tensor& src) {
   if (dst.dtype() != src.dtype() || dst.numel() != src.numel()) {
     fail(kDev, "copy", dst.describe() + " <- " + src.describe());
   }
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, compute_));
+  FERRY_CUDA_CHECK(
+      cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, compute_));
 }
 
 void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
@@ -301,7 +313,9 @@ void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
   cuda::cast(st(), arr(dst), arr(src), src.numel());
 }
 
-void CudaDevice::fill(const Tensor& dst, double value) { cuda::fill(st(), arr(dst), value, dst.numel()); }
+void CudaDevice::fill(const Tensor& dst, double value) {
+  cuda::fill(st(), arr(dst), value, dst.numel());
+}
 
 void CudaDevice::synchronize() {
   FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
@@ -311,7 +325,8 @@ void CudaDevice::synchronize() {
 
 template <class What>
 void CudaDevice::check_flag(What&& what) {
-  FERRY_CUDA_CHECK(cudaMemcpyAsync(err_host_, err_, 3 * sizeof(int), cudaMemcpyDeviceToHost, compute_));
+  FERRY_CUDA_CHECK(
+      cudaMemcpyAsync(err_host_, err_, 3 * sizeof(int), cudaMemcpyDeviceToHost, compute_));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
   if (err_host_[0] == 0) return;
   const int index = err_host_[1], value = err_host_[2];
@@ -330,11 +345,16 @@ namespace {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::f64: return CUDA_R_64F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    case DType::i32: break;
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::f64:
+      return CUDA_R_64F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    case DType::i32:
+      break;
   }
   throw std::invalid_argument("cuda.gemm: i32 is not a GEMM type");
 }
@@ -346,14 +366,17 @@ cudaDataType_t cuda_type(DType t) {
 // Operand types cuBLAS takes directly: A and B of one type, C of that type, or f32 C for
 // bf16/f16 A and B (weight gradients from bf16 activations). Anything else is widened to
 // f32 scratch, computed, and rounded back once.
-void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, double alpha,
-                      double beta) {
+void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb,
+                      double alpha, double beta) {
   const auto [M, N, K] = checks::gemm(kDev, c, a, ta, b, tb);
   if (M == 0 || N == 0) return;
-  const bool any_f64 = a.dtype() == DType::f64 || b.dtype() == DType::f64 || c.dtype() == DType::f64;
-  const bool all_f64 = a.dtype() == DType::f64 && b.dtype() == DType::f64 && c.dtype() == DType::f64;
+  const bool any_f64 =
+      a.dtype() == DType::f64 || b.dtype() == DType::f64 || c.dtype() == DType::f64;
+  const bool all_f64 =
+      a.dtype() == DType::f64 && b.dtype() == DType::f64 && c.dtype() == DType::f64;
   if (any_f64 && !all_f64) {
-    fail(kDev, "gemm", "f64 does not mix: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
+    fail(kDev, "gemm",
+         "f64 does not mix: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
   }
   Scratch wa, wb, wc;
   Arr A = arr(a), B = arr(b), Cm = arr(c);
@@ -367,17 +390,21 @@ void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b
     Cm = {wc.get(), DType::f32};
     if (beta != 0) cuda::cast(st(), Cm, arr(c), c.numel());
   }
-  const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N), ldc = static_cast<int>(N);
-  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N),
+            ldc = static_cast<int>(N);
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   if (all_f64) {
-    FERRY_CUBLAS_CHECK(cublasGemmEx(cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                                    &alpha, B.p, CUDA_R_64F, ldb, A.p, CUDA_R_64F, lda, &beta, Cm.p, CUDA_R_64F, ldc,
+    FERRY_CUBLAS_CHECK(cublasGemmEx(cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M),
+                                    static_cast<int>(K), &alpha, B.p, CUDA_R_64F, ldb, A.p,
+                                    CUDA_R_64F, lda, &beta, Cm.p, CUDA_R_64F, ldc,
                                     CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT));
   } else {
     const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-    FERRY_CUBLAS_CHECK(cublasGemmEx(cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
-                                    &alpha_f, B.p, cuda_type(B.dtype), ldb, A.p, cuda_type(A.dtype), lda, &beta_f, Cm.p,
-                                    cuda_type(Cm.dtype), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    FERRY_CUBLAS_CHECK(cublasGemmEx(
+        cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha_f,
+        B.p, cuda_type(B.dtype), ldb, A.p, cuda_type(A.dtype), lda, &beta_f, Cm.p,
+        cuda_type(Cm.dtype), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   if (!direct) cuda::cast(st(), arr(c), Cm, c.numel());
 }
@@ -388,7 +415,8 @@ void CudaDevice::add_bias(const Tensor& out, const Tensor& bias) {
 }
 
 void CudaDevice::bias_backward(const Tensor& dbias, const Tensor& dout) {
-  if (dbias.numel() != dout.dim(-1)) fail(kDev, "bias_backward", dbias.describe() + " from " + dout.describe());
+  if (dbias.numel() != dout.dim(-1))
+    fail(kDev, "bias_backward", dbias.describe() + " from " + dout.describe());
   cuda::column_sums(st(), arr(dbias), arr(dout), rows_of(dout), dout.dim(-1));
 }
 
@@ -411,27 +439,32 @@ double CudaDevice::sum_squares(const Tensor& x) {
   return *total_host_;
 }
 
-void CudaDevice::scale(const Tensor& x, double factor) { cuda::scale(st(), arr(x), factor, x.numel()); }
+void CudaDevice::scale(const Tensor& x, double factor) {
+  cuda::scale(st(), arr(x), factor, x.numel());
+}
 
-void CudaDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
-                                   int64_t T) {
+void CudaDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                   const Tensor& wpe, int64_t T) {
   const int64_t N = tokens.numel(), C = wte.dim(1), V = wte.dim(0);
-  if (tokens.dtype() != DType::i32 || out.numel() != N * C || wpe.dim(1) != C || wpe.dim(0) < T || N % T != 0) {
+  if (tokens.dtype() != DType::i32 || out.numel() != N * C || wpe.dim(1) != C || wpe.dim(0) < T ||
+      N % T != 0) {
     fail(kDev, "embedding_forward",
-         "out " + out.describe() + ", tokens " + tokens.describe() + ", wte " + wte.describe() + ", wpe " +
-             wpe.describe() + ", T " + std::to_string(T));
+         "out " + out.describe() + ", tokens " + tokens.describe() + ", wte " + wte.describe() +
+             ", wpe " + wpe.describe() + ", T " + std::to_string(T));
   }
-  cuda::embedding_forward(st(), arr(out), tokens.data_as<int32_t>(), arr(wte), arr(wpe), N, T, C, V, err_);
+  cuda::embedding_forward(st(), arr(out), tokens.data_as<int32_t>(), arr(wte), arr(wpe), N, T, C, V,
+                          err_);
   check_flag([V](int n, int tok) {
     return "embedding_forward: token " + std::to_string(tok) + " at position " + std::to_string(n) +
            " is outside the vocabulary [0, " + std::to_string(V) + ")";
   });
 }
 
-void CudaDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
-                                    int64_t T) {
+void CudaDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                    const Tensor& tokens, int64_t T) {
   const int64_t N = tokens.numel(), C = dwte.dim(1);
-  if (tokens.dtype() != DType::i32 || dout.numel() != N * C || dwpe.dim(1) != C || dwpe.dim(0) < T || N % T != 0) {
+  if (tokens.dtype() != DType::i32 || dout.numel() != N * C || dwpe.dim(1) != C ||
+      dwpe.dim(0) < T || N % T != 0) {
     fail(kDev, "embedding_backward", "dout " + dout.describe() + ", dwte " + dwte.describe());
   }
   // A low-precision dwte would be rounded after every row's addition: widened instead, so
@@ -442,99 +475,109 @@ void CudaDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, cons
   if (wte.p != dwte.data()) cuda::cast(st(), arr(dwte), wte, dwte.numel());
 }
 
-void CudaDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& inp,
-                                   const Tensor& weight, const Tensor& bias) {
+void CudaDevice::layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& inp, const Tensor& weight, const Tensor& bias) {
   checks::same_shape(kDev, "layernorm_forward", out, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
   if (weight.numel() != C || bias.numel() != C || mean.numel() != N || rstd.numel() != N) {
-    fail(kDev, "layernorm_forward", "inp " + inp.describe() + ", weight " + weight.describe() + ", mean " +
-                                        mean.describe());
+    fail(kDev, "layernorm_forward",
+         "inp " + inp.describe() + ", weight " + weight.describe() + ", mean " + mean.describe());
   }
-  cuda::layernorm_forward(st(), arr(out), arr(mean), arr(rstd), arr(inp), arr(weight), arr(bias), N, C);
+  cuda::layernorm_forward(st(), arr(out), arr(mean), arr(rstd), arr(inp), arr(weight), arr(bias), N,
+                          C);
 }
 
-void CudaDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                                    const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+void CudaDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                    const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                    const Tensor& mean, const Tensor& rstd) {
   checks::same_shape(kDev, "layernorm_backward", dinp, inp);
   checks::same_shape(kDev, "layernorm_backward", dout, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
-  if (dweight.numel() != C || dbias.numel() != C || weight.numel() != C || mean.numel() != N || rstd.numel() != N) {
+  if (dweight.numel() != C || dbias.numel() != C || weight.numel() != C || mean.numel() != N ||
+      rstd.numel() != N) {
     fail(kDev, "layernorm_backward", "inp " + inp.describe() + ", dweight " + dweight.describe());
   }
-  cuda::layernorm_backward(st(), arr(dinp), arr(dweight), arr(dbias), arr(dout), arr(inp), arr(weight), arr(mean),
-                           arr(rstd), N, C);
+  cuda::layernorm_backward(st(), arr(dinp), arr(dweight), arr(dbias), arr(dout), arr(inp),
+                           arr(weight), arr(mean), arr(rstd), N, C);
 }
 
-void CudaDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
-                                   int64_t n_kv_head) {
+void CudaDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+                                   int64_t n_head, int64_t n_kv_head) {
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
   const int64_t C = checks::attention(kDev, "attention_forward", out, att, qkv, n_head, kv);
-  cuda::attention_forward(st(), arr(out), arr(att), arr(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv);
+  cuda::attention_forward(st(), arr(out), arr(att), arr(qkv), qkv.dim(0), qkv.dim(1), C, n_head,
+                          kv);
 }
 
-void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                                    int64_t n_head, int64_t n_kv_head) {
+void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
+                                    const Tensor& att, int64_t n_head, int64_t n_kv_head) {
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
   const int64_t C = checks::attention(kDev, "attention_backward", dout, att, qkv, n_head, kv);
   checks::same_shape(kDev, "attention_backward", dqkv, qkv);
-  const bool f64 = dqkv.dtype() == DType::f64 || dout.dtype() == DType::f64 || qkv.dtype() == DType::f64 ||
-                   att.dtype() == DType::f64;
+  const bool f64 = dqkv.dtype() == DType::f64 || dout.dtype() == DType::f64 ||
+                   qkv.dtype() == DType::f64 || att.dtype() == DType::f64;
   const int64_t rows = qkv.dim(0) * n_head * qkv.dim(1);
   Scratch rowdot(compute_, static_cast<size_t>(rows) * (f64 ? 8 : 4));
-  cuda::attention_backward(st(), arr(dqkv), arr(dout), arr(qkv), arr(att), qkv.dim(0), qkv.dim(1), C, n_head, kv,
-                           rowdot.get());
+  cuda::attention_backward(st(), arr(dqkv), arr(dout), arr(qkv), arr(att), qkv.dim(0), qkv.dim(1),
+                           C, n_head, kv, rowdot.get());
 }
 
-void CudaDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                                 double eps) {
+void CudaDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
+                                 const Tensor& weight, double eps) {
   checks::same_shape(kDev, "rmsnorm_forward", out, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
   if (weight.numel() != C || rstd.numel() != N) {
-    fail(kDev, "rmsnorm_forward", "inp " + inp.describe() + ", weight " + weight.describe() + ", rstd " +
-                                      rstd.describe());
+    fail(kDev, "rmsnorm_forward",
+         "inp " + inp.describe() + ", weight " + weight.describe() + ", rstd " + rstd.describe());
   }
   cuda::rmsnorm_forward(st(), arr(out), arr(rstd), arr(inp), arr(weight), N, C, eps);
 }
 
-void CudaDevice::rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                                  const Tensor& weight, const Tensor& rstd) {
+void CudaDevice::rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
+                                  const Tensor& inp, const Tensor& weight, const Tensor& rstd) {
   checks::same_shape(kDev, "rmsnorm_backward", dinp, inp);
   checks::same_shape(kDev, "rmsnorm_backward", dout, inp);
   const int64_t C = inp.dim(-1), N = rows_of(inp);
   if (dweight.numel() != C || weight.numel() != C || rstd.numel() != N) {
-    fail(kDev, "rmsnorm_backward", "inp " + inp.describe() + ", dweight " + dweight.describe() + ", rstd " +
-                                       rstd.describe());
+    fail(kDev, "rmsnorm_backward",
+         "inp " + inp.describe() + ", dweight " + dweight.describe() + ", rstd " + rstd.describe());
   }
-  cuda::rmsnorm_backward(st(), arr(dinp), arr(dweight), arr(dout), arr(inp), arr(weight), arr(rstd), N, C);
+  cuda::rmsnorm_backward(st(), arr(dinp), arr(dweight), arr(dout), arr(inp), arr(weight), arr(rstd),
+                         N, C);
 }
 
 void CudaDevice::swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const int64_t H = out.dim(-1), N = rows_of(out);
   if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H) {
-    fail(kDev, "swiglu_forward", "out " + out.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
+    fail(kDev, "swiglu_forward",
+         "out " + out.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
   }
   cuda::swiglu_forward(st(), arr(out), arr(gate_up), N, H);
 }
 
-void CudaDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) {
+void CudaDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up,
+                                 const Tensor& dout) {
   checks::same_shape(kDev, "swiglu_backward", dgate_up, gate_up);
   const int64_t H = dout.dim(-1), N = rows_of(dout);
   if (gate_up.numel() != 2 * N * H || gate_up.dim(-1) != 2 * H) {
-    fail(kDev, "swiglu_backward", "dout " + dout.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
+    fail(kDev, "swiglu_backward",
+         "dout " + dout.describe() + ", gate_up " + gate_up.describe() + " (must be [N, 2H])");
   }
   cuda::swiglu_backward(st(), arr(dgate_up), arr(gate_up), arr(dout), N, H);
 }
 
-void CudaDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
-                              double theta) {
+void CudaDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads,
+                              int64_t head_dim, double theta) {
   checks::rope(kDev, "rope_forward", out, inp, T, heads, head_dim);
-  cuda::rope(st(), arr(out), arr(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), theta, false, false);
+  cuda::rope(st(), arr(out), arr(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), theta, false,
+             false);
 }
 
-void CudaDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
-                               double theta) {
+void CudaDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads,
+                               int64_t head_dim, double theta) {
   checks::rope(kDev, "rope_backward", dinp, dout, T, heads, head_dim);
-  cuda::rope(st(), arr(dinp), arr(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), theta, true, true);
+  cuda::rope(st(), arr(dinp), arr(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), theta,
+             true, true);
 }
 
 void CudaDevice::gelu_forward(const Tensor& out, const Tensor& inp) {
@@ -548,45 +591,50 @@ void CudaDevice::gelu_backward(const Tensor& dinp, const Tensor& inp, const Tens
   cuda::gelu_backward(st(), arr(dinp), arr(inp), arr(dout), inp.numel());
 }
 
-void CudaDevice::softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits,
-                                               const Tensor& targets) {
+void CudaDevice::softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
+                                               const Tensor& logits, const Tensor& targets) {
   checks::same_shape(kDev, "softmax_cross_entropy_forward", probs, logits);
   const int64_t V = logits.dim(-1), N = rows_of(logits);
   if (targets.dtype() != DType::i32 || targets.numel() != N || losses.numel() != N) {
-    fail(kDev, "softmax_cross_entropy_forward", "logits " + logits.describe() + ", targets " + targets.describe() +
-                                                    ", losses " + losses.describe());
+    fail(kDev, "softmax_cross_entropy_forward",
+         "logits " + logits.describe() + ", targets " + targets.describe() + ", losses " +
+             losses.describe());
   }
-  cuda::softmax_cross_entropy_forward(st(), arr(losses), arr(probs), arr(logits), targets.data_as<int32_t>(), N, V,
-                                      err_);
+  cuda::softmax_cross_entropy_forward(st(), arr(losses), arr(probs), arr(logits),
+                                      targets.data_as<int32_t>(), N, V, err_);
   check_flag([V](int n, int t) {
     return "softmax_cross_entropy: target " + std::to_string(t) + " at row " + std::to_string(n) +
            " is outside [0, " + std::to_string(V) + ")";
   });
 }
 
-void CudaDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& targets,
-                                                double dloss) {
+void CudaDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
+                                                const Tensor& targets, double dloss) {
   checks::same_shape(kDev, "softmax_cross_entropy_backward", dlogits, probs);
   const int64_t V = probs.dim(-1), N = rows_of(probs);
   if (targets.dtype() != DType::i32 || targets.numel() != N) {
     fail(kDev, "softmax_cross_entropy_backward", targets.describe());
   }
-  cuda::softmax_cross_entropy_backward(st(), arr(dlogits), arr(probs), targets.data_as<int32_t>(), N, V, dloss);
+  cuda::softmax_cross_entropy_backward(st(), arr(dlogits), arr(probs), targets.data_as<int32_t>(),
+                                       N, V, dloss);
 }
 
 void CudaDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                        const AdamWStep& step) {
   for (const Tensor* t : {&param, &grad, &m, &v}) {
     if (t->dtype() != DType::f32 || t->numel() != param.numel()) {
-      fail(kDev, "adamw", "f32 tensors of one numel: param " + param.describe() + ", got " + t->describe());
+      fail(kDev, "adamw",
+           "f32 tensors of one numel: param " + param.describe() + ", got " + t->describe());
     }
   }
   if (step.step < 1) fail(kDev, "adamw", "step must be >= 1, got " + std::to_string(step.step));
-  cuda::adamw(st(), param.data_as<float>(), grad.data_as<float>(), m.data_as<float>(), v.data_as<float>(),
-              param.numel(), adamw_constants(step));
+  cuda::adamw(st(), param.data_as<float>(), grad.data_as<float>(), m.data_as<float>(),
+              v.data_as<float>(), param.numel(), adamw_constants(step));
 }
 
 }  // namespace
+
+FERRY_CUDA_ABI_BEGIN
 
 CudaStatus cuda_status() {
   CudaStatus s;
@@ -606,16 +654,18 @@ std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal) {
   const CudaStatus s = cuda_status();
   if (!s.available()) throw std::runtime_error("the cuda device is unavailable: " + s.reason);
   if (ordinal < 0 || ordinal >= s.gpus) {
-    throw std::runtime_error("the cuda device: GPU " + std::to_string(ordinal) + " does not exist (" +
-                             std::to_string(s.gpus) + " visible)");
+    throw std::runtime_error("the cuda device: GPU " + std::to_string(ordinal) +
+                             " does not exist (" + std::to_string(s.gpus) + " visible)");
   }
   return std::make_unique<CudaDevice>(capacity_bytes, ordinal);
 }
 
 void* cuda_compute_stream(Device& device) {
   auto* d = dynamic_cast<CudaDevice*>(&device);
-  if (!d) throw std::invalid_argument("cuda_compute_stream: " + device.name() + " is not a cuda device");
+  if (!d)
+    throw std::invalid_argument("cuda_compute_stream: " + device.name() + " is not a cuda device");
   return d->compute_stream();
 }
 
+FERRY_CUDA_ABI_END
 }  // namespace ferry::nn

@@ -30,9 +30,11 @@
 #include <memory>
 #include <string>
 
+#include "nn/cuda_abi.h"
 #include "nn/device.h"
 
 namespace ferry::nn {
+FERRY_CUDA_ABI_BEGIN
 
 struct CudaStatus {
   bool built = false;  // compiled with the CUDA toolkit (FERRY_WITH_CUDA)
@@ -50,4 +52,5 @@ std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal = 0)
 // the copy engines order against. Throws std::invalid_argument for other devices.
 void* cuda_compute_stream(Device& device);
 
+FERRY_CUDA_ABI_END
 }  // namespace ferry::nn

@@ -4,20 +4,38 @@
 // [B,NH,T,T] tensor. GEMMs, the bulk of the FLOPs, are cuBLAS's (nn/cuda_device.cpp).
 #include "nn/cuda_kernels.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
 
 #include "nn/cuda_check.h"
+
+#ifdef FERRY_CUDA_EMULATION  // tests: the same kernels on CPU threads (nn/cuda_emulation.h)
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+// Every launch goes through this macro so that the emulation can run the same lines.
+#define FERRY_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#define FERRY_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 namespace ferry::nn::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;  // a multiple of the warp size: block reductions assume it
+// Threads per block: multiples of the warp size (block reductions assume it). The CPU
+// emulation runs a block's threads as host threads, so it uses fewer; two warps still
+// exercise the reductions across warps.
+#ifdef FERRY_CUDA_EMULATION
+constexpr int kThreads = 64;
+constexpr int kAttnThreads = 64;
+#else
+constexpr int kThreads = 256;
+constexpr int kAttnThreads = 128;  // attention's row kernels: rows of T scores and hs channels
+#endif
 
-cudaStream_t as_stream(Stream s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t as_stream(Stream s) {
+  return static_cast<cudaStream_t>(s);
+}
 
 unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
@@ -27,11 +45,16 @@ unsigned grid_for(int64_t n) {
 template <class A>
 __device__ __forceinline__ A ld(const Arr& a, int64_t i) {
   switch (a.dtype) {
-    case DType::f32: return static_cast<A>(static_cast<const float*>(a.p)[i]);
-    case DType::f64: return static_cast<A>(static_cast<const double*>(a.p)[i]);
-    case DType::bf16: return static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(a.p)[i]));
-    case DType::f16: return static_cast<A>(__half2float(static_cast<const __half*>(a.p)[i]));
-    case DType::i32: return static_cast<A>(static_cast<const int32_t*>(a.p)[i]);
+    case DType::f32:
+      return static_cast<A>(static_cast<const float*>(a.p)[i]);
+    case DType::f64:
+      return static_cast<A>(static_cast<const double*>(a.p)[i]);
+    case DType::bf16:
+      return static_cast<A>(__bfloat162float(static_cast<const __nv_bfloat16*>(a.p)[i]));
+    case DType::f16:
+      return static_cast<A>(__half2float(static_cast<const __half*>(a.p)[i]));
+    case DType::i32:
+      return static_cast<A>(static_cast<const int32_t*>(a.p)[i]);
   }
   return A(0);
 }
@@ -39,30 +62,49 @@ __device__ __forceinline__ A ld(const Arr& a, int64_t i) {
 template <class A>
 __device__ __forceinline__ void st(const Arr& a, int64_t i, A v) {
   switch (a.dtype) {
-    case DType::f32: static_cast<float*>(a.p)[i] = static_cast<float>(v); return;
-    case DType::f64: static_cast<double*>(a.p)[i] = static_cast<double>(v); return;
+    case DType::f32:
+      static_cast<float*>(a.p)[i] = static_cast<float>(v);
+      return;
+    case DType::f64:
+      static_cast<double*>(a.p)[i] = static_cast<double>(v);
+      return;
     // Through f32 first, as the CPU device rounds (f64 -> f32 -> bf16).
-    case DType::bf16: static_cast<__nv_bfloat16*>(a.p)[i] = __float2bfloat16_rn(static_cast<float>(v)); return;
-    case DType::f16: static_cast<__half*>(a.p)[i] = __float2half_rn(static_cast<float>(v)); return;
-    case DType::i32: static_cast<int32_t*>(a.p)[i] = static_cast<int32_t>(v); return;
+    case DType::bf16:
+      static_cast<__nv_bfloat16*>(a.p)[i] = __float2bfloat16_rn(static_cast<float>(v));
+      return;
+    case DType::f16:
+      static_cast<__half*>(a.p)[i] = __float2half_rn(static_cast<float>(v));
+      return;
+    case DType::i32:
+      static_cast<int32_t*>(a.p)[i] = static_cast<int32_t>(v);
+      return;
   }
 }
 
 // Grid-stride loop over [0, n).
-#define FERRY_FOR_EACH(i, n) \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); i += int64_t{gridDim.x} * blockDim.x)
+#define FERRY_FOR_EACH(i, n)                                                \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
 
 struct Sum {
   template <class A>
-  __device__ A operator()(A a, A b) const { return a + b; }
+  __device__ A operator()(A a, A b) const {
+    return a + b;
+  }
   template <class A>
-  __device__ static A identity() { return A(0); }
+  __device__ static A identity() {
+    return A(0);
+  }
 };
 struct Max {
   template <class A>
-  __device__ A operator()(A a, A b) const { return a > b ? a : b; }
+  __device__ A operator()(A a, A b) const {
+    return a > b ? a : b;
+  }
   template <class A>
-  __device__ static A identity() { return -INFINITY; }
+  __device__ static A identity() {
+    return -INFINITY;
+  }
 };
 
 // Reduces v over the block (blockDim.x a multiple of 32); every thread gets the result.
@@ -75,7 +117,8 @@ __device__ A block_reduce(A v, A* scratch, Op op) {
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < warps ? scratch[lane] : Op::template identity<A>();  // lanes past the last warp add nothing
+    v = lane < warps ? scratch[lane]
+                     : Op::template identity<A>();  // lanes past the last warp add nothing
     for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, o));
     if (lane == 0) scratch[0] = v;
   }
@@ -165,8 +208,8 @@ __global__ void sum_partials_kernel(double* partial, int count) {
 // ---- embedding ----------------------------------------------------------------------------
 
 template <class A>
-__global__ void embedding_forward_kernel(Arr out, const int32_t* tokens, Arr wte, Arr wpe, int64_t N, int64_t T,
-                                         int64_t C, int64_t V, int* err) {
+__global__ void embedding_forward_kernel(Arr out, const int32_t* tokens, Arr wte, Arr wpe,
+                                         int64_t N, int64_t T, int64_t C, int64_t V, int* err) {
   FERRY_FOR_EACH(i, N * C) {
     const int64_t n = i / C, c = i % C;
     const int32_t tok = tokens[n];
@@ -181,7 +224,8 @@ __global__ void embedding_forward_kernel(Arr out, const int32_t* tokens, Arr wte
 // Rows sharing a token add into one dwte row: each thread owns a column and walks the rows
 // in order (the CPU kernel's order), so nothing collides and the sums are deterministic.
 template <class A>
-__global__ void embedding_backward_wte_kernel(Arr dwte, Arr dout, const int32_t* tokens, int64_t N, int64_t C) {
+__global__ void embedding_backward_wte_kernel(Arr dwte, Arr dout, const int32_t* tokens, int64_t N,
+                                              int64_t C) {
   FERRY_FOR_EACH(c, C) {
     for (int64_t n = 0; n < N; ++n) {
       const int64_t at = int64_t{tokens[n]} * C + c;
@@ -203,7 +247,8 @@ __global__ void embedding_backward_wpe_kernel(Arr dwpe, Arr dout, int64_t N, int
 // ---- normalisation: one block per row -----------------------------------------------------
 
 template <class A>
-__global__ void layernorm_forward_kernel(Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b, int64_t C) {
+__global__ void layernorm_forward_kernel(Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b,
+                                         int64_t C) {
   __shared__ A scratch[32];
   const int64_t row = blockIdx.x * C;
   A s = 0;
@@ -226,7 +271,8 @@ __global__ void layernorm_forward_kernel(Arr out, Arr mean, Arr rstd, Arr inp, A
 }
 
 template <class A>
-__global__ void layernorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w, Arr mean, Arr rstd, int64_t C) {
+__global__ void layernorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w, Arr mean,
+                                               Arr rstd, int64_t C) {
   __shared__ A scratch[32];
   const int64_t row = blockIdx.x * C;
   const A m = ld<A>(mean, blockIdx.x), r = ld<A>(rstd, blockIdx.x);
@@ -247,8 +293,8 @@ __global__ void layernorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr 
 }
 
 template <class A>
-__global__ void layernorm_backward_params_kernel(Arr dw, Arr db, Arr dout, Arr inp, Arr mean, Arr rstd, int64_t N,
-                                                 int64_t C) {
+__global__ void layernorm_backward_params_kernel(Arr dw, Arr db, Arr dout, Arr inp, Arr mean,
+                                                 Arr rstd, int64_t N, int64_t C) {
   FERRY_FOR_EACH(c, C) {
     A sw = 0, sb = 0;
     for (int64_t n = 0; n < N; ++n) {
@@ -272,12 +318,14 @@ __global__ void rmsnorm_forward_kernel(Arr out, Arr rstd, Arr inp, Arr w, int64_
   }
   ss = block_reduce(ss, scratch, Sum{});
   const A r = A(1) / sqrt(ss / static_cast<A>(C) + static_cast<A>(eps));
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) st<A>(out, row + c, ld<A>(inp, row + c) * r * ld<A>(w, c));
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    st<A>(out, row + c, ld<A>(inp, row + c) * r * ld<A>(w, c));
   if (threadIdx.x == 0) st<A>(rstd, blockIdx.x, r);
 }
 
 template <class A>
-__global__ void rmsnorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w, Arr rstd, int64_t C) {
+__global__ void rmsnorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w, Arr rstd,
+                                             int64_t C) {
   __shared__ A scratch[32];
   const int64_t row = blockIdx.x * C;
   const A r = ld<A>(rstd, blockIdx.x);
@@ -294,10 +342,12 @@ __global__ void rmsnorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w,
 }
 
 template <class A>
-__global__ void rmsnorm_backward_params_kernel(Arr dw, Arr dout, Arr inp, Arr rstd, int64_t N, int64_t C) {
+__global__ void rmsnorm_backward_params_kernel(Arr dw, Arr dout, Arr inp, Arr rstd, int64_t N,
+                                               int64_t C) {
   FERRY_FOR_EACH(c, C) {
     A s = 0;
-    for (int64_t n = 0; n < N; ++n) s += ld<A>(inp, n * C + c) * ld<A>(rstd, n) * ld<A>(dout, n * C + c);
+    for (int64_t n = 0; n < N; ++n)
+      s += ld<A>(inp, n * C + c) * ld<A>(rstd, n) * ld<A>(dout, n * C + c);
     st<A>(dw, c, ld<A>(dw, c) + s);
   }
 }
@@ -318,14 +368,15 @@ AttnShape attn_shape(int64_t T, int64_t C, int64_t NH, int64_t KVH) {
 // weighted sum of values. Dynamic shared memory: T scores and the q row.
 template <class A>
 __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  FERRY_DYNAMIC_SHARED(smem_raw);
   A* score = reinterpret_cast<A*>(smem_raw);
   A* q = score + s.T;
   __shared__ A scratch[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kv = h / s.group;
   const int64_t base = b * s.T * s.W;
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) q[d] = ld<A>(qkv, base + i * s.W + h * s.hs + d);
+  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
+    q[d] = ld<A>(qkv, base + i * s.W + h * s.hs + d);
   __syncthreads();
   A mx = -INFINITY;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
@@ -350,7 +401,8 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s)
   __syncthreads();
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
     A o = 0;
-    for (int64_t j = 0; j <= i; ++j) o += score[j] * ld<A>(qkv, base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d);
+    for (int64_t j = 0; j <= i; ++j)
+      o += score[j] * ld<A>(qkv, base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d);
     st<A>(out, (b * s.T + i) * s.C + h * s.hs + d, o);
   }
 }
@@ -358,8 +410,9 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s)
 // Backward, part 1: one block per query row. dP[j] = dO_i . v_j, dot = sum_j P_ij dP_j,
 // dS_ij = P_ij (dP_j - dot) scale; dQ_i += sum_j dS_ij k_j. `dot` is kept for part 2.
 template <class A>
-__global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s, A* rowdot) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+__global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s,
+                                                A* rowdot) {
+  FERRY_DYNAMIC_SHARED(smem_raw);
   A* ds = reinterpret_cast<A*>(smem_raw);
   A* dO = ds + s.T;
   __shared__ A scratch[32];
@@ -367,7 +420,8 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
   const int64_t base = b * s.T * s.W;
   const int64_t arow = ((b * s.NH + h) * s.T + i) * s.T;
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) dO[d] = ld<A>(dout, (b * s.T + i) * s.C + h * s.hs + d);
+  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
+    dO[d] = ld<A>(dout, (b * s.T + i) * s.C + h * s.hs + d);
   __syncthreads();
   A dot = 0;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
@@ -378,12 +432,14 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
     dot += ld<A>(att, arow + j) * dp;
   }
   dot = block_reduce(dot, scratch, Sum{});
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) ds[j] = ld<A>(att, arow + j) * (ds[j] - dot) * scale;
+  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
+    ds[j] = ld<A>(att, arow + j) * (ds[j] - dot) * scale;
   if (threadIdx.x == 0) rowdot[(b * s.NH + h) * s.T + i] = dot;
   __syncthreads();
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
     A g = 0;
-    for (int64_t j = 0; j <= i; ++j) g += ds[j] * ld<A>(qkv, base + j * s.W + (s.NH + kv) * s.hs + d);
+    for (int64_t j = 0; j <= i; ++j)
+      g += ds[j] * ld<A>(qkv, base + j * s.W + (s.NH + kv) * s.hs + d);
     const int64_t at = base + i * s.W + h * s.hs + d;
     st<A>(dqkv, at, ld<A>(dqkv, at) + g);
   }
@@ -393,8 +449,9 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
 // group in order: dK_j += sum_{i>=j} dS_ij q_i, dV_j += sum_{i>=j} P_ij dO_i, with dS
 // recomputed from part 1's `dot`. Each key row is written once: no collisions.
 template <class A>
-__global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s, const A* rowdot) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+__global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s,
+                                              const A* rowdot) {
+  FERRY_DYNAMIC_SHARED(smem_raw);
   A* ds = reinterpret_cast<A*>(smem_raw);
   A* p = ds + s.T;
   A* vj = p + s.T;
@@ -443,7 +500,8 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
 template <class K>
 void allow_shared(K kernel, size_t bytes) {
   if (bytes > 48 * 1024) {
-    FERRY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    FERRY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(bytes)));
   }
 }
 
@@ -473,8 +531,8 @@ __global__ void swiglu_backward_kernel(Arr dgate_up, Arr gate_up, Arr dout, int6
 // One thread per element of a row; the thread of the first half of a rotated pair computes
 // both (in place is safe: it reads both before writing), the second half's does nothing.
 template <class A>
-__global__ void rope_kernel(Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd, int64_t width,
-                            double theta, bool inverse, bool accumulate) {
+__global__ void rope_kernel(Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,
+                            int64_t width, double theta, bool inverse, bool accumulate) {
   const int64_t half = hd / 2;
   FERRY_FOR_EACH(e, N * width) {
     const int64_t n = e / width, c = e % width;
@@ -489,7 +547,8 @@ __global__ void rope_kernel(Arr out, Arr inp, int64_t N, int64_t T, int64_t head
     const int64_t i = c % hd;
     if (i >= half) continue;
     // The angle in double, cos/sin rounded to A: the CPU kernel's table, entry by entry.
-    const double a = static_cast<double>(n % T) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    const double a = static_cast<double>(n % T) *
+                     pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
     const A cs = static_cast<A>(cos(a));
     const A sn = static_cast<A>(inverse ? -sin(a) : sin(a));
     const A x1 = ld<A>(inp, e), x2 = ld<A>(inp, e + half);
@@ -520,14 +579,15 @@ __global__ void gelu_backward_kernel(Arr dinp, Arr inp, Arr dout, int64_t n) {
   FERRY_FOR_EACH(i, n) {
     const A x = ld<A>(inp, i), d = ld<A>(dout, i);
     const A th = tanh(A(kGeluK) * (x + A(kGeluC) * x * x * x));
-    const A g = A(0.5) * (A(1) + th) + A(0.5) * x * (A(1) - th * th) * A(kGeluK) * (A(1) + A(3 * kGeluC) * x * x);
+    const A g = A(0.5) * (A(1) + th) +
+                A(0.5) * x * (A(1) - th * th) * A(kGeluK) * (A(1) + A(3 * kGeluC) * x * x);
     st<A>(dinp, i, ld<A>(dinp, i) + d * g);
   }
 }
 
 template <class A>
-__global__ void softmax_xent_forward_kernel(Arr losses, Arr probs, Arr logits, const int32_t* targets, int64_t V,
-                                            int* err) {
+__global__ void softmax_xent_forward_kernel(Arr losses, Arr probs, Arr logits,
+                                            const int32_t* targets, int64_t V, int* err) {
   __shared__ A scratch[32];
   const int64_t n = blockIdx.x, row = n * V;
   A mx = -INFINITY;
@@ -539,20 +599,22 @@ __global__ void softmax_xent_forward_kernel(Arr losses, Arr probs, Arr logits, c
   A sum = 0;
   for (int64_t v = threadIdx.x; v < V; v += blockDim.x) sum += exp(ld<A>(logits, row + v) - mx);
   sum = block_reduce(sum, scratch, Sum{});
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) st<A>(probs, row + v, exp(ld<A>(logits, row + v) - mx) / sum);
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x)
+    st<A>(probs, row + v, exp(ld<A>(logits, row + v) - mx) / sum);
   if (threadIdx.x == 0) {
     const int32_t t = targets[n];
     if (t < 0 || t >= V) {
       report(err, n, t);
     } else {
-      st<A>(losses, n, log(sum) - (ld<A>(logits, row + t) - mx));  // log-sum-exp: exact where p underflows
+      st<A>(losses, n,
+            log(sum) - (ld<A>(logits, row + t) - mx));  // log-sum-exp: exact where p underflows
     }
   }
 }
 
 template <class A>
-__global__ void softmax_xent_backward_kernel(Arr dlogits, Arr probs, const int32_t* targets, int64_t N, int64_t V,
-                                             A dloss) {
+__global__ void softmax_xent_backward_kernel(Arr dlogits, Arr probs, const int32_t* targets,
+                                             int64_t N, int64_t V, A dloss) {
   FERRY_FOR_EACH(i, N * V) {
     const int64_t n = i / V, v = i % V;
     const A onehot = v == targets[n] ? A(1) : A(0);
@@ -560,7 +622,8 @@ __global__ void softmax_xent_backward_kernel(Arr dlogits, Arr probs, const int32
   }
 }
 
-__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n, AdamWConstants k) {
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64_t n,
+                             AdamWConstants k) {
   FERRY_FOR_EACH(i, n) {
     float pi = p[i], mi = m[i], vi = v[i];
     adamw_element(k, pi, g[i], mi, vi);
@@ -573,12 +636,13 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
 }  // namespace
 
 // ---- launchers --------------------------------------------------------------------------------
+FERRY_CUDA_ABI_BEGIN
 
 void cast(Stream s, Arr dst, Arr src, int64_t n) {
   if (n == 0) return;
   // i32 through double too: every i32 and every f32 is exact there.
   by_acc(wide(dst, src) || dst.dtype == DType::i32 || src.dtype == DType::i32, [&](auto a) {
-    cast_kernel<decltype(a)><<<grid_for(n), kThreads, 0, as_stream(s)>>>(dst, src, n);
+    FERRY_LAUNCH(cast_kernel<decltype(a)>, grid_for(n), kThreads, 0, as_stream(s), dst, src, n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -587,24 +651,30 @@ void fill(Stream s, Arr dst, double value, int64_t n) {
   if (n == 0) return;
   by_acc(wide(dst) || dst.dtype == DType::i32, [&](auto a) {
     using A = decltype(a);
-    fill_kernel<A><<<grid_for(n), kThreads, 0, as_stream(s)>>>(dst, static_cast<A>(value), n);
+    FERRY_LAUNCH(fill_kernel<A>, grid_for(n), kThreads, 0, as_stream(s), dst, static_cast<A>(value),
+                 n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
 void add(Stream s, Arr out, Arr a, Arr b, int64_t n) {
   if (n == 0) return;
-  by_acc(wide(out, a, b), [&](auto t) { add_kernel<decltype(t)><<<grid_for(n), kThreads, 0, as_stream(s)>>>(out, a, b, n); });
+  by_acc(wide(out, a, b), [&](auto t) {
+    FERRY_LAUNCH(add_kernel<decltype(t)>, grid_for(n), kThreads, 0, as_stream(s), out, a, b, n);
+  });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void accumulate(Stream s, Arr dst, Arr src, int64_t n) { add(s, dst, dst, src, n); }
+void accumulate(Stream s, Arr dst, Arr src, int64_t n) {
+  add(s, dst, dst, src, n);
+}
 
 void scale(Stream s, Arr x, double factor, int64_t n) {
   if (n == 0) return;
   by_acc(wide(x), [&](auto a) {
     using A = decltype(a);
-    scale_kernel<A><<<grid_for(n), kThreads, 0, as_stream(s)>>>(x, static_cast<A>(factor), n);
+    FERRY_LAUNCH(scale_kernel<A>, grid_for(n), kThreads, 0, as_stream(s), x, static_cast<A>(factor),
+                 n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -612,7 +682,8 @@ void scale(Stream s, Arr x, double factor, int64_t n) {
 void add_bias(Stream s, Arr out, Arr bias, int64_t N, int64_t C) {
   if (N * C == 0) return;
   by_acc(wide(out, bias), [&](auto a) {
-    add_bias_kernel<decltype(a)><<<grid_for(N * C), kThreads, 0, as_stream(s)>>>(out, bias, N, C);
+    FERRY_LAUNCH(add_bias_kernel<decltype(a)>, grid_for(N * C), kThreads, 0, as_stream(s), out,
+                 bias, N, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -620,83 +691,94 @@ void add_bias(Stream s, Arr out, Arr bias, int64_t N, int64_t C) {
 void column_sums(Stream s, Arr dst, Arr src, int64_t N, int64_t C) {
   if (C == 0) return;
   by_acc(wide(dst, src), [&](auto a) {
-    column_sums_kernel<decltype(a)><<<grid_for(C), kThreads, 0, as_stream(s)>>>(dst, src, N, C);
+    FERRY_LAUNCH(column_sums_kernel<decltype(a)>, grid_for(C), kThreads, 0, as_stream(s), dst, src,
+                 N, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
 void sum_squares(Stream s, Arr x, int64_t n, double* partial) {
-  sum_squares_kernel<double><<<kSumSquaresBlocks, kThreads, 0, as_stream(s)>>>(x, n, partial);
+  FERRY_LAUNCH(sum_squares_kernel<double>, kSumSquaresBlocks, kThreads, 0, as_stream(s), x, n,
+               partial);
   FERRY_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, 32, 0, as_stream(s)>>>(partial, kSumSquaresBlocks);
+  FERRY_LAUNCH(sum_partials_kernel, 1, 32, 0, as_stream(s), partial, kSumSquaresBlocks);
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void embedding_forward(Stream s, Arr out, const int32_t* tokens, Arr wte, Arr wpe, int64_t N, int64_t T, int64_t C,
-                       int64_t V, int* err) {
+void embedding_forward(Stream s, Arr out, const int32_t* tokens, Arr wte, Arr wpe, int64_t N,
+                       int64_t T, int64_t C, int64_t V, int* err) {
   if (N * C == 0) return;
   by_acc(wide(out, wte, wpe), [&](auto a) {
-    embedding_forward_kernel<decltype(a)><<<grid_for(N * C), kThreads, 0, as_stream(s)>>>(out, tokens, wte, wpe, N, T,
-                                                                                           C, V, err);
+    FERRY_LAUNCH(embedding_forward_kernel<decltype(a)>, grid_for(N * C), kThreads, 0, as_stream(s),
+                 out, tokens, wte, wpe, N, T, C, V, err);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void embedding_backward(Stream s, Arr dwte, Arr dwpe, Arr dout, const int32_t* tokens, int64_t N, int64_t T,
-                        int64_t C) {
+void embedding_backward(Stream s, Arr dwte, Arr dwpe, Arr dout, const int32_t* tokens, int64_t N,
+                        int64_t T, int64_t C) {
   if (N * C == 0) return;
   by_acc(wide(dwte, dwpe, dout), [&](auto a) {
     using A = decltype(a);
-    embedding_backward_wte_kernel<A><<<grid_for(C), kThreads, 0, as_stream(s)>>>(dwte, dout, tokens, N, C);
+    FERRY_LAUNCH(embedding_backward_wte_kernel<A>, grid_for(C), kThreads, 0, as_stream(s), dwte,
+                 dout, tokens, N, C);
     FERRY_CUDA_CHECK_LAUNCH();
-    embedding_backward_wpe_kernel<A><<<grid_for(T * C), kThreads, 0, as_stream(s)>>>(dwpe, dout, N, T, C);
+    FERRY_LAUNCH(embedding_backward_wpe_kernel<A>, grid_for(T * C), kThreads, 0, as_stream(s), dwpe,
+                 dout, N, T, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void layernorm_forward(Stream s, Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b, int64_t N, int64_t C) {
+void layernorm_forward(Stream s, Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b, int64_t N,
+                       int64_t C) {
   if (N == 0) return;
   by_acc(wide(out, mean, rstd, inp, w, b), [&](auto a) {
-    layernorm_forward_kernel<decltype(a)><<<static_cast<unsigned>(N), kThreads, 0, as_stream(s)>>>(out, mean, rstd, inp,
-                                                                                                   w, b, C);
+    FERRY_LAUNCH(layernorm_forward_kernel<decltype(a)>, static_cast<unsigned>(N), kThreads, 0,
+                 as_stream(s), out, mean, rstd, inp, w, b, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, Arr w, Arr mean, Arr rstd, int64_t N,
-                        int64_t C) {
+void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, Arr w, Arr mean,
+                        Arr rstd, int64_t N, int64_t C) {
   if (N == 0) return;
   by_acc(wide(dinp, dw, db, dout, inp, w, mean, rstd), [&](auto a) {
     using A = decltype(a);
-    layernorm_backward_rows_kernel<A><<<static_cast<unsigned>(N), kThreads, 0, as_stream(s)>>>(dinp, dout, inp, w, mean,
-                                                                                               rstd, C);
+    FERRY_LAUNCH(layernorm_backward_rows_kernel<A>, static_cast<unsigned>(N), kThreads, 0,
+                 as_stream(s), dinp, dout, inp, w, mean, rstd, C);
     FERRY_CUDA_CHECK_LAUNCH();
-    layernorm_backward_params_kernel<A><<<grid_for(C), kThreads, 0, as_stream(s)>>>(dw, db, dout, inp, mean, rstd, N, C);
+    FERRY_LAUNCH(layernorm_backward_params_kernel<A>, grid_for(C), kThreads, 0, as_stream(s), dw,
+                 db, dout, inp, mean, rstd, N, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C, double eps) {
+void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C,
+                     double eps) {
   if (N == 0) return;
   by_acc(wide(out, rstd, inp, w), [&](auto a) {
-    rmsnorm_forward_kernel<decltype(a)><<<static_cast<unsigned>(N), kThreads, 0, as_stream(s)>>>(out, rstd, inp, w, C,
-                                                                                                 eps);
+    FERRY_LAUNCH(rmsnorm_forward_kernel<decltype(a)>, static_cast<unsigned>(N), kThreads, 0,
+                 as_stream(s), out, rstd, inp, w, C, eps);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N, int64_t C) {
+void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N,
+                      int64_t C) {
   if (N == 0) return;
   by_acc(wide(dinp, dw, dout, inp, w, rstd), [&](auto a) {
     using A = decltype(a);
-    rmsnorm_backward_rows_kernel<A><<<static_cast<unsigned>(N), kThreads, 0, as_stream(s)>>>(dinp, dout, inp, w, rstd, C);
+    FERRY_LAUNCH(rmsnorm_backward_rows_kernel<A>, static_cast<unsigned>(N), kThreads, 0,
+                 as_stream(s), dinp, dout, inp, w, rstd, C);
     FERRY_CUDA_CHECK_LAUNCH();
-    rmsnorm_backward_params_kernel<A><<<grid_for(C), kThreads, 0, as_stream(s)>>>(dw, dout, inp, rstd, N, C);
+    FERRY_LAUNCH(rmsnorm_backward_params_kernel<A>, grid_for(C), kThreads, 0, as_stream(s), dw,
+                 dout, inp, rstd, N, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH) {
+void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH, int64_t KVH) {
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   by_acc(wide(out, att, qkv), [&](auto a) {
@@ -704,13 +786,14 @@ void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T
     const size_t smem = static_cast<size_t>(T + sh.hs) * sizeof(A);
     allow_shared(attention_forward_kernel<A>, smem);
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B));
-    attention_forward_kernel<A><<<grid, 128, smem, as_stream(s)>>>(out, att, qkv, sh);
+    FERRY_LAUNCH(attention_forward_kernel<A>, grid, kAttnThreads, smem, as_stream(s), out, att, qkv,
+                 sh);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        int64_t KVH, void* rowdot) {
+void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T,
+                        int64_t C, int64_t NH, int64_t KVH, void* rowdot) {
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   by_acc(wide(dqkv, dout, qkv, att), [&](auto a) {
@@ -718,15 +801,17 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t 
     A* dot = static_cast<A*>(rowdot);
     const size_t smem_q = static_cast<size_t>(T + sh.hs) * sizeof(A);
     allow_shared(attention_backward_query_kernel<A>, smem_q);
-    attention_backward_query_kernel<A>
-        <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B)), 128, smem_q,
-           as_stream(s)>>>(dqkv, dout, qkv, att, sh, dot);
+    FERRY_LAUNCH(
+        attention_backward_query_kernel<A>,
+        dim3(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B)),
+        kAttnThreads, smem_q, as_stream(s), dqkv, dout, qkv, att, sh, dot);
     FERRY_CUDA_CHECK_LAUNCH();
     const size_t smem_k = static_cast<size_t>(2 * T + 3 * sh.hs) * sizeof(A);
     allow_shared(attention_backward_key_kernel<A>, smem_k);
-    attention_backward_key_kernel<A>
-        <<<dim3(static_cast<unsigned>(T), static_cast<unsigned>(KVH), static_cast<unsigned>(B)), 128, smem_k,
-           as_stream(s)>>>(dqkv, dout, qkv, att, sh, dot);
+    FERRY_LAUNCH(
+        attention_backward_key_kernel<A>,
+        dim3(static_cast<unsigned>(T), static_cast<unsigned>(KVH), static_cast<unsigned>(B)),
+        kAttnThreads, smem_k, as_stream(s), dqkv, dout, qkv, att, sh, dot);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -734,7 +819,8 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t 
 void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H) {
   if (N * H == 0) return;
   by_acc(wide(out, gate_up), [&](auto a) {
-    swiglu_forward_kernel<decltype(a)><<<grid_for(N * H), kThreads, 0, as_stream(s)>>>(out, gate_up, N, H);
+    FERRY_LAUNCH(swiglu_forward_kernel<decltype(a)>, grid_for(N * H), kThreads, 0, as_stream(s),
+                 out, gate_up, N, H);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -742,17 +828,18 @@ void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H) {
 void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, int64_t H) {
   if (N * H == 0) return;
   by_acc(wide(dgate_up, gate_up, dout), [&](auto a) {
-    swiglu_backward_kernel<decltype(a)><<<grid_for(N * H), kThreads, 0, as_stream(s)>>>(dgate_up, gate_up, dout, N, H);
+    FERRY_LAUNCH(swiglu_backward_kernel<decltype(a)>, grid_for(N * H), kThreads, 0, as_stream(s),
+                 dgate_up, gate_up, dout, N, H);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd, int64_t width, double theta,
-          bool inverse, bool accumulate) {
+void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,
+          int64_t width, double theta, bool inverse, bool accumulate) {
   if (N * width == 0) return;
   by_acc(wide(out, inp), [&](auto a) {
-    rope_kernel<decltype(a)><<<grid_for(N * width), kThreads, 0, as_stream(s)>>>(out, inp, N, T, heads, hd, width, theta,
-                                                                                inverse, accumulate);
+    FERRY_LAUNCH(rope_kernel<decltype(a)>, grid_for(N * width), kThreads, 0, as_stream(s), out, inp,
+                 N, T, heads, hd, width, theta, inverse, accumulate);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -760,7 +847,8 @@ void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64
 void gelu_forward(Stream s, Arr out, Arr inp, int64_t n) {
   if (n == 0) return;
   by_acc(wide(out, inp), [&](auto a) {
-    gelu_forward_kernel<decltype(a)><<<grid_for(n), kThreads, 0, as_stream(s)>>>(out, inp, n);
+    FERRY_LAUNCH(gelu_forward_kernel<decltype(a)>, grid_for(n), kThreads, 0, as_stream(s), out, inp,
+                 n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -768,37 +856,39 @@ void gelu_forward(Stream s, Arr out, Arr inp, int64_t n) {
 void gelu_backward(Stream s, Arr dinp, Arr inp, Arr dout, int64_t n) {
   if (n == 0) return;
   by_acc(wide(dinp, inp, dout), [&](auto a) {
-    gelu_backward_kernel<decltype(a)><<<grid_for(n), kThreads, 0, as_stream(s)>>>(dinp, inp, dout, n);
+    FERRY_LAUNCH(gelu_backward_kernel<decltype(a)>, grid_for(n), kThreads, 0, as_stream(s), dinp,
+                 inp, dout, n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits, const int32_t* targets, int64_t N,
-                                   int64_t V, int* err) {
+void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits,
+                                   const int32_t* targets, int64_t N, int64_t V, int* err) {
   if (N == 0) return;
   by_acc(wide(losses, probs, logits), [&](auto a) {
-    softmax_xent_forward_kernel<decltype(a)><<<static_cast<unsigned>(N), kThreads, 0, as_stream(s)>>>(losses, probs,
-                                                                                                      logits, targets, V,
-                                                                                                      err);
+    FERRY_LAUNCH(softmax_xent_forward_kernel<decltype(a)>, static_cast<unsigned>(N), kThreads, 0,
+                 as_stream(s), losses, probs, logits, targets, V, err);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int32_t* targets, int64_t N, int64_t V,
-                                    double dloss) {
+void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int32_t* targets,
+                                    int64_t N, int64_t V, double dloss) {
   if (N * V == 0) return;
   by_acc(wide(dlogits, probs), [&](auto a) {
     using A = decltype(a);
-    softmax_xent_backward_kernel<A><<<grid_for(N * V), kThreads, 0, as_stream(s)>>>(dlogits, probs, targets, N, V,
-                                                                                    static_cast<A>(dloss));
+    FERRY_LAUNCH(softmax_xent_backward_kernel<A>, grid_for(N * V), kThreads, 0, as_stream(s),
+                 dlogits, probs, targets, N, V, static_cast<A>(dloss));
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n, const AdamWConstants& k) {
+void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n,
+           const AdamWConstants& k) {
   if (n == 0) return;
-  adamw_kernel<<<grid_for(n), kThreads, 0, as_stream(s)>>>(p, g, m, v, n, k);
+  FERRY_LAUNCH(adamw_kernel, grid_for(n), kThreads, 0, as_stream(s), p, g, m, v, n, k);
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
+FERRY_CUDA_ABI_END
 }  // namespace ferry::nn::cuda

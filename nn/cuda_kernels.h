@@ -15,9 +15,11 @@
 #include <cstdint>
 
 #include "nn/adamw_formula.h"
+#include "nn/cuda_abi.h"
 #include "nn/dtype.h"
 
 namespace ferry::nn::cuda {
+FERRY_CUDA_ABI_BEGIN
 
 struct Arr {
   void* p = nullptr;
@@ -37,29 +39,34 @@ void column_sums(Stream s, Arr dst, Arr src, int64_t N, int64_t C);  // dst[c] +
 constexpr int kSumSquaresBlocks = 512;
 void sum_squares(Stream s, Arr x, int64_t n, double* partial);
 
-void embedding_forward(Stream s, Arr out, const int32_t* tokens, Arr wte, Arr wpe, int64_t N, int64_t T, int64_t C,
-                       int64_t V, int* err);
-void embedding_backward(Stream s, Arr dwte, Arr dwpe, Arr dout, const int32_t* tokens, int64_t N, int64_t T,
-                        int64_t C);
-void layernorm_forward(Stream s, Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b, int64_t N, int64_t C);
-void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, Arr w, Arr mean, Arr rstd, int64_t N,
-                        int64_t C);
+void embedding_forward(Stream s, Arr out, const int32_t* tokens, Arr wte, Arr wpe, int64_t N,
+                       int64_t T, int64_t C, int64_t V, int* err);
+void embedding_backward(Stream s, Arr dwte, Arr dwpe, Arr dout, const int32_t* tokens, int64_t N,
+                        int64_t T, int64_t C);
+void layernorm_forward(Stream s, Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b, int64_t N,
+                       int64_t C);
+void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, Arr w, Arr mean,
+                        Arr rstd, int64_t N, int64_t C);
 void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C, double eps);
-void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N, int64_t C);
-void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C, int64_t NH, int64_t KVH);
+void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N,
+                      int64_t C);
+void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH, int64_t KVH);
 // rowdot: device scratch of B*NH*T elements of the accumulation type (f64 if any operand is).
-void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T, int64_t C, int64_t NH,
-                        int64_t KVH, void* rowdot);
+void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T,
+                        int64_t C, int64_t NH, int64_t KVH, void* rowdot);
 void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H);
 void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, int64_t H);
-void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd, int64_t width, double theta,
-          bool inverse, bool accumulate);
+void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,
+          int64_t width, double theta, bool inverse, bool accumulate);
 void gelu_forward(Stream s, Arr out, Arr inp, int64_t n);
 void gelu_backward(Stream s, Arr dinp, Arr inp, Arr dout, int64_t n);
-void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits, const int32_t* targets, int64_t N,
-                                   int64_t V, int* err);
-void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int32_t* targets, int64_t N, int64_t V,
-                                    double dloss);
-void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n, const AdamWConstants& k);
+void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits,
+                                   const int32_t* targets, int64_t N, int64_t V, int* err);
+void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int32_t* targets,
+                                    int64_t N, int64_t V, double dloss);
+void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n,
+           const AdamWConstants& k);
 
+FERRY_CUDA_ABI_END
 }  // namespace ferry::nn::cuda

@@ -12,9 +12,11 @@ void same_shape(const char* device, const char* op, const Tensor& a, const Tenso
   if (a.shape() != b.shape()) fail(device, op, a.describe() + " vs " + b.describe());
 }
 
-GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb) {
+GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool ta, const Tensor& b,
+              bool tb) {
   if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) {
-    fail(device, "gemm", "needs 2-D tensors: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
+    fail(device, "gemm",
+         "needs 2-D tensors: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
   }
   GemmDims d;
   d.M = ta ? a.dim(1) : a.dim(0);
@@ -30,30 +32,34 @@ GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool ta, con
   return d;
 }
 
-int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv,
-                  int64_t n_head, int64_t n_kv_head) {
+int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att,
+                  const Tensor& qkv, int64_t n_head, int64_t n_kv_head) {
   if (qkv.ndim() != 3) fail(device, op, "qkv must be [B,T,(NH+2KVH)*hs], got " + qkv.describe());
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
-  if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0 || qkv.dim(2) % (n_head + 2 * n_kv_head) != 0) {
+  if (n_head <= 0 || n_kv_head <= 0 || n_head % n_kv_head != 0 ||
+      qkv.dim(2) % (n_head + 2 * n_kv_head) != 0) {
     fail(device, op,
-         "qkv " + qkv.describe() + " does not split into " + std::to_string(n_head) + " query and " +
-             std::to_string(n_kv_head) + " key/value heads (n_head a multiple of n_kv_head)");
+         "qkv " + qkv.describe() + " does not split into " + std::to_string(n_head) +
+             " query and " + std::to_string(n_kv_head) +
+             " key/value heads (n_head a multiple of n_kv_head)");
   }
   const int64_t C = qkv.dim(2) / (n_head + 2 * n_kv_head) * n_head;
   if (out.numel() != B * T * C || att.numel() != B * n_head * T * T) {
-    fail(device, op, "out " + out.describe() + ", att " + att.describe() + ", qkv " + qkv.describe());
+    fail(device, op,
+         "out " + out.describe() + ", att " + att.describe() + ", qkv " + qkv.describe());
   }
   return C;
 }
 
-void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, int64_t T, int64_t heads,
-          int64_t hd) {
+void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, int64_t T,
+          int64_t heads, int64_t hd) {
   const int64_t width = a.dim(-1);
-  if (a.numel() != b.numel() || a.dtype() != b.dtype() || b.dim(-1) != width || heads < 1 || hd < 2 || hd % 2 != 0 ||
-      heads * hd > width || T < 1 || rows_of(a) % T != 0) {
+  if (a.numel() != b.numel() || a.dtype() != b.dtype() || b.dim(-1) != width || heads < 1 ||
+      hd < 2 || hd % 2 != 0 || heads * hd > width || T < 1 || rows_of(a) % T != 0) {
     fail(device, op,
-         a.describe() + " and " + b.describe() + " with T=" + std::to_string(T) + ", heads=" + std::to_string(heads) +
-             ", head_dim=" + std::to_string(hd) + " (rows a multiple of T, an even head size, heads within a row)");
+         a.describe() + " and " + b.describe() + " with T=" + std::to_string(T) +
+             ", heads=" + std::to_string(heads) + ", head_dim=" + std::to_string(hd) +
+             " (rows a multiple of T, an even head size, heads within a row)");
   }
 }
 

@@ -14,21 +14,25 @@ namespace ferry::nn::checks {
 [[noreturn]] void fail(const char* device, const char* op, const std::string& what);
 
 // Rows of a tensor seen as a matrix whose last dimension is the row length.
-inline int64_t rows_of(const Tensor& t) { return t.numel() / t.dim(-1); }
+inline int64_t rows_of(const Tensor& t) {
+  return t.numel() / t.dim(-1);
+}
 
-void same_shape(const char* device, const char* op, const Tensor& a, const Tensor& b);  // shape only
+void same_shape(const char* device, const char* op, const Tensor& a,
+                const Tensor& b);  // shape only
 
 struct GemmDims {
   int64_t M = 0, N = 0, K = 0;
 };
 // c[M,N] = op(a) @ op(b) with 2-D operands whose inner dimensions chain.
-GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b);
+GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
+              bool trans_b);
 
 // Returns the channels C of out (n_head * head size); n_kv_head already defaulted.
-int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att, const Tensor& qkv,
-                  int64_t n_head, int64_t n_kv_head);
+int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att,
+                  const Tensor& qkv, int64_t n_head, int64_t n_kv_head);
 
-void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, int64_t T, int64_t heads,
-          int64_t head_dim);
+void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, int64_t T,
+          int64_t heads, int64_t head_dim);
 
 }  // namespace ferry::nn::checks

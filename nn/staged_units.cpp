@@ -7,8 +7,9 @@ namespace ferry::nn {
 
 Tensor StagedUnits::stage(const Tensor& home, const char* what, int unit) {
   if (!home.device().host_accessible()) {
-    throw std::invalid_argument(std::string("StagedUnits: unit ") + std::to_string(unit) + "'s " + what + " live on " +
-                                home.device().name() + ", which the host cannot read");
+    throw std::invalid_argument(std::string("StagedUnits: unit ") + std::to_string(unit) + "'s " +
+                                what + " live on " + home.device().name() +
+                                ", which the host cannot read");
   }
   Tensor here = Tensor::empty(compute_, home.dtype(), home.shape());
   compute_.copy_from_host(here, home.data());
@@ -25,23 +26,32 @@ Tensor StagedUnits::acquire(std::map<int, Staged>& staged, int unit, bool grads)
   return s.here;
 }
 
-Tensor StagedUnits::acquire_weights(int unit) { return acquire(weights_, unit, false); }
+Tensor StagedUnits::acquire_weights(int unit) {
+  return acquire(weights_, unit, false);
+}
 
 void StagedUnits::release_weights(int unit) {
   auto it = weights_.find(unit);
-  if (it == weights_.end()) throw std::logic_error("StagedUnits: weights of unit " + std::to_string(unit) + " released twice");
+  if (it == weights_.end())
+    throw std::logic_error("StagedUnits: weights of unit " + std::to_string(unit) +
+                           " released twice");
   if (--it->second.refs > 0) return;
   weights_.erase(it);
   home_.release_weights(unit);
 }
 
-Tensor StagedUnits::acquire_grads(int unit) { return acquire(grads_, unit, true); }
+Tensor StagedUnits::acquire_grads(int unit) {
+  return acquire(grads_, unit, true);
+}
 
 void StagedUnits::release_grads(int unit, bool complete) {
   auto it = grads_.find(unit);
-  if (it == grads_.end()) throw std::logic_error("StagedUnits: gradients of unit " + std::to_string(unit) + " released twice");
+  if (it == grads_.end())
+    throw std::logic_error("StagedUnits: gradients of unit " + std::to_string(unit) +
+                           " released twice");
   if (--it->second.refs > 0) return;
-  compute_.copy_to_host(it->second.home.data(), it->second.here);  // waits for the backward ops that wrote it
+  compute_.copy_to_host(it->second.home.data(),
+                        it->second.here);  // waits for the backward ops that wrote it
   grads_.erase(it);
   home_.release_grads(unit, complete);
 }

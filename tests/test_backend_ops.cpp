@@ -13,7 +13,9 @@
 // Accumulating outputs (the *_backward gradients, gemm with beta) start from random
 // values, which checks the "add into" contract.
 // Devices: the CPU device always; the cuda device when cuda_status() finds a GPU; its
-// cases are skipped (with the reason) otherwise.
+// cases are skipped (with the reason) otherwise. test_backend_ops_emulated builds this
+// file against the cuda device's own sources run by the CPU emulation
+// (nn/cuda_emulation.h), so the cuda cases run on every machine.
 #define BOOST_TEST_MODULE backend_ops
 #include <boost/test/unit_test.hpp>
 
@@ -24,10 +26,12 @@
 #include <string>
 #include <vector>
 
+#include "cuda_precondition.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
-#include "cuda_precondition.h"
+#include "nn/gpt.h"
 #include "nn/rng.h"
+#include "nn/staged_units.h"
 
 using namespace ferry;
 using nn::DType;
@@ -65,10 +69,14 @@ DType dtype_for(Role r, bool low, bool oracle) {
 
 double round_to(DType t, double v) {
   switch (t) {
-    case DType::f32: return static_cast<float>(v);
-    case DType::bf16: return nn::bf16_to_f32(nn::f32_to_bf16(static_cast<float>(v)));
-    case DType::f16: return nn::f16_to_f32(nn::f32_to_f16(static_cast<float>(v)));
-    default: return v;
+    case DType::f32:
+      return static_cast<float>(v);
+    case DType::bf16:
+      return nn::bf16_to_f32(nn::f32_to_bf16(static_cast<float>(v)));
+    case DType::f16:
+      return nn::f16_to_f32(nn::f32_to_f16(static_cast<float>(v)));
+    default:
+      return v;
   }
 }
 
@@ -79,7 +87,9 @@ void encode(DType t, double v, unsigned char* out) {
       std::memcpy(out, &f, 4);
       return;
     }
-    case DType::f64: std::memcpy(out, &v, 8); return;
+    case DType::f64:
+      std::memcpy(out, &v, 8);
+      return;
     case DType::bf16: {
       const uint16_t h = nn::f32_to_bf16(static_cast<float>(v));
       std::memcpy(out, &h, 2);
@@ -132,8 +142,8 @@ struct Result {
 };
 
 // Runs `c` on `dev` with the given values (already rounded for the dtypes in use).
-Result run_case(nn::Device& dev, const OpCase& c, const std::vector<std::vector<double>>& values, bool low,
-                bool oracle) {
+Result run_case(nn::Device& dev, const OpCase& c, const std::vector<std::vector<double>>& values,
+                bool low, bool oracle) {
   std::vector<Tensor> views, whole;
   for (size_t i = 0; i < c.bufs.size(); ++i) {
     const Buf& b = c.bufs[i];
@@ -146,7 +156,8 @@ Result run_case(nn::Device& dev, const OpCase& c, const std::vector<std::vector<
     if (b.output && !b.accumulates) {
       std::memset(bytes.data(), 0xFF, static_cast<size_t>(n) * es);  // NaN in every float format
     } else {
-      for (int64_t k = 0; k < n; ++k) encode(t, values[i][static_cast<size_t>(k)], bytes.data() + k * es);
+      for (int64_t k = 0; k < n; ++k)
+        encode(t, values[i][static_cast<size_t>(k)], bytes.data() + k * es);
     }
     dev.copy_from_host(all, bytes.data());
     whole.push_back(all);
@@ -164,7 +175,8 @@ Result run_case(nn::Device& dev, const OpCase& c, const std::vector<std::vector<
     std::vector<unsigned char> bytes(all.nbytes());
     dev.copy_to_host(bytes.data(), all);
     const int64_t n = views[i].numel();
-    for (int64_t k = 0; k < n; ++k) r.outputs[i].push_back(decode(all.dtype(), bytes.data() + k * es));
+    for (int64_t k = 0; k < n; ++k)
+      r.outputs[i].push_back(decode(all.dtype(), bytes.data() + k * es));
     for (size_t k = static_cast<size_t>(n) * es; k < bytes.size(); ++k) {
       if (bytes[k] != kGuard) r.guard_ok[i] = false;
     }
@@ -190,12 +202,13 @@ void check_case(nn::Device& dev, const OpCase& c, bool low, uint64_t seed) {
   const double tol = low ? 1e-2 : 1e-5;
   const std::string where = c.name + (low ? " [bf16]" : " [f32]") + " on " + dev.name();
   if (!std::isnan(want.scalar)) {
-    BOOST_TEST(std::abs(got.scalar - want.scalar) <= tol * std::abs(want.scalar), where << ": " << got.scalar
-                                                                                     << " vs " << want.scalar);
+    BOOST_TEST(std::abs(got.scalar - want.scalar) <= tol * std::abs(want.scalar),
+               where << ": " << got.scalar << " vs " << want.scalar);
   }
   for (size_t i = 0; i < c.bufs.size(); ++i) {
     if (!c.bufs[i].output) continue;
-    BOOST_TEST(got.guard_ok[i], where << ": output " << i << " wrote past its end (guard bytes changed)");
+    BOOST_TEST(got.guard_ok[i],
+               where << ": output " << i << " wrote past its end (guard bytes changed)");
     double scale = 0;
     for (double w : want.outputs[i]) scale = std::max(scale, std::abs(w));
     size_t bad = 0, nonfinite = 0;
@@ -210,9 +223,11 @@ void check_case(nn::Device& dev, const OpCase& c, bool low, uint64_t seed) {
       worst = std::max(worst, err);
       if (err > tol) ++bad;
     }
-    BOOST_TEST(nonfinite == 0u, where << ": output " << i << " has " << nonfinite << " NaN/inf elements");
-    BOOST_TEST(bad == 0u, where << ": output " << i << " has " << bad << " elements off by more than " << tol
-                                << " (worst " << worst << ")");
+    BOOST_TEST(nonfinite == 0u,
+               where << ": output " << i << " has " << nonfinite << " NaN/inf elements");
+    BOOST_TEST(bad == 0u, where << ": output " << i << " has " << bad
+                                << " elements off by more than " << tol << " (worst " << worst
+                                << ")");
     BOOST_TEST_MESSAGE(where << ": output " << i << " worst relative error " << worst);
   }
 }
@@ -230,7 +245,8 @@ std::vector<OpCase> all_cases() {
       const int64_t M = 13, Nn = 5, K = 9;
       for (int acc = 0; acc < 2; ++acc) {
         // beta = 0: forward activations (bf16 out); beta = 1: a weight gradient (f32 out).
-        cs.push_back({"gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + (acc ? " beta=1" : " beta=0"),
+        cs.push_back({"gemm ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                          (acc ? " beta=1" : " beta=0"),
                       {{acc ? Role::wgrad : Role::act, {M, Nn}, true, acc == 1},
                        {Role::act, ta ? nn::Shape{K, M} : nn::Shape{M, K}},
                        {Role::weight, tb ? nn::Shape{Nn, K} : nn::Shape{K, Nn}}},
@@ -241,19 +257,26 @@ std::vector<OpCase> all_cases() {
       }
     }
   }
-  cs.push_back({"add_bias", {{Role::act, {N, C}, true, true}, {Role::weight, {C}}}, [](D& d, const Ts& t) {
-                  d.add_bias(t[0], t[1]);
-                  return NAN;
-                }});
-  cs.push_back({"bias_backward", {{Role::wgrad, {C}, true, true}, {Role::act, {N, C}}}, [](D& d, const Ts& t) {
+  cs.push_back(
+      {"add_bias", {{Role::act, {N, C}, true, true}, {Role::weight, {C}}}, [](D& d, const Ts& t) {
+         d.add_bias(t[0], t[1]);
+         return NAN;
+       }});
+  cs.push_back({"bias_backward",
+                {{Role::wgrad, {C}, true, true}, {Role::act, {N, C}}},
+                [](D& d, const Ts& t) {
                   d.bias_backward(t[0], t[1]);
                   return NAN;
                 }});
-  cs.push_back({"add", {{Role::act, {N, C}, true}, {Role::act, {N, C}}, {Role::act, {N, C}}}, [](D& d, const Ts& t) {
+  cs.push_back({"add",
+                {{Role::act, {N, C}, true}, {Role::act, {N, C}}, {Role::act, {N, C}}},
+                [](D& d, const Ts& t) {
                   d.add(t[0], t[1], t[2]);
                   return NAN;
                 }});
-  cs.push_back({"accumulate", {{Role::wgrad, {N, C}, true, true}, {Role::wgrad, {N, C}}}, [](D& d, const Ts& t) {
+  cs.push_back({"accumulate",
+                {{Role::wgrad, {N, C}, true, true}, {Role::wgrad, {N, C}}},
+                [](D& d, const Ts& t) {
                   d.accumulate(t[0], t[1]);
                   return NAN;
                 }});
@@ -269,45 +292,67 @@ std::vector<OpCase> all_cases() {
                   d.fill(t[0], 0.625);
                   return NAN;
                 }});
-  cs.push_back({"sum_squares", {{Role::act, {N, C}}}, [](D& d, const Ts& t) { return d.sum_squares(t[0]); }});
+  cs.push_back({"sum_squares", {{Role::act, {N, C}}}, [](D& d, const Ts& t) {
+                  return d.sum_squares(t[0]);
+                }});
   cs.push_back({"embedding_forward",
-                {{Role::act, {N, C}, true}, {Role::ids, {N}, false, false, 0, V}, {Role::weight, {V, C}},
+                {{Role::act, {N, C}, true},
+                 {Role::ids, {N}, false, false, 0, V},
+                 {Role::weight, {V, C}},
                  {Role::weight, {T + 2, C}}},
                 [](D& d, const Ts& t) {
                   d.embedding_forward(t[0], t[1], t[2], t[3], T);
                   return NAN;
                 }});
   cs.push_back({"embedding_backward",
-                {{Role::wgrad, {V, C}, true, true}, {Role::wgrad, {T + 2, C}, true, true}, {Role::act, {N, C}},
+                {{Role::wgrad, {V, C}, true, true},
+                 {Role::wgrad, {T + 2, C}, true, true},
+                 {Role::act, {N, C}},
                  {Role::ids, {N}, false, false, 0, 5}},  // few distinct tokens: rows collide
                 [](D& d, const Ts& t) {
                   d.embedding_backward(t[0], t[1], t[2], t[3], T);
                   return NAN;
                 }});
   cs.push_back({"layernorm_forward",
-                {{Role::act, {N, C}, true}, {Role::stat, {N}, true}, {Role::stat, {N}, true}, {Role::act, {N, C}},
-                 {Role::weight, {C}}, {Role::weight, {C}}},
+                {{Role::act, {N, C}, true},
+                 {Role::stat, {N}, true},
+                 {Role::stat, {N}, true},
+                 {Role::act, {N, C}},
+                 {Role::weight, {C}},
+                 {Role::weight, {C}}},
                 [](D& d, const Ts& t) {
                   d.layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5]);
                   return NAN;
                 }});
   cs.push_back({"layernorm_backward",
-                {{Role::act, {N, C}, true, true}, {Role::wgrad, {C}, true, true}, {Role::wgrad, {C}, true, true},
-                 {Role::act, {N, C}}, {Role::act, {N, C}}, {Role::weight, {C}}, {Role::stat, {N}, false, false, -0.2, 0.2},
+                {{Role::act, {N, C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::act, {N, C}},
+                 {Role::act, {N, C}},
+                 {Role::weight, {C}},
+                 {Role::stat, {N}, false, false, -0.2, 0.2},
                  {Role::stat, {N}, false, false, 0.5, 2}},
                 [](D& d, const Ts& t) {
                   d.layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
                   return NAN;
                 }});
   cs.push_back({"rmsnorm_forward",
-                {{Role::act, {N, C}, true}, {Role::stat, {N}, true}, {Role::act, {N, C}}, {Role::weight, {C}}},
+                {{Role::act, {N, C}, true},
+                 {Role::stat, {N}, true},
+                 {Role::act, {N, C}},
+                 {Role::weight, {C}}},
                 [](D& d, const Ts& t) {
                   d.rmsnorm_forward(t[0], t[1], t[2], t[3], 1e-5);
                   return NAN;
                 }});
   cs.push_back({"rmsnorm_backward",
-                {{Role::act, {N, C}, true, true}, {Role::wgrad, {C}, true, true}, {Role::act, {N, C}},
-                 {Role::act, {N, C}}, {Role::weight, {C}}, {Role::stat, {N}, false, false, 0.5, 2}},
+                {{Role::act, {N, C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::act, {N, C}},
+                 {Role::act, {N, C}},
+                 {Role::weight, {C}},
+                 {Role::stat, {N}, false, false, 0.5, 2}},
                 [](D& d, const Ts& t) {
                   d.rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5]);
                   return NAN;
@@ -315,67 +360,88 @@ std::vector<OpCase> all_cases() {
   for (int64_t kvh : {NH, int64_t{1}}) {
     const int64_t W = (NH + 2 * kvh) * HS;
     const std::string tag = " kv_heads=" + std::to_string(kvh);
-    cs.push_back({"attention_forward" + tag,
-                  {{Role::act, {B, T, C}, true}, {Role::stat, {B, NH, T, T}, true}, {Role::act, {B, T, W}}},
-                  [kvh](D& d, const Ts& t) {
-                    d.attention_forward(t[0], t[1], t[2], NH, kvh);
-                    return NAN;
-                  }});
+    cs.push_back(
+        {"attention_forward" + tag,
+         {{Role::act, {B, T, C}, true}, {Role::stat, {B, NH, T, T}, true}, {Role::act, {B, T, W}}},
+         [kvh](D& d, const Ts& t) {
+           d.attention_forward(t[0], t[1], t[2], NH, kvh);
+           return NAN;
+         }});
+    // Backward reads the probabilities forward saved (causal: zero above the diagonal), so
+    // they come from forward on the same device.
     cs.push_back({"attention_backward" + tag,
-                  {{Role::act, {B, T, W}, true, true}, {Role::act, {B, T, C}}, {Role::act, {B, T, W}},
-                   {Role::stat, {B, NH, T, T}, false, false, 0, 1}},
+                  {{Role::act, {B, T, W}, true, true},
+                   {Role::act, {B, T, C}},
+                   {Role::act, {B, T, W}},
+                   {Role::stat, {B, NH, T, T}, true},
+                   {Role::act, {B, T, C}, true}},
                   [kvh](D& d, const Ts& t) {
+                    d.attention_forward(t[4], t[3], t[2], NH, kvh);
                     d.attention_backward(t[0], t[1], t[2], t[3], NH, kvh);
                     return NAN;
                   }});
   }
-  cs.push_back({"swiglu_forward", {{Role::act, {N, H}, true}, {Role::act, {N, 2 * H}, false, false, -3, 3}},
+  cs.push_back({"swiglu_forward",
+                {{Role::act, {N, H}, true}, {Role::act, {N, 2 * H}, false, false, -3, 3}},
                 [](D& d, const Ts& t) {
                   d.swiglu_forward(t[0], t[1]);
                   return NAN;
                 }});
   cs.push_back({"swiglu_backward",
-                {{Role::act, {N, 2 * H}, true, true}, {Role::act, {N, 2 * H}, false, false, -3, 3}, {Role::act, {N, H}}},
+                {{Role::act, {N, 2 * H}, true, true},
+                 {Role::act, {N, 2 * H}, false, false, -3, 3},
+                 {Role::act, {N, H}}},
                 [](D& d, const Ts& t) {
                   d.swiglu_backward(t[0], t[1], t[2]);
                   return NAN;
                 }});
   // Rows of 2 rotated heads of 6 plus 5 pass-through columns.
-  cs.push_back({"rope_forward", {{Role::act, {N, 17}, true}, {Role::act, {N, 17}}}, [](D& d, const Ts& t) {
-                  d.rope_forward(t[0], t[1], T, 2, 6, 10000.0);
-                  return NAN;
-                }});
-  cs.push_back({"rope_backward", {{Role::act, {N, 17}, true, true}, {Role::act, {N, 17}}}, [](D& d, const Ts& t) {
+  cs.push_back(
+      {"rope_forward", {{Role::act, {N, 17}, true}, {Role::act, {N, 17}}}, [](D& d, const Ts& t) {
+         d.rope_forward(t[0], t[1], T, 2, 6, 10000.0);
+         return NAN;
+       }});
+  cs.push_back({"rope_backward",
+                {{Role::act, {N, 17}, true, true}, {Role::act, {N, 17}}},
+                [](D& d, const Ts& t) {
                   d.rope_backward(t[0], t[1], T, 2, 6, 10000.0);
                   return NAN;
                 }});
-  cs.push_back({"gelu_forward", {{Role::act, {N, H}, true}, {Role::act, {N, H}, false, false, -4, 4}},
+  cs.push_back({"gelu_forward",
+                {{Role::act, {N, H}, true}, {Role::act, {N, H}, false, false, -4, 4}},
                 [](D& d, const Ts& t) {
                   d.gelu_forward(t[0], t[1]);
                   return NAN;
                 }});
   cs.push_back({"gelu_backward",
-                {{Role::act, {N, H}, true, true}, {Role::act, {N, H}, false, false, -4, 4}, {Role::act, {N, H}}},
+                {{Role::act, {N, H}, true, true},
+                 {Role::act, {N, H}, false, false, -4, 4},
+                 {Role::act, {N, H}}},
                 [](D& d, const Ts& t) {
                   d.gelu_backward(t[0], t[1], t[2]);
                   return NAN;
                 }});
   cs.push_back({"softmax_cross_entropy_forward",
-                {{Role::stat, {N}, true}, {Role::stat, {N, V}, true}, {Role::act, {N, V}, false, false, -6, 6},
+                {{Role::stat, {N}, true},
+                 {Role::stat, {N, V}, true},
+                 {Role::act, {N, V}, false, false, -6, 6},
                  {Role::ids, {N}, false, false, 0, V}},
                 [](D& d, const Ts& t) {
                   d.softmax_cross_entropy_forward(t[0], t[1], t[2], t[3]);
                   return NAN;
                 }});
   cs.push_back({"softmax_cross_entropy_backward",
-                {{Role::act, {N, V}, true, true}, {Role::stat, {N, V}, false, false, 0, 0.1},
+                {{Role::act, {N, V}, true, true},
+                 {Role::stat, {N, V}, false, false, 0, 0.1},
                  {Role::ids, {N}, false, false, 0, V}},
                 [](D& d, const Ts& t) {
                   d.softmax_cross_entropy_backward(t[0], t[1], t[2], 1.0 / N);
                   return NAN;
                 }});
   cs.push_back({"adamw",
-                {{Role::wgrad, {1031}, true, true}, {Role::wgrad, {1031}}, {Role::wgrad, {1031}, true, true},
+                {{Role::wgrad, {1031}, true, true},
+                 {Role::wgrad, {1031}},
+                 {Role::wgrad, {1031}, true, true},
                  {Role::wgrad, {1031}, true, true, 0, 1e-3}},
                 [](D& d, const Ts& t) {
                   d.adamw(t[0], t[1], t[2], t[3], {7, 3e-3, 0.9, 0.95, 1e-8, 0.1, 0.5});
@@ -385,7 +451,9 @@ std::vector<OpCase> all_cases() {
 }
 
 // adamw's tensors are f32 on every device: the oracle runs it in f32 too.
-bool oracle_in_f32(const OpCase& c) { return c.name == "adamw"; }
+bool oracle_in_f32(const OpCase& c) {
+  return c.name == "adamw";
+}
 
 void check_device(nn::Device& dev) {
   uint64_t seed = 1;
@@ -405,11 +473,13 @@ void check_device(nn::Device& dev) {
         const Result got = run_case(dev, c, values, false, false);
         for (size_t i = 0; i < c.bufs.size(); ++i) {
           if (!c.bufs[i].output) continue;
-          BOOST_TEST(got.guard_ok[i], "adamw on " << dev.name() << ": output " << i << " guard bytes changed");
+          BOOST_TEST(got.guard_ok[i],
+                     "adamw on " << dev.name() << ": output " << i << " guard bytes changed");
           for (size_t k = 0; k < want.outputs[i].size(); ++k) {
             const double w = want.outputs[i][k], g = got.outputs[i][k];
-            BOOST_TEST(std::abs(g - w) <= 1e-6 * (std::abs(w) + 1e-6), "adamw on " << dev.name() << ": output " << i
-                                                                                   << "[" << k << "] " << g << " vs " << w);
+            BOOST_TEST(std::abs(g - w) <= 1e-6 * (std::abs(w) + 1e-6),
+                       "adamw on " << dev.name() << ": output " << i << "[" << k << "] " << g
+                                   << " vs " << w);
           }
         }
         ++seed;
@@ -420,7 +490,6 @@ void check_device(nn::Device& dev) {
   }
 }
 
-
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(cpu_device_ops_match_the_f64_oracle) {
@@ -428,7 +497,8 @@ BOOST_AUTO_TEST_CASE(cpu_device_ops_match_the_f64_oracle) {
   check_device(dev);
 }
 
-BOOST_AUTO_TEST_CASE(cuda_device_ops_match_the_cpu_device, *boost::unit_test::precondition(test::CudaPresent{})) {
+BOOST_AUTO_TEST_CASE(cuda_device_ops_match_the_cpu_device,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
   auto dev = nn::make_cuda_device(size_t{1} << 30);
   check_device(*dev);
 }
@@ -464,8 +534,112 @@ BOOST_AUTO_TEST_CASE(out_of_vocabulary_ids_are_reported) {
     d->copy_from_host(ids, host);
     d->fill(wte, 1);
     d->fill(wpe, 1);
-    BOOST_CHECK_EXCEPTION(d->embedding_forward(out, ids, wte, wpe, 2), std::out_of_range, [](const std::out_of_range& e) {
-      return std::string(e.what()).find("token 9 at position 2") != std::string::npos;
-    });
+    BOOST_CHECK_EXCEPTION(d->embedding_forward(out, ids, wte, wpe, 2), std::out_of_range,
+                          [](const std::out_of_range& e) {
+                            return std::string(e.what()).find("token 9 at position 2") !=
+                                   std::string::npos;
+                          });
+  }
+}
+
+// The ops composed: a GPT's forward, backward and device AdamW steps on the cuda device
+// follow the CPU device's (f32 within 1e-5 over 3 steps); bf16 within 1e-2; and the model
+// computing on the cuda device through StagedUnits from CPU-resident units gives the CPU
+// device's gradients.
+BOOST_AUTO_TEST_CASE(gpt_steps_on_the_cuda_device_follow_the_cpu_device,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
+  const nn::GPTConfig cfg{2, 2, 32, 64, 16};
+  const int64_t Bt = 2, Tt = 16, Nt = Bt * Tt;
+  std::vector<int32_t> ids(static_cast<size_t>(2 * Nt));
+  nn::Rng rng(11);
+  for (auto& x : ids) x = static_cast<int32_t>(rng.below(64));
+  struct Side {
+    std::unique_ptr<nn::Device> dev;
+    std::unique_ptr<nn::GPT> model;
+    std::unique_ptr<nn::ResidentUnits> units;
+    std::vector<Tensor> m, v;
+    Tensor tokens, targets;
+  };
+  auto make = [&](std::unique_ptr<nn::Device> dev, DType dtype) {
+    Side s;
+    s.dev = std::move(dev);
+    s.model = std::make_unique<nn::GPT>(cfg, *s.dev, dtype);
+    s.units = std::make_unique<nn::ResidentUnits>(*s.dev, dtype, s.model->units());
+    for (int u = 0; u < s.model->num_units(); ++u) {
+      s.model->init_unit(u, s.units->weights[static_cast<size_t>(u)], 5);
+      for (auto* mv : {&s.m, &s.v}) {
+        mv->push_back(
+            Tensor::empty(*s.dev, DType::f32, s.units->weights[static_cast<size_t>(u)].shape()));
+        s.dev->fill(mv->back(), 0);
+      }
+    }
+    s.tokens = Tensor::empty(*s.dev, DType::i32, {Nt});
+    s.targets = Tensor::empty(*s.dev, DType::i32, {Nt});
+    s.dev->copy_from_host(s.tokens, ids.data());
+    s.dev->copy_from_host(s.targets, ids.data() + Nt);
+    return s;
+  };
+  auto step = [&](Side& s, int64_t t, bool update) {
+    s.units->zero_grads();
+    const double loss = s.model->forward(*s.units, s.tokens, s.targets, Bt, Tt);
+    s.model->backward(*s.units);
+    for (int u = 0; update && u < s.model->num_units(); ++u) {
+      const auto k = static_cast<size_t>(u);
+      s.dev->adamw(s.units->weights[k], s.units->grads[k], s.m[k], s.v[k],
+                   {t, 3e-3, 0.9, 0.95, 1e-8, 0.1, 1.0});
+    }
+    return loss;
+  };
+  Side cpu = make(std::make_unique<nn::CpuDevice>(size_t{256} << 20, 1), DType::f32);
+  Side gpu = make(nn::make_cuda_device(size_t{256} << 20), DType::f32);
+  for (int64_t t = 1; t <= 3; ++t) {
+    const double lc = step(cpu, t, true), lg = step(gpu, t, true);
+    BOOST_TEST(std::abs(lg - lc) <= 1e-5 * lc,
+               "f32 step " << t << ": cuda " << lg << ", cpu " << lc);
+  }
+  Side cpu16 = make(std::make_unique<nn::CpuDevice>(size_t{256} << 20, 1), DType::bf16);
+  Side gpu16 = make(nn::make_cuda_device(size_t{256} << 20), DType::bf16);
+  const double lc = step(cpu16, 1, false), lg = step(gpu16, 1, false);
+  BOOST_TEST(std::abs(lg - lc) <= 1e-2 * lc, "bf16: cuda " << lg << ", cpu " << lc);
+
+  // StagedUnits: units in host memory, compute on the cuda device.
+  nn::CpuDevice home(size_t{256} << 20, 1);
+  auto dev = nn::make_cuda_device(size_t{256} << 20);
+  nn::GPT host_model(cfg, home, DType::f32), staged_model(cfg, *dev, DType::f32);
+  nn::ResidentUnits a(home, DType::f32, host_model.units()),
+      b(home, DType::f32, host_model.units());
+  for (int u = 0; u < host_model.num_units(); ++u) {
+    host_model.init_unit(u, a.weights[static_cast<size_t>(u)], 5);
+    host_model.init_unit(u, b.weights[static_cast<size_t>(u)], 5);
+  }
+  a.zero_grads();
+  b.zero_grads();
+  nn::StagedUnits staged(b, *dev);
+  const Tensor ta = Tensor::empty(home, DType::i32, {Nt}),
+               ga = Tensor::empty(home, DType::i32, {Nt});
+  const Tensor tb = Tensor::empty(*dev, DType::i32, {Nt}),
+               gb = Tensor::empty(*dev, DType::i32, {Nt});
+  home.copy_from_host(ta, ids.data());
+  home.copy_from_host(ga, ids.data() + Nt);
+  dev->copy_from_host(tb, ids.data());
+  dev->copy_from_host(gb, ids.data() + Nt);
+  const double la = host_model.forward(a, ta, ga, Bt, Tt),
+               lb = staged_model.forward(staged, tb, gb, Bt, Tt);
+  host_model.backward(a);
+  staged_model.backward(staged);
+  BOOST_TEST(std::abs(la - lb) <= 1e-5 * la);
+  for (int u = 0; u < host_model.num_units(); ++u) {
+    const Tensor& x = a.grads[static_cast<size_t>(u)];
+    const Tensor& y = b.grads[static_cast<size_t>(u)];
+    std::vector<float> hx(static_cast<size_t>(x.numel())), hy(hx.size());
+    home.copy_to_host(hx.data(), x);
+    home.copy_to_host(hy.data(), y);
+    double scale = 0, worst = 0;
+    for (size_t i = 0; i < hx.size(); ++i)
+      scale = std::max(scale, std::abs(static_cast<double>(hx[i])));
+    for (size_t i = 0; i < hx.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(hx[i]) - hy[i]));
+    BOOST_TEST(worst <= 1e-4 * scale,
+               "unit " << u << ": gradients differ by " << worst << " (scale " << scale << ")");
   }
 }

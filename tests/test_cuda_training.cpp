@@ -14,9 +14,9 @@
 #include <sstream>
 
 #include "comm/nccl_communicator.h"
+#include "cuda_precondition.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
-#include "cuda_precondition.h"
 #include "nn/gpt.h"
 #include "nn/rng.h"
 #include "nn/staged_units.h"
@@ -36,14 +36,14 @@ std::vector<float> host_values(const Tensor& t) {
   return v;
 }
 
-
 json doc(int64_t steps) {
-  return {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 32}}},
-          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
-          {"device", {{"memory", "256MiB"}, {"threads", 1}}},
-          {"train_micro_batch_size_per_gpu", 4},
-          {"optimizer", {{"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
-          {"train", {{"steps", steps}, {"eval_every", 0}, {"eval_batches", 2}, {"sample_tokens", 0}}}};
+  return {
+      {"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 32}}},
+      {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+      {"device", {{"memory", "256MiB"}, {"threads", 1}}},
+      {"train_micro_batch_size_per_gpu", 4},
+      {"optimizer", {{"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
+      {"train", {{"steps", steps}, {"eval_every", 0}, {"eval_batches", 2}, {"sample_tokens", 0}}}};
 }
 
 struct Run {
@@ -82,7 +82,8 @@ BOOST_AUTO_TEST_CASE(staged_units_compute_exactly_as_resident_ones) {
   nn::CpuDevice home_dev(size_t{256} << 20, 1), compute_dev(size_t{256} << 20, 1);
   const nn::GPTConfig cfg{2, 2, 32, 64, 16};
   nn::GPT direct(cfg, home_dev, DType::f32), staged_model(cfg, compute_dev, DType::f32);
-  nn::ResidentUnits a(home_dev, DType::f32, direct.units()), b(home_dev, DType::f32, direct.units());
+  nn::ResidentUnits a(home_dev, DType::f32, direct.units()),
+      b(home_dev, DType::f32, direct.units());
   for (int u = 0; u < direct.num_units(); ++u) {
     direct.init_unit(u, a.weights[static_cast<size_t>(u)], 7);
     direct.init_unit(u, b.weights[static_cast<size_t>(u)], 7);
@@ -95,8 +96,10 @@ BOOST_AUTO_TEST_CASE(staged_units_compute_exactly_as_resident_ones) {
   for (int micro = 0; micro < 3; ++micro) {  // gradients accumulate across micro-batches
     std::vector<int32_t> ids(static_cast<size_t>(2 * B * T));
     for (auto& x : ids) x = static_cast<int32_t>(rng.below(64));
-    const Tensor tok_a = Tensor::empty(home_dev, DType::i32, {B * T}), tgt_a = Tensor::empty(home_dev, DType::i32, {B * T});
-    const Tensor tok_b = Tensor::empty(compute_dev, DType::i32, {B * T}), tgt_b = Tensor::empty(compute_dev, DType::i32, {B * T});
+    const Tensor tok_a = Tensor::empty(home_dev, DType::i32, {B * T}),
+                 tgt_a = Tensor::empty(home_dev, DType::i32, {B * T});
+    const Tensor tok_b = Tensor::empty(compute_dev, DType::i32, {B * T}),
+                 tgt_b = Tensor::empty(compute_dev, DType::i32, {B * T});
     for (const Tensor* t : {&tok_a, &tok_b}) t->device().copy_from_host(*t, ids.data());
     for (const Tensor* t : {&tgt_a, &tgt_b}) t->device().copy_from_host(*t, ids.data() + B * T);
     const double la = direct.forward(a, tok_a, tgt_a, B, T);
@@ -106,7 +109,8 @@ BOOST_AUTO_TEST_CASE(staged_units_compute_exactly_as_resident_ones) {
     staged_model.backward(staged);
   }
   for (int u = 0; u < direct.num_units(); ++u) {
-    BOOST_TEST(host_values(a.grads[static_cast<size_t>(u)]) == host_values(b.grads[static_cast<size_t>(u)]),
+    BOOST_TEST(host_values(a.grads[static_cast<size_t>(u)]) ==
+                   host_values(b.grads[static_cast<size_t>(u)]),
                boost::test_tools::per_element());
   }
   // Every staged copy was handed back: nothing of the units is left on the compute device.
@@ -123,11 +127,12 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
   double worst = 0;
   for (size_t w = 0; w < 200; w += 20) {
     const double gap = std::abs(window_mean(gpu, w, 20) - window_mean(cpu, w, 20));
-    BOOST_TEST_MESSAGE("steps " << w + 1 << "-" << w + 20 << ": cpu " << window_mean(cpu, w, 20) << ", cuda "
-                                << window_mean(gpu, w, 20) << ", gap " << gap);
+    BOOST_TEST_MESSAGE("steps " << w + 1 << "-" << w + 20 << ": cpu " << window_mean(cpu, w, 20)
+                                << ", cuda " << window_mean(gpu, w, 20) << ", gap " << gap);
     worst = std::max(worst, gap);
   }
-  BOOST_TEST_MESSAGE("worst window gap " << worst << "; validation cpu " << cpu.val << ", cuda " << gpu.val);
+  BOOST_TEST_MESSAGE("worst window gap " << worst << "; validation cpu " << cpu.val << ", cuda "
+                                         << gpu.val);
   BOOST_TEST(worst < 0.1);
   BOOST_TEST(std::abs(gpu.val - cpu.val) < 0.05);
   BOOST_TEST(window_mean(gpu, 180, 20) < gpu.losses[0] - 2.0);
@@ -135,28 +140,33 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
 
 // fp32, 10 steps: states on the GPU (NCCL, AdamW on the device) at stages 0 and 3, and
 // states in host memory (offload cpu: StagedUnits, CPU Adam), each against the CPU trainer.
-BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer, *boost::unit_test::precondition(test::CudaPresent{})) {
+BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
   const Run cpu = train(doc(10), {});
   const std::vector<std::vector<std::string>> variants = {
       {"device.type=cuda"},
       {"device.type=cuda", "zero_optimization.stage=3"},
-      {"device.type=cuda", "zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+      {"device.type=cuda", "zero_optimization.stage=3",
+       "zero_optimization.offload_optimizer.device=cpu",
        "zero_optimization.offload_param.device=cpu"}};
   for (const auto& sets : variants) {
     const Run gpu = train(doc(10), sets);
     BOOST_TEST_CONTEXT(sets.back()) {
-      for (size_t i = 0; i < 10; ++i) BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-4 * cpu.losses[i]);
+      for (size_t i = 0; i < 10; ++i)
+        BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-4 * cpu.losses[i]);
     }
   }
 }
 
-BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers, *boost::unit_test::precondition(test::CudaPresent{})) {
+BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
   auto dev = nn::make_cuda_device(size_t{64} << 20);
   auto nccl = comm::NcclCommunicator::create(mpi_world(), nn::cuda_compute_stream(*dev), 60);
   BOOST_TEST(nccl->size() == 1);
   std::vector<float> values(1001);
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 7.f;
-  const Tensor a = Tensor::empty(*dev, DType::f32, {1001}), b = Tensor::empty(*dev, DType::f32, {1001});
+  const Tensor a = Tensor::empty(*dev, DType::f32, {1001}),
+               b = Tensor::empty(*dev, DType::f32, {1001});
   dev->copy_from_host(a, values.data());
   dev->fill(b, 0);
   nccl->all_gather(a.data(), b.data(), 1001, comm::DataType::f32)->wait();
