@@ -5,12 +5,17 @@
 #include <mutex>
 #include <thread>
 
+#ifdef FERRY_CUDA_EMULATION  // tests: one rank on the CPU
+#include "comm/nccl_emulation.h"
+#else
 #include <cuda_runtime.h>
 #include <nccl.h>
+#endif
 
 #include "comm/watchdog.h"
 
 namespace ferry::comm {
+FERRY_NCCL_ABI_BEGIN
 
 namespace {
 
@@ -320,4 +325,5 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator& worl
   return std::make_unique<NcclComm>(world, order_after, timeout_s);
 }
 
+FERRY_NCCL_ABI_END
 }  // namespace ferry::comm

@@ -28,7 +28,18 @@
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 
+// Tests build this backend against an emulation of NCCL (FERRY_CUDA_EMULATION); its
+// symbols then live in an inline namespace, beside the real ones or the stub.
+#ifdef FERRY_CUDA_EMULATION
+#define FERRY_NCCL_ABI_BEGIN inline namespace emulated {
+#define FERRY_NCCL_ABI_END }
+#else
+#define FERRY_NCCL_ABI_BEGIN
+#define FERRY_NCCL_ABI_END
+#endif
+
 namespace ferry::comm {
+FERRY_NCCL_ABI_BEGIN
 
 struct NcclStatus {
   bool built = false;
@@ -48,4 +59,5 @@ class NcclCommunicator : public Communicator {
   virtual void order_before(void* stream) = 0;
 };
 
+FERRY_NCCL_ABI_END
 }  // namespace ferry::comm

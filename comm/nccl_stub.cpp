@@ -2,6 +2,7 @@
 #include "comm/nccl_communicator.h"
 
 namespace ferry::comm {
+FERRY_NCCL_ABI_BEGIN
 
 NcclStatus nccl_status() {
   return {false, "this build of ferry has no NCCL (the CUDA toolkit or NCCL was not found when it was configured)"};
@@ -11,4 +12,5 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MpiCommunicator&, voi
   throw CommError(nccl_status().reason);
 }
 
+FERRY_NCCL_ABI_END
 }  // namespace ferry::comm

@@ -2,9 +2,9 @@
 // machines without a GPU (FERRY_CUDA_EMULATION; never part of ferry's libraries).
 //
 // It lets tests compile nn/cuda_kernels.cu and nn/cuda_device.cpp unchanged with g++ and
-// run them: each kernel launch runs its blocks one after another, each block on
-// blockDim.x host threads that meet at a real barrier for __syncthreads and per warp of 32
-// for __shfl_down_sync, with __shared__ arrays shared by the block's threads (static, as
+// run them: each kernel launch runs its blocks one after another, each block's threads as
+// fibers that meet at barriers for __syncthreads and per warp of 32 for
+// __shfl_down_sync, with __shared__ arrays shared by the block's threads (static, as
 // blocks do not overlap). So the index arithmetic, the shared-memory use, the reductions
 // and their barriers, the row-major <-> column-major GEMM mapping, the widening, the
 // flags and the arena all execute as written. What it cannot show: timing, memory
@@ -12,9 +12,11 @@
 // (its GEMM here is a plain loop in double over column-major operands, the documented
 // cublasGemmEx semantics). "Device" memory is host memory; streams and events are
 // ordered trivially because every call completes before it returns.
-// One launch at a time (tests are single-threaded); 1-D blocks, multiples of 32 threads.
+// One launch at a time, from one thread; 1-D blocks, multiples of 32 threads. Not for
+// sanitizer builds (ASan needs fiber annotations for swapcontext; they are left out).
 #pragma once
 
+#include <ucontext.h>
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -25,9 +27,8 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
-#include <thread>
+#include <string>
 #include <vector>
 
 #include "nn/dtype.h"
@@ -48,14 +49,28 @@ struct dim3 {
 
 namespace ferry_emu {
 
-struct Warp {
-  double lanes[32] = {};
-  std::barrier<> meet{32};
+// A block's threads are fibers (ucontext) on the calling thread: each runs until it reaches
+// a barrier, and a barrier opens once every thread it concerns (the block, or the 32 lanes
+// of a warp) has reached it. Threads that wait at different barriers, or finish while
+// others wait, are a kernel bug in CUDA too (a hang or undefined behaviour): reported.
+struct Fiber {
+  enum State { ready, at_block, at_warp, done };
+  ucontext_t context{};
+  std::unique_ptr<char[]> stack;
+  State state = done;
 };
 
-inline thread_local dim3 thread_index, block_index;
-inline dim3 block_dim, grid_dim;
-inline std::barrier<>* block_barrier = nullptr;
+constexpr size_t kFiberStack = size_t{256} << 10;  // kernels keep a few scalars and small loops
+
+struct Warp {
+  double lanes[32] = {};
+};
+
+inline dim3 thread_index, block_index, block_dim, grid_dim;
+inline std::vector<Fiber> fibers;
+inline unsigned current = 0;
+inline ucontext_t scheduler;
+inline const std::function<void()>* kernel_body = nullptr;
 inline Warp* warps = nullptr;
 inline unsigned char* dynamic_shared_memory = nullptr;
 
@@ -63,82 +78,86 @@ inline unsigned char* dynamic_shared() {
   return dynamic_shared_memory;
 }
 
-// The block's threads, kept between launches (creating 256 threads per launch costs more
-// than the kernels): run(n, job) runs job(0..n-1) on n of them and returns when all have.
-class Pool {
- public:
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& t : threads_) t.join();
-  }
-  void run(unsigned n, const std::function<void(unsigned)>& job) {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (threads_.size() < n) {
-      const auto index = static_cast<unsigned>(threads_.size());
-      threads_.emplace_back([this, index] { work(index); });
-    }
-    job_ = &job;
-    active_ = n;
-    remaining_ = n;
-    ++generation_;
-    wake_.notify_all();
-    done_.wait(lock, [this] { return remaining_ == 0; });
-  }
+inline void fiber_main() {
+  (*kernel_body)();
+  fibers[current].state = Fiber::done;  // uc_link returns to the scheduler
+}
 
- private:
-  void work(unsigned index) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      if (index >= active_) continue;
-      const std::function<void(unsigned)>* job = job_;
-      lock.unlock();
-      (*job)(index);
-      lock.lock();
-      if (--remaining_ == 0) done_.notify_all();
-    }
+inline void wait_at(Fiber::State barrier) {
+  Fiber& f = fibers[current];
+  f.state = barrier;
+  swapcontext(&f.context, &scheduler);
+}
+
+// Runs one block to completion.
+inline void run_block(unsigned n) {
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber& f = fibers[t];
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack.get();
+    f.context.uc_stack.ss_size = kFiberStack;
+    f.context.uc_link = &scheduler;
+    makecontext(&f.context, fiber_main, 0);
+    f.state = Fiber::ready;
   }
-  std::mutex mu_;
-  std::condition_variable wake_, done_;
-  std::vector<std::thread> threads_;
-  const std::function<void(unsigned)>* job_ = nullptr;
-  unsigned active_ = 0, remaining_ = 0;
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-};
+  while (true) {
+    for (unsigned t = 0; t < n; ++t) {
+      if (fibers[t].state != Fiber::ready) continue;
+      current = t;
+      thread_index = dim3(t);
+      swapcontext(&scheduler, &fibers[t].context);
+    }
+    unsigned done = 0, at_block = 0;
+    bool opened = false;
+    for (unsigned w = 0; w < n / 32; ++w) {
+      unsigned waiting = 0;
+      for (unsigned l = 0; l < 32; ++l) waiting += fibers[w * 32 + l].state == Fiber::at_warp;
+      if (waiting == 32) {
+        for (unsigned l = 0; l < 32; ++l) fibers[w * 32 + l].state = Fiber::ready;
+        opened = true;
+      }
+    }
+    if (opened) continue;
+    for (unsigned t = 0; t < n; ++t) {
+      done += fibers[t].state == Fiber::done;
+      at_block += fibers[t].state == Fiber::at_block;
+    }
+    if (done == n) return;
+    if (at_block == n) {
+      for (unsigned t = 0; t < n; ++t) fibers[t].state = Fiber::ready;
+      continue;
+    }
+    throw std::logic_error("cuda emulation: the threads of block (" +
+                           std::to_string(block_index.x) + ", " + std::to_string(block_index.y) +
+                           ", " + std::to_string(block_index.z) + ") wait at different barriers (" +
+                           std::to_string(at_block) + " at __syncthreads, " + std::to_string(done) +
+                           " finished)");
+  }
+}
 
 inline void launch(dim3 grid, dim3 block, size_t shared_bytes,
                    const std::function<void()>& kernel) {
   if (block.y != 1 || block.z != 1 || block.x == 0 || block.x % 32 != 0) {
     throw std::invalid_argument("cuda emulation: 1-D blocks of a multiple of 32 threads only");
   }
-  static Pool pool;
   block_dim = block;
   grid_dim = grid;
+  kernel_body = &kernel;
   std::vector<unsigned char> shared(shared_bytes + 64);
   dynamic_shared_memory =
       shared.data() + (64 - reinterpret_cast<uintptr_t>(shared.data()) % 64) % 64;
-  std::barrier<> bar(block.x);
-  block_barrier = &bar;
   auto warp_list = std::make_unique<Warp[]>(block.x / 32);
   warps = warp_list.get();
-  pool.run(block.x, [&](unsigned t) {
-    thread_index = dim3(t);
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) {
-          block_index = dim3(x, y, z);
-          kernel();
-          bar.arrive_and_wait();  // the next block reuses the shared arrays
-        }
-  });
+  while (fibers.size() < block.x) {
+    fibers.emplace_back();
+    fibers.back().stack = std::make_unique<char[]>(kFiberStack);
+  }
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        block_index = dim3(x, y, z);
+        run_block(block.x);
+      }
 }
 
 }  // namespace ferry_emu
@@ -158,7 +177,7 @@ inline void launch(dim3 grid, dim3 block, size_t shared_bytes,
    ::ferry_emu::launch(dim3(grid), dim3(block), (smem), [&] { kernel(__VA_ARGS__); }))
 
 inline void __syncthreads() {
-  ::ferry_emu::block_barrier->arrive_and_wait();
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_block);
 }
 
 template <class T>
@@ -166,11 +185,10 @@ T __shfl_down_sync(unsigned, T v, int offset) {
   const unsigned lane = threadIdx.x % 32;
   ::ferry_emu::Warp& w = ::ferry_emu::warps[threadIdx.x / 32];
   w.lanes[lane] = static_cast<double>(v);  // exact for float and double
-  w.meet.arrive_and_wait();
-  const T r = lane + static_cast<unsigned>(offset) < 32
-                  ? static_cast<T>(w.lanes[lane + static_cast<unsigned>(offset)])
-                  : v;
-  w.meet.arrive_and_wait();
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);
+  const unsigned from = lane + static_cast<unsigned>(offset);
+  const T r = from < 32 ? static_cast<T>(w.lanes[from]) : v;
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);  // every lane has read before any writes again
   return r;
 }
 
@@ -292,6 +310,23 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t) {
+  return cudaSuccess;
+}  // everything has finished
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered,
+  cudaMemoryTypeHost,
+  cudaMemoryTypeDevice,
+  cudaMemoryTypeManaged
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type;
+};
+// Every pointer is "device" memory here: host and device memory are the same.
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void*) {
+  a->type = cudaMemoryTypeDevice;
   return cudaSuccess;
 }
 template <class K>
