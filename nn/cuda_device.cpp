@@ -31,53 +31,83 @@ size_t round_up(size_t n, size_t a) {
   return (std::max<size_t>(n, 1) + a - 1) / a * a;
 }
 
-// First fit over one slab; blocks are coalesced with free neighbours. Not thread safe
-// (the device's mutex guards it).
+// A point on the compute stream after which a freed block is no longer used: the event
+// recorded when it was freed (later ops that reuse the block are issued after it).
+struct Fence {
+  cudaEvent_t event = nullptr;
+  uint64_t seq = 0;  // later frees have larger numbers
+  Fence() = default;
+  Fence(const Fence&) = delete;
+  Fence& operator=(const Fence&) = delete;
+  ~Fence() {
+    if (event) cudaEventDestroy(event);  // released by the driver once it has fired
+  }
+};
+using FencePtr = std::shared_ptr<Fence>;
+
+// First fit over one slab; blocks are coalesced with free neighbours, a coalesced block
+// keeping the later of its parts' fences. Not thread safe (the device's mutex guards it).
 class Arena {
  public:
-  Arena(char* base, size_t size) : base_(base) { free_[0] = size; }
+  Arena(char* base, size_t size) : base_(base) { free_[0] = {size, nullptr}; }
   void* take(size_t bytes) {
     for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < bytes) continue;
-      const size_t at = it->first, left = it->second - bytes;
+      if (it->second.len < bytes) continue;
+      const size_t at = it->first, left = it->second.len - bytes;
+      const FencePtr fence = it->second.fence;
       free_.erase(it);
-      if (left > 0) free_[at + bytes] = left;
-      used_[at] = bytes;
+      if (left > 0) free_[at + bytes] = {left, fence};
+      used_[at] = {bytes, fence};
       return base_ + at;
     }
     return nullptr;
   }
-  void give(void* p) {
+  void give(void* p, FencePtr fence) {
     const size_t at = static_cast<size_t>(static_cast<char*>(p) - base_);
     auto u = used_.find(at);
     if (u == used_.end()) return;
-    size_t start = at, len = u->second;
+    size_t start = at, len = u->second.len;
     used_.erase(u);
+    auto later = [](const FencePtr& a, const FencePtr& b) { return !a ? b : !b ? a : a->seq > b->seq ? a : b; };
     auto next = free_.lower_bound(at);
     if (next != free_.end() && next->first == at + len) {
-      len += next->second;
+      len += next->second.len;
+      fence = later(fence, next->second.fence);
       next = free_.erase(next);
     }
     if (next != free_.begin()) {
       auto prev = std::prev(next);
-      if (prev->first + prev->second == start) {
+      if (prev->first + prev->second.len == start) {
         start = prev->first;
-        len += prev->second;
+        len += prev->second.len;
+        fence = later(fence, prev->second.fence);
         free_.erase(prev);
       }
     }
-    free_[start] = len;
+    free_[start] = {len, fence};
+  }
+  // The fence of the allocated block holding `p` (null: never used since the slab was made).
+  FencePtr fence_of(const void* p) const {
+    const size_t at = static_cast<size_t>(static_cast<const char*>(p) - base_);
+    auto it = used_.upper_bound(at);
+    if (it == used_.begin()) return nullptr;
+    --it;
+    return at < it->first + it->second.len ? it->second.fence : nullptr;
   }
   size_t largest_free() const {
     size_t m = 0;
-    for (const auto& [at, len] : free_) m = std::max(m, len);
+    for (const auto& [at, b] : free_) m = std::max(m, b.len);
     return m;
   }
 
  private:
+  struct Block {
+    size_t len = 0;
+    FencePtr fence;
+  };
   char* base_;
-  std::map<size_t, size_t> free_;  // offset -> length
-  std::unordered_map<size_t, size_t> used_;
+  std::map<size_t, Block> free_;  // offset -> block
+  std::map<size_t, Block> used_;
 };
 
 class CudaDevice final : public Device {
@@ -96,6 +126,7 @@ class CudaDevice final : public Device {
   void reset_peak() override;
 
   void copy_from_host(const Tensor& dst, const void* src) override;
+  void copy_into_new(const Tensor& dst, const void* src) override;
   void copy_to_host(void* dst, const Tensor& src) override;
   void copy(const Tensor& dst, const Tensor& src) override;
   void cast(const Tensor& dst, const Tensor& src) override;
@@ -171,6 +202,9 @@ class CudaDevice final : public Device {
 
   // A copy stream `s` waits for the compute work issued so far; returns nothing.
   void after_compute(cudaStream_t s);
+  // Copies on the host-to-device stream, after `wait` (null: nothing), then orders the
+  // compute stream after the copy and waits for it on the host.
+  void upload(const Tensor& dst, const void* src, cudaEvent_t wait);
   // Reads the kernels' error flag back (synchronizing the compute stream) and throws the
   // recorded error, if any, as std::out_of_range built by `what(index, value)`.
   template <class What>
@@ -192,6 +226,7 @@ class CudaDevice final : public Device {
   int* err_host_ = nullptr;       // pinned int[3]
   double* partial_ = nullptr;     // device double[kSumSquaresBlocks + 1]
   double* total_host_ = nullptr;  // pinned double
+  uint64_t frees_ = 0;            // fences handed out (their order)
 };
 
 CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
@@ -263,10 +298,20 @@ void* CudaDevice::allocate(size_t bytes) {
 }
 
 // Safe without waiting: the block can be reused only by work issued later, which runs
-// after the queued work on the compute stream, and the copy streams wait for that stream.
+// after the queued work on the compute stream, and the copy streams wait for that stream
+// (copy_into_new: for the fence recorded here). A fence that cannot be made degrades to
+// waiting for the stream here and now.
 void CudaDevice::deallocate(void* ptr, size_t bytes) noexcept {
+  auto fence = std::make_shared<Fence>();
+  if (cudaEventCreateWithFlags(&fence->event, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(fence->event, compute_) != cudaSuccess) {
+    cudaGetLastError();
+    cudaStreamSynchronize(compute_);
+    fence = nullptr;
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  arena_->give(ptr);
+  if (fence) fence->seq = ++frees_;
+  arena_->give(ptr, std::move(fence));
   stats_.in_use -= bytes;
 }
 
@@ -286,7 +331,23 @@ void CudaDevice::after_compute(cudaStream_t s) {
 }
 
 void CudaDevice::copy_from_host(const Tensor& dst, const void* src) {
-  after_compute(h2d_);
+  FERRY_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
+  upload(dst, src, compute_done_);
+}
+
+// Waits only for the last use of dst's block before it was freed, so the copy overlaps
+// the queued kernels that do not touch it (StagedUnits' next unit, the next batch).
+void CudaDevice::copy_into_new(const Tensor& dst, const void* src) {
+  FencePtr fence;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fence = arena_->fence_of(dst.data());
+  }
+  upload(dst, src, fence ? fence->event : nullptr);
+}
+
+void CudaDevice::upload(const Tensor& dst, const void* src, cudaEvent_t wait) {
+  if (wait) FERRY_CUDA_CHECK(cudaStreamWaitEvent(h2d_, wait, 0));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, h2d_));
   FERRY_CUDA_CHECK(cudaEventRecord(copy_done_, h2d_));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(compute_, copy_done_, 0));

@@ -61,6 +61,11 @@ class Device {
 
   // ---- copies ---------------------------------------------------------------------------
   virtual void copy_from_host(const Tensor& dst, const void* src) = 0;  // dst.nbytes() bytes
+  // The same, for a `dst` allocated since the last op that could use its memory (a tensor
+  // just made to receive these bytes): a device with queues may then start the copy
+  // without waiting for the queued ops that do not touch it (the CUDA device overlaps it
+  // with them). Returns, like copy_from_host, once `src` may be reused.
+  virtual void copy_into_new(const Tensor& dst, const void* src) { copy_from_host(dst, src); }
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;          // src.nbytes() bytes
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;          // same dtype and numel
   virtual void cast(const Tensor& dst, const Tensor& src) = 0;          // numeric conversion

@@ -41,7 +41,7 @@ double Model::mean_loss(Device& dev, const Tensor& losses) {
 
 void Model::write_values(Device& dev, const Tensor& view, const std::vector<double>& host) {
   const Tensor staged = Tensor::empty(dev, DType::f64, view.shape());
-  dev.copy_from_host(staged, host.data());
+  dev.copy_into_new(staged, host.data());
   dev.cast(view, staged);
 }
 

@@ -12,7 +12,7 @@ Tensor StagedUnits::stage(const Tensor& home, const char* what, int unit) {
                                 ", which the host cannot read");
   }
   Tensor here = Tensor::empty(compute_, home.dtype(), home.shape());
-  compute_.copy_from_host(here, home.data());
+  compute_.copy_into_new(here, home.data());  // overlaps the kernels still queued
   return here;
 }
 

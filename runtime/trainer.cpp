@@ -352,13 +352,14 @@ StepStats Trainer::train_step(int64_t step) {
   sumsq_.assign(static_cast<size_t>(model_->num_units()), 0.0);
   units_->begin_step(step + 1);
   compute_->reset_peak();
-  const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
-  const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
   double loss_sum = 0;
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
     const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size());
-    compute_->copy_from_host(tokens, batch.inputs.data());
-    compute_->copy_from_host(targets, batch.targets.data());
+    // New tensors per micro-batch: the previous one's kernels may still read theirs.
+    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
+    const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
+    compute_->copy_into_new(tokens, batch.inputs.data());
+    compute_->copy_into_new(targets, batch.targets.data());
     units_->set_micro_batch(micro == cfg_.grad_accum - 1);
     loss_sum += model_->forward(model_units(), tokens, targets, B, T);
     model_->backward(model_units());
@@ -394,13 +395,13 @@ StepStats Trainer::train_step(int64_t step) {
 double Trainer::evaluate() {
   sync_updates();
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
-  const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
-  const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
   double sum = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
     const Batch batch = sampler_.val_batch(i);
-    compute_->copy_from_host(tokens, batch.inputs.data());
-    compute_->copy_from_host(targets, batch.targets.data());
+    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
+    const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
+    compute_->copy_into_new(tokens, batch.inputs.data());
+    compute_->copy_into_new(targets, batch.targets.data());
     sum += model_->forward(model_units(), tokens, targets, B, T);
   }
   model_->free_activations();
@@ -418,7 +419,7 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), cfg_.model.block_size);
     std::vector<int32_t> ctx(seq.end() - T, seq.end());
     const Tensor tokens = Tensor::empty(*compute_, DType::i32, {T});
-    compute_->copy_from_host(tokens, ctx.data());
+    compute_->copy_into_new(tokens, ctx.data());
     model_->forward(model_units(), tokens, Tensor{}, 1, T);
     const Tensor last = model_->logits().view((T - 1) * V, {V});
     const Tensor wide = Tensor::empty(*compute_, DType::f32, {V});  // bf16/f16 logits under mixed precision

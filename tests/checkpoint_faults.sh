@@ -2,7 +2,7 @@
 # Checkpoints under real faults, through the real executables (2 ranks under mpiexec):
 #   sigterm  SIGTERM to mpiexec (as Slurm's preemption): the run finishes its step, writes
 #            a checkpoint, exits 0 with a message; --resume auto continues from it.
-#   kill9    kill -9 of one rank mid-run: the job ends within a bound, mpiexec names the
+#   kill9    kill -9 of one rank mid-run: the job ends within a bound, mpiexec names a
 #            dead process, ferry's header maps that pid to its rank; the last complete
 #            checkpoint loads.
 #   midsave  a rank dies while writing a checkpoint (FERRY_FAULT_KILL_IN_CHECKPOINT): the
@@ -64,8 +64,12 @@ kill9)
   grep -q "^exit=0" "$work/out" && fail "the job exited 0 after losing a rank"
   grep -q "^exit=124" "$work/out" && fail "the job hung until timeout(1)"
   [ "$elapsed" -le 30 ] || fail "the job took ${elapsed}s to end"
-  grep -q "PID $victim" "$work/out" || fail "mpiexec's report does not name pid $victim"
-  echo "rank 1 (pid $victim, per the header's '$pids') was killed; mpiexec ended the job in ${elapsed}s naming it"
+  # mpiexec names the first process it saw end badly: usually the victim, but under load
+  # the SIGKILL its cleanup sends rank 0 can be seen first (seen in CI). Either way the
+  # pid it names is one the header maps to a rank, which is what a user needs.
+  named=$(grep -o "PID [0-9]*" "$work/out" | head -1 | cut -d' ' -f2)
+  echo "$pids" | grep -qE "=${named:-none}( |$)" || fail "mpiexec's report names pid '${named}', not one of the header's '$pids'"
+  echo "rank 1 (pid $victim, per the header's '$pids') was killed; mpiexec ended the job in ${elapsed}s naming pid $named"
   resume_check
   echo "PASS: kill -9 of rank 1 ended the job in ${elapsed}s; the last checkpoint loads" ;;
 midsave)
