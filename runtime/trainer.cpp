@@ -34,8 +34,6 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
-// launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
 // device.type cuda: the GPU of this rank's local rank, with the device.memory budget.
 std::unique_ptr<nn::Device> make_gpu(const Config& c, const comm::Communicator& comm) {
   const nn::CudaStatus s = nn::cuda_status();
@@ -49,6 +47,8 @@ std::unique_ptr<nn::Device> make_gpu(const Config& c, const comm::Communicator& 
   return nn::make_cuda_device(c.device.memory, comm.local_rank());
 }
 
+// device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
+// launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
 int compute_threads(const Config& c, const comm::Communicator& comm) {
   if (c.device.threads > 0) return c.device.threads;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -201,6 +201,8 @@ TierMemory Trainer::memory_by_tier() const {
   m.host_pinned = pool_ ? pool_->bytes() : 0;
   m.host_states = sb.gradients_host +
                   (opt_->tier() == Tier::cpu ? opt_->bytes() : 0) + sb.weights_host;
+  // Offload on a GPU: the state arena itself is host memory (the GPU's is device_*).
+  if (staged_) m.host_states += device_->memory().in_use;
   m.nvme = (opt_->tier() == Tier::nvme ? opt_->bytes() : 0) + sb.weights_nvme;
   return m;
 }
@@ -210,10 +212,6 @@ nlohmann::json TierMemory::to_json() const {
           {"host_pinned", host_pinned}, {"host_states", host_states}, {"nvme", nvme}};
 }
 
-// The process's peak resident memory against what the configuration bounds: the device
-// arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
-// memory, optimizer state or parameters in host memory; the rest is the program itself,
-// the corpus, allocator slack and the I/O threads' stacks.
 void Trainer::init_unit(int unit, const Tensor& full) {
   if (!gpu_ || &full.device() == gpu_.get()) return model_->init_unit(unit, full, cfg_.model_seed);
   // The model writes through its own device: initialise on the GPU, then bring the values
@@ -223,6 +221,10 @@ void Trainer::init_unit(int unit, const Tensor& full) {
   gpu_->copy_to_host(full.data(), here);
 }
 
+// The process's peak resident memory against what the configuration bounds: the device
+// arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
+// memory, optimizer state or parameters in host memory; the rest is the program itself,
+// the corpus, allocator slack and the I/O threads' stacks.
 void Trainer::describe_memory() {
   const size_t rss = peak_resident_bytes();
   const TierMemory m = memory_by_tier();
