@@ -12,8 +12,10 @@
 //   waits, through an event, for the compute work issued before it (the memory it writes
 //   may have been freed by a tensor whose kernel is still queued) and the compute stream
 //   waits for the copy the same way: events, never a device-wide synchronization.
-//   copy_from_host and copy_to_host return once the host side of the copy is done (the
-//   host buffer may be reused); other ops return at once (they run in issue order).
+//   copy_into_new waits only for its block's fence (the event recorded when the block was
+//   last freed), so it overlaps the queued kernels. copy_from_host, copy_into_new and
+//   copy_to_host return once the host side of the copy is done (the host buffer may be
+//   reused); other ops return at once (they run in issue order).
 // - Values: bf16/f16 operands are computed in f32 and rounded once per stored output, as
 //   the CPU device does; GEMMs are cuBLAS with fp32 accumulation (fp32 GEMMs without TF32,
 //   so they match the CPU device near 1e-5). Reductions are deterministic.

@@ -252,7 +252,7 @@ void Trainer::describe_placement() {
   const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")" + cached
                                  : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
                                                                                      : arena;
-  const std::string opt_at = staged_ && opt_->where() == "the device arena" ? arena : opt_->where();
+  const std::string opt_at = staged_ && opt_->tier() == Tier::device ? arena : opt_->where();
   out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
        << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]

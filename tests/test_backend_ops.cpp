@@ -31,7 +31,7 @@
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/rng.h"
-#include "nn/staged_units.h"
+#include "staged_comparison.h"
 
 using namespace ferry;
 using nn::DType;
@@ -603,37 +603,12 @@ BOOST_AUTO_TEST_CASE(gpt_steps_on_the_cuda_device_follow_the_cpu_device,
   BOOST_TEST(std::abs(lg - lc) <= 1e-2 * lc, "bf16: cuda " << lg << ", cpu " << lc);
 
   // StagedUnits: units in host memory, compute on the cuda device.
-  nn::CpuDevice home(size_t{256} << 20, 1);
   auto dev = nn::make_cuda_device(size_t{256} << 20);
-  nn::GPT host_model(cfg, home, DType::f32), staged_model(cfg, *dev, DType::f32);
-  nn::ResidentUnits a(home, DType::f32, host_model.units()),
-      b(home, DType::f32, host_model.units());
-  for (int u = 0; u < host_model.num_units(); ++u) {
-    host_model.init_unit(u, a.weights[static_cast<size_t>(u)], 5);
-    host_model.init_unit(u, b.weights[static_cast<size_t>(u)], 5);
-  }
-  a.zero_grads();
-  b.zero_grads();
-  nn::StagedUnits staged(b, *dev);
-  const Tensor ta = Tensor::empty(home, DType::i32, {Nt}),
-               ga = Tensor::empty(home, DType::i32, {Nt});
-  const Tensor tb = Tensor::empty(*dev, DType::i32, {Nt}),
-               gb = Tensor::empty(*dev, DType::i32, {Nt});
-  home.copy_from_host(ta, ids.data());
-  home.copy_from_host(ga, ids.data() + Nt);
-  dev->copy_from_host(tb, ids.data());
-  dev->copy_from_host(gb, ids.data() + Nt);
-  const double la = host_model.forward(a, ta, ga, Bt, Tt),
-               lb = staged_model.forward(staged, tb, gb, Bt, Tt);
-  host_model.backward(a);
-  staged_model.backward(staged);
+  const test::StagedComparison r = test::compare_staged(*dev, 1, Bt, Tt, 5, 11);
+  const double la = r.direct_losses[0], lb = r.staged_losses[0];
   BOOST_TEST(std::abs(la - lb) <= 1e-5 * la);
-  for (int u = 0; u < host_model.num_units(); ++u) {
-    const Tensor& x = a.grads[static_cast<size_t>(u)];
-    const Tensor& y = b.grads[static_cast<size_t>(u)];
-    std::vector<float> hx(static_cast<size_t>(x.numel())), hy(hx.size());
-    home.copy_to_host(hx.data(), x);
-    home.copy_to_host(hy.data(), y);
+  for (size_t u = 0; u < r.direct_grads.size(); ++u) {
+    const std::vector<float>&hx = r.direct_grads[u], &hy = r.staged_grads[u];
     double scale = 0, worst = 0;
     for (size_t i = 0; i < hx.size(); ++i)
       scale = std::max(scale, std::abs(static_cast<double>(hx[i])));

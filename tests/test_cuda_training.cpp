@@ -19,8 +19,8 @@
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/rng.h"
-#include "nn/staged_units.h"
 #include "runtime/trainer.h"
+#include "staged_comparison.h"
 #include "test_util.h"
 
 using namespace ferry;
@@ -99,44 +99,17 @@ double window_mean(const Run& r, size_t begin, size_t n) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(staged_units_compute_exactly_as_resident_ones) {
-  nn::CpuDevice home_dev(size_t{256} << 20, 1), compute_dev(size_t{256} << 20, 1);
-  const nn::GPTConfig cfg{2, 2, 32, 64, 16};
-  nn::GPT direct(cfg, home_dev, DType::f32), staged_model(cfg, compute_dev, DType::f32);
-  nn::ResidentUnits a(home_dev, DType::f32, direct.units()),
-      b(home_dev, DType::f32, direct.units());
-  for (int u = 0; u < direct.num_units(); ++u) {
-    direct.init_unit(u, a.weights[static_cast<size_t>(u)], 7);
-    direct.init_unit(u, b.weights[static_cast<size_t>(u)], 7);
+  nn::CpuDevice compute_dev(size_t{256} << 20, 1);
+  // Three micro-batches: gradients accumulate across them.
+  const test::StagedComparison r = test::compare_staged(compute_dev, 3, 3, 16, 7, 3);
+  for (size_t micro = 0; micro < r.direct_losses.size(); ++micro) {
+    BOOST_TEST(r.direct_losses[micro] == r.staged_losses[micro]);
   }
-  a.zero_grads();
-  b.zero_grads();
-  nn::StagedUnits staged(b, compute_dev);
-  const int64_t B = 3, T = 16;
-  nn::Rng rng(3);
-  for (int micro = 0; micro < 3; ++micro) {  // gradients accumulate across micro-batches
-    std::vector<int32_t> ids(static_cast<size_t>(2 * B * T));
-    for (auto& x : ids) x = static_cast<int32_t>(rng.below(64));
-    const Tensor tok_a = Tensor::empty(home_dev, DType::i32, {B * T}),
-                 tgt_a = Tensor::empty(home_dev, DType::i32, {B * T});
-    const Tensor tok_b = Tensor::empty(compute_dev, DType::i32, {B * T}),
-                 tgt_b = Tensor::empty(compute_dev, DType::i32, {B * T});
-    for (const Tensor* t : {&tok_a, &tok_b}) t->device().copy_from_host(*t, ids.data());
-    for (const Tensor* t : {&tgt_a, &tgt_b}) t->device().copy_from_host(*t, ids.data() + B * T);
-    const double la = direct.forward(a, tok_a, tgt_a, B, T);
-    const double lb = staged_model.forward(staged, tok_b, tgt_b, B, T);
-    BOOST_TEST(la == lb);
-    direct.backward(a);
-    staged_model.backward(staged);
-  }
-  for (int u = 0; u < direct.num_units(); ++u) {
-    BOOST_TEST(host_values(a.grads[static_cast<size_t>(u)]) ==
-                   host_values(b.grads[static_cast<size_t>(u)]),
-               boost::test_tools::per_element());
+  for (size_t u = 0; u < r.direct_grads.size(); ++u) {
+    BOOST_TEST(r.direct_grads[u] == r.staged_grads[u], boost::test_tools::per_element());
   }
   // Every staged copy was handed back: nothing of the units is left on the compute device.
-  direct.free_activations();
-  staged_model.free_activations();
-  BOOST_TEST(compute_dev.memory().in_use == 0u);
+  BOOST_TEST(r.compute_in_use_after == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
