@@ -15,8 +15,8 @@
 
 #include "benchmarks/bench_io.h"
 #include "comm/communicator.h"
-#include "runtime/checkpoint.h"
-#include "runtime/trainer.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/train/trainer.h"
 
 namespace ferry::bench {
 

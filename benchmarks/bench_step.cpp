@@ -24,8 +24,8 @@
 
 #include "comm/communicator.h"
 #include "offload/storage.h"
-#include "runtime/partition.h"
-#include "runtime/trainer.h"
+#include "runtime/train/trainer.h"
+#include "runtime/zero/partition.h"
 
 namespace ferry::bench {
 
@@ -60,7 +60,7 @@ nlohmann::json bench_doc(const StepBenchOptions& opt, const std::string& dir, bo
 
 struct Timed {
   double step_s = 0;
-  runtime::StepBreakdown last;
+  StepBreakdown last;
   std::vector<int> order;
   std::vector<int64_t> shards;  // per unit, elements (one rank: the whole padded unit)
 };

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <unistd.h>
 
-#include "runtime/log.h"
+#include "base/log.h"
 
 namespace ferry::comm {
 

@@ -5,12 +5,9 @@
 #include <mutex>
 #include <thread>
 
-#ifdef FERRY_CUDA_EMULATION  // tests: one rank on the CPU
-#include "comm/nccl_emulation.h"
-#else
+// In the CPU-emulated test build these are testing/cuda_shim's stand-ins (one rank).
 #include <cuda_runtime.h>
 #include <nccl.h>
-#endif
 
 #include "comm/watchdog.h"
 

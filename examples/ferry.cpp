@@ -2,16 +2,16 @@
 //   ferry export --checkpoint DIR --out model.safetensors [--dtype fp32|bf16]
 //       consolidated weights from a sharded checkpoint (a step directory, or a
 //       checkpoint.dir whose `latest` is taken), with GPT-2 tensor names, streamed unit by
-//       unit (runtime/export.h)
+//       unit (runtime/ckpt/export.h)
 //   ferry plan --config FILE --ranks N [--deepspeed DS.json] [--set key=value ...]
 //              [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--json FILE]
 //       bytes per rank in every tier for every stage and offload choice, whether they fit,
-//       and a step-time estimate (runtime/plan.h); --bench reads ferry-bench's JSON results
+//       and a step-time estimate (runtime/tools/plan.h); --bench reads ferry-bench's JSON results
 //   ferry doctor [--config FILE [--deepspeed DS.json] [--set key=value ...]] [--ranks N] [--ranks-per-node R]
 //       checks MPI, io_uring, the nvme folders, RLIMIT_MEMLOCK, host memory, CUDA and NCCL
-//       against what the configuration needs (runtime/doctor.h); exit 1 if a run would stop
+//       against what the configuration needs (runtime/tools/doctor.h); exit 1 if a run would stop
 //   ferry plot METRICS.jsonl -o run.png [--title TEXT] [--script FILE.gp]
-//       loss and throughput curves of a metrics file, drawn by gnuplot (runtime/plot.h);
+//       loss and throughput curves of a metrics file, drawn by gnuplot (runtime/tools/plot.h);
 //       --script also keeps the gnuplot program (with its data) in FILE.gp
 // Exit status: 0 done; 1 the input was refused or the output could not be written;
 // 2 the command line is wrong.
@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "nn/device.h"
-#include "runtime/checkpoint.h"
-#include "runtime/doctor.h"
-#include "runtime/export.h"
-#include "runtime/plan.h"
-#include "runtime/plot.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/ckpt/export.h"
+#include "runtime/tools/doctor.h"
+#include "runtime/tools/plan.h"
+#include "runtime/tools/plot.h"
 
 namespace {
 

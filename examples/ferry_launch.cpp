@@ -1,4 +1,4 @@
-// ferry-launch: prints how to start ferry-train on several nodes (runtime/launch.h).
+// ferry-launch: prints how to start ferry-train on several nodes (runtime/tools/launch.h).
 //   ferry-launch slurm --nodes N (--gpus-per-node G | --ranks-per-node R) --time T
 //                [--partition P] [--account A] [--job-name J] [--cpus-per-rank C]
 //                [--launcher mpiexec|srun] -- --config FILE [ferry-train arguments...]
@@ -12,7 +12,7 @@
 #include <iostream>
 #include <string>
 
-#include "runtime/launch.h"
+#include "runtime/tools/launch.h"
 
 namespace {
 

@@ -18,15 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "base/allocator.h"
+#include "base/log.h"
+#include "base/stop_signal.h"
+#include "base/version.h"
 #include "comm/mpi_communicator.h"
 #include "nn/device.h"
-#include "runtime/allocator.h"
-#include "runtime/checkpoint.h"
-#include "runtime/config.h"
-#include "runtime/log.h"
-#include "runtime/stop_signal.h"
-#include "runtime/trainer.h"
-#include "runtime/version.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/config/config.h"
+#include "runtime/train/trainer.h"
 
 namespace {
 
@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   std::vector<double> pids(static_cast<size_t>(comm->size()), 0.0);
   pids[static_cast<size_t>(rank)] = static_cast<double>(::getpid());
   comm->all_reduce_sum(pids);
-  out << "ferry " << kVersion << " | allocator " << runtime::allocator_name() << " | " << comm->size()
+  out << "ferry " << kVersion << " | allocator " << allocator_name() << " | " << comm->size()
       << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives | pids:";
   for (size_t r = 0; r < pids.size(); ++r) out << " r" << r << "=" << static_cast<long>(pids[r]);
   out << "\n"
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     log::warn(log::Subsys::config, deepspeed_path + ": " + std::to_string(config.deepspeed.ignored.size()) +
                                        " key(s) ferry does not implement, ignored (none changes what is computed):" + keys);
   }
-  if (!config.checkpoint.dir.empty()) runtime::install_stop_handlers();
+  if (!config.checkpoint.dir.empty()) install_stop_handlers();
   std::string failure;
   try {
     runtime::Trainer trainer(config, *comm, out);

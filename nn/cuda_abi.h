@@ -1,5 +1,5 @@
 // The namespace of the cuda device's symbols. Built for a GPU it adds nothing; built for
-// the CPU emulation (FERRY_CUDA_EMULATION, tests only: nn/cuda_emulation.h) the same code
+// the CPU emulation (FERRY_CUDA_EMULATION, tests only: testing/cuda_emulation.h) the same code
 // lands in an inline namespace, so an emulated build links beside the real one or the stub
 // without a clash, while callers spell every name the same way.
 #pragma once

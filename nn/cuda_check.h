@@ -9,12 +9,9 @@
 #include <stdexcept>
 #include <string>
 
-#ifdef FERRY_CUDA_EMULATION
-#include "nn/cuda_emulation.h"
-#else
+// In the CPU-emulated test builds these two are testing/cuda_shim's stand-ins.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#endif
 
 namespace ferry::nn::cuda {
 

@@ -8,11 +8,11 @@
 
 #include "nn/cuda_check.h"
 
-#ifdef FERRY_CUDA_EMULATION  // tests: the same kernels on CPU threads (nn/cuda_emulation.h)
-#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-// Every launch goes through this macro so that the emulation can run the same lines.
+// Every launch goes through this macro so that the emulation can run the same lines; the
+// CPU emulation of tests (testing/cuda_emulation.h, through testing/cuda_shim) defines its own.
+#ifndef FERRY_LAUNCH
 #define FERRY_LAUNCH(kernel, grid, block, smem, stream, ...) \
   kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define FERRY_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]

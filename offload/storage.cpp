@@ -2,9 +2,9 @@
 
 #include <cerrno>
 
+#include "base/log.h"
 #include "offload/io_uring_storage.h"
 #include "offload/posix_storage.h"
-#include "runtime/log.h"
 
 namespace ferry::offload {
 

@@ -13,6 +13,7 @@ packages=(
   libeigen3-dev
   libboost-test-dev
   nlohmann-json3-dev
+  libcli11-dev
   fio
   gnuplot-nox
 )

@@ -15,7 +15,7 @@
 // Devices: the CPU device always; the cuda device when cuda_status() finds a GPU; its
 // cases are skipped (with the reason) otherwise. test_backend_ops_emulated builds this
 // file against the cuda device's own sources run by the CPU emulation
-// (nn/cuda_emulation.h), so the cuda cases run on every machine.
+// (testing/cuda_emulation.h), so the cuda cases run on every machine.
 #define BOOST_TEST_MODULE backend_ops
 #include <boost/test/unit_test.hpp>
 

@@ -21,13 +21,13 @@
 #include <mutex>
 #include <ostream>
 
+#include "base/crc32c.h"
+#include "base/stop_signal.h"
 #include "nn/dtype.h"
-#include "runtime/checkpoint.h"
-#include "runtime/crc32c.h"
-#include "runtime/export.h"
-#include "runtime/safetensors.h"
-#include "runtime/stop_signal.h"
-#include "runtime/trainer.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/ckpt/export.h"
+#include "runtime/ckpt/safetensors.h"
+#include "runtime/train/trainer.h"
 #include "test_util.h"
 
 using namespace ferry;
@@ -105,17 +105,17 @@ std::string error_of(const std::function<void()>& fn) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(crc32c_known_values) {
-  BOOST_TEST(runtime::crc32c("123456789", 9) == 0xE3069283u);  // the standard check value
-  BOOST_TEST(runtime::crc32c("", 0) == 0u);
+  BOOST_TEST(crc32c("123456789", 9) == 0xE3069283u);  // the standard check value
+  BOOST_TEST(crc32c("", 0) == 0u);
   std::vector<unsigned char> big(100003);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<unsigned char>(i * 131 + 7);
-  const uint32_t whole = runtime::crc32c(big.data(), big.size());
-  BOOST_TEST(runtime::crc32c(big.data() + 777, big.size() - 777, runtime::crc32c(big.data(), 777)) == whole);
-  BOOST_TEST(runtime::crc32c_combine(runtime::crc32c(big.data(), 777), runtime::crc32c(big.data() + 777, big.size() - 777),
+  const uint32_t whole = crc32c(big.data(), big.size());
+  BOOST_TEST(crc32c(big.data() + 777, big.size() - 777, crc32c(big.data(), 777)) == whole);
+  BOOST_TEST(crc32c_combine(crc32c(big.data(), 777), crc32c(big.data() + 777, big.size() - 777),
                                      big.size() - 777) == whole);
-  BOOST_TEST(runtime::crc32c_combine(whole, runtime::crc32c("", 0), 0) == whole);
+  BOOST_TEST(crc32c_combine(whole, crc32c("", 0), 0) == whole);
   big[5000] ^= 1;
-  BOOST_TEST(runtime::crc32c(big.data(), big.size()) != whole);
+  BOOST_TEST(crc32c(big.data(), big.size()) != whole);
 }
 
 BOOST_AUTO_TEST_CASE(resume_continues_bit_identically) {
@@ -312,12 +312,12 @@ BOOST_AUTO_TEST_CASE(a_duplicate_stop_signal_is_one_request_and_a_later_one_exit
   BOOST_REQUIRE(child >= 0);
   if (child == 0) {  // the handler _exits the process, so it runs in a child
     close(pipefd[0]);
-    runtime::install_stop_handlers();
+    install_stop_handlers();
     raise(SIGTERM);
     raise(SIGTERM);  // the same request's second copy: no exit
-    const char survived = runtime::stop_signal() == SIGTERM ? 'y' : 'n';
+    const char survived = stop_signal() == SIGTERM ? 'y' : 'n';
     if (write(pipefd[1], &survived, 1) != 1) _exit(3);
-    usleep(useconds_t(runtime::kDuplicateWindowNs / 1000 + 200000));
+    usleep(useconds_t(kDuplicateWindowNs / 1000 + 200000));
     raise(SIGTERM);  // on purpose, later: exits with 128 + SIGTERM
     _exit(4);
   }
@@ -338,9 +338,9 @@ BOOST_AUTO_TEST_CASE(a_stop_request_saves_and_ends_after_the_step) {
   json d = doc(2, 6);
   place(d, 3, "none", "none", dir.path);
   d["checkpoint"] = {{"dir", ck.string()}};
-  runtime::request_stop(SIGTERM);  // as the handler does on the first signal
+  request_stop(SIGTERM);  // as the handler does on the first signal
   const Run run = train(d, 2);
-  runtime::request_stop(0);
+  request_stop(0);
   BOOST_TEST(run.report.stopped);
   BOOST_TEST(run.losses.size() == 1u);
   std::string latest;

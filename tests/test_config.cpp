@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/config.h"
-#include "runtime/lr_schedule.h"
+#include "runtime/config/config.h"
+#include "runtime/train/lr_schedule.h"
 
 using namespace ferry::runtime;
 using nlohmann::json;

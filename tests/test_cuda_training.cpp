@@ -19,7 +19,7 @@
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/rng.h"
-#include "runtime/trainer.h"
+#include "runtime/train/trainer.h"
 #include "staged_comparison.h"
 #include "test_util.h"
 

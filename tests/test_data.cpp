@@ -7,7 +7,7 @@
 #include <fstream>
 #include <set>
 
-#include "runtime/data.h"
+#include "runtime/train/data.h"
 
 using namespace ferry::runtime;
 namespace fs = std::filesystem;

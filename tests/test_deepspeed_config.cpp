@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <fstream>
 
-#include "runtime/config.h"
+#include "runtime/config/config.h"
 #include "test_util.h"
 
 using namespace ferry::runtime;

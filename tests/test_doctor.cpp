@@ -4,7 +4,7 @@
 #define BOOST_TEST_MODULE doctor
 #include <boost/test/unit_test.hpp>
 
-#include "runtime/doctor.h"
+#include "runtime/tools/doctor.h"
 #include "test_util.h"
 
 using namespace ferry::runtime;

@@ -5,7 +5,7 @@
 
 #include <unistd.h>
 
-#include "runtime/log.h"
+#include "base/log.h"
 
 using namespace ferry;
 using log::Level;

@@ -13,8 +13,8 @@
 #include <ostream>
 #include <sstream>
 
-#include "runtime/loss_scaler.h"
-#include "runtime/trainer.h"
+#include "runtime/train/loss_scaler.h"
+#include "runtime/train/trainer.h"
 #include "test_util.h"
 
 using namespace ferry;
@@ -117,8 +117,8 @@ BOOST_AUTO_TEST_CASE(bf16_is_identical_across_stages_and_schedules_and_gathers_h
   // Stage 3 at 2 ranks: the weights' all-gathers carry bf16, the reductions fp32.
   const Run f = train(d, {"zero_optimization.stage=3", "gradient_clipping=0"}, 2);
   const Run b = train(d, {"zero_optimization.stage=3", "gradient_clipping=0", "bf16.enabled=true"}, 2);
-  const auto gather = static_cast<size_t>(runtime::Activity::all_gather);
-  const auto reduce = static_cast<size_t>(runtime::Activity::reduce_scatter);
+  const auto gather = static_cast<size_t>(Activity::all_gather);
+  const auto reduce = static_cast<size_t>(Activity::reduce_scatter);
   for (size_t i = 0; i < 3; ++i) {
     BOOST_TEST(f.steps[i].time.bytes[gather] > 0u);
     BOOST_TEST(b.steps[i].time.bytes[gather] * 2 == f.steps[i].time.bytes[gather]);

@@ -13,7 +13,7 @@
 
 #include "nn/device.h"
 #include "offload/storage.h"
-#include "runtime/trainer.h"
+#include "runtime/train/trainer.h"
 #include "test_util.h"
 
 using namespace ferry;

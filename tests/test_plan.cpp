@@ -11,8 +11,8 @@
 #include <tuple>
 
 #include "nn/gpt.h"
-#include "runtime/plan.h"
-#include "runtime/trainer.h"
+#include "runtime/tools/plan.h"
+#include "runtime/train/trainer.h"
 #include "test_util.h"
 
 using namespace ferry;

@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "runtime/plot.h"
+#include "runtime/tools/plot.h"
 #include "test_util.h"
 
 using namespace ferry::runtime;

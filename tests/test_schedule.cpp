@@ -1,4 +1,4 @@
-// The overlapped step (runtime/sharded_units.h, runtime/trainer.h):
+// The overlapped step (runtime/zero/sharded_units.h, runtime/train/trainer.h):
 // - it gives bit-identical losses, gradient norms and weights to the plain sequential
 //   order for stages 0-3 and every offload placement, at world sizes 1, 2 and 4 (ranks are
 //   threads on the fake communicator), with clipping (updates after the global norm,
@@ -19,7 +19,7 @@
 #include <set>
 
 #include "nn/cpu_device.h"
-#include "runtime/trainer.h"
+#include "runtime/train/trainer.h"
 #include "test_util.h"
 
 using namespace ferry;
@@ -125,10 +125,10 @@ BOOST_AUTO_TEST_CASE(trace_shows_the_prefetch_depth_honoured) {
     runtime::Trainer t(runtime::config_from_json(d, "trace", "", {}), c, discard);
     const auto rep = t.run();
     // The breakdown adds up what the trace holds: compute and the NVMe tracks took time.
-    const runtime::StepBreakdown& b = rep.steps.back().time;
-    BOOST_TEST(b.busy_s[static_cast<size_t>(runtime::Activity::compute)] > 0);
-    BOOST_TEST(b.busy_s[static_cast<size_t>(runtime::Activity::param_read)] > 0);
-    BOOST_TEST(b.busy_s[static_cast<size_t>(runtime::Activity::optim_write)] > 0);
+    const StepBreakdown& b = rep.steps.back().time;
+    BOOST_TEST(b.busy_s[static_cast<size_t>(Activity::compute)] > 0);
+    BOOST_TEST(b.busy_s[static_cast<size_t>(Activity::param_read)] > 0);
+    BOOST_TEST(b.busy_s[static_cast<size_t>(Activity::optim_write)] > 0);
     BOOST_TEST(b.wall_s > 0);
   }  // the trainer's tracer closes the file
   std::ifstream in(dir.path / "trace.rank0.json");

@@ -8,11 +8,11 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/fake_communicator.h"
 #include "nn/cpu_device.h"
-#include "runtime/partition.h"
-#include "runtime/sharded_units.h"
+#include "runtime/zero/partition.h"
+#include "runtime/zero/sharded_units.h"
 #include "test_util.h"
+#include "testing/fake_communicator.h"
 
 using namespace ferry;
 using nn::Tensor;

@@ -8,10 +8,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/allocator.h"
 #include "nn/device.h"
-#include "runtime/allocator.h"
-#include "runtime/progress.h"
-#include "runtime/trainer.h"
+#include "runtime/train/progress.h"
+#include "runtime/train/trainer.h"
 
 using namespace ferry;
 using nlohmann::json;
@@ -303,10 +303,10 @@ BOOST_AUTO_TEST_CASE(a_model_larger_than_the_cap_fails_at_start) {
 
 BOOST_AUTO_TEST_CASE(executables_use_mimalloc) {
 #ifdef FERRY_WITH_MIMALLOC
-  BOOST_TEST(runtime::malloc_is_mimalloc());
-  BOOST_TEST(runtime::allocator_name().starts_with("mimalloc"));
+  BOOST_TEST(malloc_is_mimalloc());
+  BOOST_TEST(allocator_name().starts_with("mimalloc"));
 #else
   BOOST_TEST_MESSAGE("sanitizer build: the sanitizer's allocator is in use");
-  BOOST_TEST(!runtime::malloc_is_mimalloc());
+  BOOST_TEST(!malloc_is_mimalloc());
 #endif
 }

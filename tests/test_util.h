@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/fake_communicator.h"
 #include "nn/device.h"
 #include "nn/rng.h"
 #include "nn/tensor.h"
+#include "testing/fake_communicator.h"
 
 namespace ferry::test {
 
@@ -34,7 +34,7 @@ struct TempDir {
 // Runs fn(rank, comm) on `world` threads, one fake rank each; rethrows the failures,
 // naming their ranks.
 inline void run_ranks(int world, const std::function<void(int, comm::Communicator&)>& fn) {
-  comm::FakeGroup group(world);
+  testing::FakeGroup group(world);
   std::vector<std::thread> threads;
   std::mutex mu;
   std::string failure;

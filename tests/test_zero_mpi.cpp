@@ -15,7 +15,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/shm_collectives.h"
 #include "nn/cpu_device.h"
-#include "runtime/trainer.h"
+#include "runtime/train/trainer.h"
 
 using namespace ferry;
 using nlohmann::json;

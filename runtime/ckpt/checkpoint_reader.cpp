@@ -1,0 +1,242 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "base/crc32c.h"
+#include "base/posix_file.h"
+#include "base/version.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/ckpt/stream_io.h"
+
+namespace ferry::runtime {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* const kArrayNames[3] = {"master", "m", "v"};
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string rank_file(int rank, const char* ext) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.%s", rank, ext);
+  return buf;
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.starts_with("step-")) names.push_back(n);
+  }
+  std::sort(names.begin(), names.end());  // zero-padded: lexical order is step order
+  return names;
+}
+
+std::string resolve_resume(const std::string& spec, const std::string& dir) {
+  if (spec == "none" || spec.empty()) return "";
+  if (spec != "auto") return spec;
+  if (dir.empty()) throw CheckpointError("--resume auto needs checkpoint.dir");
+  const fs::path latest = fs::path(dir) / "latest";
+  if (!fs::exists(latest)) return "";
+  std::string name = read_text_file(latest.string());
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  const fs::path target = fs::path(dir) / name;
+  if (name.empty() || !fs::is_directory(target)) {
+    throw CheckpointError(latest.string() + " names '" + name + "', which is not a checkpoint directory there");
+  }
+  return target.string();
+}
+
+namespace {
+
+json read_json(const std::string& path, const std::string& what) {
+  if (!fs::exists(path)) throw CheckpointError(path + " is missing (" + what + ")");
+  try {
+    return json::parse(read_text_file(path));
+  } catch (const json::exception& e) {
+    throw CheckpointError(path + ": not valid JSON (" + e.what() + "); the file is damaged");
+  }
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir) {
+  if (!fs::is_directory(dir_)) throw CheckpointError(dir_ + " is not a directory");
+  const std::string mpath = (fs::path(dir_) / "manifest.json").string();
+  manifest_ = read_json(mpath, "an incomplete checkpoint: the manifest is written last");
+  try {
+    if (manifest_.value("format", "") != "ferry-checkpoint") throw CheckpointError(mpath + ": not a ferry checkpoint manifest");
+    const int version = manifest_.at("format_version").get<int>();
+    if (version != kCheckpointFormat) {
+      throw CheckpointError(mpath + ": checkpoint format version " + std::to_string(version) + " (written by ferry " +
+                            manifest_.value("ferry_version", "?") + "); this ferry (" + kVersion + ") reads version " +
+                            std::to_string(kCheckpointFormat));
+    }
+    world_ = manifest_.at("world_size").get<int>();
+    for (const json& u : manifest_.at("units")) {
+      UnitInfo info;
+      info.name = u.at("name").get<std::string>();
+      info.numel = u.at("numel").get<int64_t>();
+      info.segments.assign(3, std::vector<Segment>(static_cast<size_t>(world_)));
+      units_.push_back(std::move(info));
+    }
+    manifest_.at("step").get<int64_t>();
+  } catch (const json::exception& e) {
+    throw CheckpointError(mpath + ": missing or malformed field (" + std::string(e.what()) + ")");
+  }
+  for (int r = 0; r < world_; ++r) {
+    const std::string ipath = (fs::path(dir_) / rank_file(r, "json")).string();
+    const std::string dpath = (fs::path(dir_) / rank_file(r, "bin")).string();
+    const json index = read_json(ipath, "saved by " + std::to_string(world_) + " ranks, each writes one");
+    uint64_t bytes = 0;
+    try {
+      bytes = index.at("bytes").get<uint64_t>();
+      for (const json& s : index.at("segments")) {
+        const size_t u = s.at("unit").get<size_t>();
+        const int a = s.at("array").get<int>();
+        if (u >= units_.size() || a < 0 || a > 2) throw CheckpointError(ipath + ": segment for unit " + std::to_string(u) + " array " + std::to_string(a) + " does not exist in the manifest");
+        units_[u].segments[static_cast<size_t>(a)][static_cast<size_t>(r)] =
+            Segment{s.at("begin").get<int64_t>(), s.at("count").get<int64_t>(), s.at("offset").get<uint64_t>(),
+                    s.at("crc32c").get<uint32_t>()};
+      }
+    } catch (const json::exception& e) {
+      throw CheckpointError(ipath + ": missing or malformed field (" + std::string(e.what()) + ")");
+    }
+    if (!fs::exists(dpath)) throw CheckpointError(dpath + " is missing (saved by " + std::to_string(world_) + " ranks)");
+    File f(dpath, File::read);
+    if (f.size() != bytes) {
+      throw CheckpointError(dpath + " is " + std::to_string(f.size()) + " bytes, its index " + rank_file(r, "json") +
+                            " says " + std::to_string(bytes) + (f.size() < bytes ? " (truncated)" : " (damaged)"));
+    }
+  }
+  // Each unit's slices must tile [0, numel): anything else is a damaged index.
+  for (size_t u = 0; u < units_.size(); ++u) {
+    for (int a = 0; a < 3; ++a) {
+      int64_t at = 0;
+      for (const Segment& s : units_[u].segments[static_cast<size_t>(a)]) {
+        if (s.count > 0 && s.begin != at) at = -1;
+        if (at >= 0) at += s.count;
+      }
+      if (at != units_[u].numel) {
+        throw CheckpointError(dir_ + ": the rank indexes do not cover unit " + std::to_string(u) + " (" + units_[u].name +
+                              ") " + kArrayNames[a] + " exactly; an index file is damaged");
+      }
+    }
+  }
+}
+
+std::vector<nn::UnitSpec> CheckpointReader::layout() const {
+  std::vector<nn::UnitSpec> out;
+  for (const json& u : manifest_.at("units")) {
+    nn::UnitSpec spec;
+    spec.name = u.at("name").get<std::string>();
+    spec.numel = u.at("numel").get<int64_t>();
+    for (const json& t : u.at("tensors")) {
+      spec.tensors.push_back({t.at("name").get<std::string>(), t.at("shape").get<nn::Shape>(), t.at("offset").get<int64_t>(),
+                              t.at("decay").get<bool>()});
+    }
+    out.push_back(std::move(spec));
+  }
+  return out;
+}
+
+void CheckpointReader::check_layout(const std::vector<nn::UnitSpec>& layout) const {
+  const std::vector<nn::UnitSpec> saved = this->layout();
+  const std::string where = (fs::path(dir_) / "manifest.json").string();
+  if (saved.size() != layout.size()) {
+    throw CheckpointError(where + ": the checkpoint has " + std::to_string(saved.size()) + " units, the model " +
+                          std::to_string(layout.size()) + " (another model.n_layer?)");
+  }
+  for (size_t u = 0; u < saved.size(); ++u) {
+    const auto& a = saved[u].tensors;
+    const auto& b = layout[u].tensors;
+    for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      if (i >= a.size() || i >= b.size() || a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].offset != b[i].offset) {
+        const auto shape = [](const std::vector<nn::TensorSpec>& v, size_t k) {
+          return k < v.size() ? v[k].name + " " + nn::shape_str(v[k].shape) : std::string("nothing");
+        };
+        throw CheckpointError(where + ": unit " + saved[u].name + " holds " + shape(a, i) + " in the checkpoint but " +
+                              shape(b, i) + " in the model (another model shape)");
+      }
+    }
+  }
+}
+
+void CheckpointReader::read(int unit, int array, int64_t begin, int64_t n, float* dst) {
+  const UnitInfo& info = units_.at(static_cast<size_t>(unit));
+  if (begin < 0 || n < 0 || begin + n > info.numel) throw std::out_of_range("CheckpointReader::read outside the unit");
+  for (int r = 0; r < world_; ++r) {
+    const Segment& s = info.segments[static_cast<size_t>(array)][static_cast<size_t>(r)];
+    const int64_t lo = std::max(begin, s.begin), hi = std::min(begin + n, s.begin + s.count);
+    if (lo >= hi) continue;
+    const std::string path = (fs::path(dir_) / rank_file(r, "bin")).string();
+    uint32_t crc = 0;
+    int64_t at = s.begin;  // element of the piece's start
+    try {
+      const bool planned = !planned_.empty() && !planned_[static_cast<size_t>(r)].empty() &&
+                           planned_[static_cast<size_t>(r)].front() == std::pair{unit, array};
+      std::unique_ptr<StreamReader> own;
+      StreamReader* in = planned ? streams_[static_cast<size_t>(r)].get() : nullptr;
+      if (planned) {
+        planned_[static_cast<size_t>(r)].pop_front();
+      } else {
+        own = std::make_unique<StreamReader>(path, std::vector<std::pair<uint64_t, uint64_t>>{{s.offset, s.offset + static_cast<uint64_t>(s.count) * 4}});
+        in = own.get();
+      }
+      const char* data = nullptr;
+      size_t bytes = 0;
+      uint32_t piece_crc = 0;
+      while (at < s.begin + s.count && in->next(&data, &bytes, nullptr, &piece_crc)) {
+        crc = crc32c_combine(crc, piece_crc, bytes);
+        const int64_t len = static_cast<int64_t>(bytes / 4);
+        const int64_t clo = std::max(lo, at), chi = std::min(hi, at + len);
+        if (clo < chi) std::memcpy(dst + (clo - begin), data + (clo - at) * 4, static_cast<size_t>(chi - clo) * 4);
+        at += len;
+      }
+    } catch (const CheckpointError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CheckpointError(e.what());
+    }
+    if (crc != s.crc) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ": unit %d (%s) %s, elements [%lld, %lld): checksum mismatch (index 0x%08x, data 0x%08x)",
+                    unit, info.name.c_str(), kArrayNames[array], static_cast<long long>(s.begin),
+                    static_cast<long long>(s.begin + s.count), s.crc, crc);
+      throw CheckpointError(path + buf);
+    }
+  }
+}
+
+void CheckpointReader::plan(const std::vector<Read>& reads) {
+  streams_.clear();
+  planned_.assign(static_cast<size_t>(world_), {});
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> ranges(static_cast<size_t>(world_));
+  for (const Read& q : reads) {
+    for (int r = 0; r < world_; ++r) {
+      const Segment& s = units_.at(static_cast<size_t>(q.unit)).segments.at(static_cast<size_t>(q.array))[static_cast<size_t>(r)];
+      if (std::max(q.begin, s.begin) >= std::min(q.begin + q.n, s.begin + s.count)) continue;
+      auto& rr = ranges[static_cast<size_t>(r)];
+      if (!rr.empty() && rr.back().second > s.offset) return planned_.clear();  // not in file order: no plan
+      rr.emplace_back(s.offset, s.offset + static_cast<uint64_t>(s.count) * 4);
+      planned_[static_cast<size_t>(r)].emplace_back(q.unit, q.array);
+    }
+  }
+  for (int r = 0; r < world_; ++r) {
+    const std::string path = (fs::path(dir_) / rank_file(r, "bin")).string();
+    streams_.push_back(ranges[static_cast<size_t>(r)].empty() ? nullptr
+                                                              : std::make_unique<StreamReader>(path, ranges[static_cast<size_t>(r)]));
+  }
+}
+
+}  // namespace ferry::runtime

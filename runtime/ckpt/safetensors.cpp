@@ -1,0 +1,103 @@
+#include "runtime/ckpt/safetensors.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace ferry::runtime {
+
+using nlohmann::json;
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  if (dtype == "F32" || dtype == "I32") return 4;
+  if (dtype == "BF16" || dtype == "F16") return 2;
+  if (dtype == "F64") return 8;
+  throw std::runtime_error("safetensors: unknown dtype '" + dtype + "'");
+}
+
+namespace {
+uint64_t expected_bytes(const SafetensorsEntry& e) {
+  uint64_t n = safetensors_dtype_size(e.dtype);
+  for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<SafetensorsEntry> entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : file_(path, File::create), entries_(std::move(entries)) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t at = 0;
+  for (SafetensorsEntry& e : entries_) {
+    e.begin = at;
+    e.end = at += expected_bytes(e);
+    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  const uint64_t n = text.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  file_.write_at(0, len, 8);
+  file_.write_at(8, text.data(), text.size());
+  data_start_ = 8 + n;
+}
+
+void SafetensorsWriter::write(size_t index, const void* data, size_t bytes) {
+  const SafetensorsEntry& e = entries_.at(index);
+  if (bytes != e.end - e.begin) throw std::logic_error("safetensors: wrong byte count for " + e.name);
+  file_.write_at(data_start_ + e.begin, data, bytes);
+}
+
+void SafetensorsWriter::finish() {
+  file_.sync();
+  file_.close();
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File::read) {
+  const uint64_t size = file_.size();
+  if (size < 8) throw std::runtime_error(path + ": too short for a safetensors file");
+  unsigned char len[8];
+  file_.read_at(0, len, 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n > size - 8 || n > (100u << 20)) throw std::runtime_error(path + ": header length " + std::to_string(n) + " is past the end");
+  std::string text(n, '\0');
+  file_.read_at(8, text.data(), n);
+  data_start_ = 8 + n;
+  json header;
+  try {
+    header = json::parse(text);
+    for (const auto& [name, v] : header.items()) {
+      if (name == "__metadata__") {
+        metadata_ = v.get<std::map<std::string, std::string>>();
+        continue;
+      }
+      SafetensorsEntry e{name, v.at("dtype").get<std::string>(), v.at("shape").get<std::vector<int64_t>>(),
+                         v.at("data_offsets").at(0).get<uint64_t>(), v.at("data_offsets").at(1).get<uint64_t>()};
+      if (e.end < e.begin || e.end - e.begin != expected_bytes(e))
+        throw std::runtime_error(path + ": tensor " + name + " has offsets that do not match its shape and dtype");
+      entries_.push_back(std::move(e));
+    }
+  } catch (const json::exception& ex) {
+    throw std::runtime_error(path + ": bad safetensors header: " + ex.what());
+  }
+  std::vector<SafetensorsEntry> sorted = entries_;
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  uint64_t at = 0;
+  for (const auto& e : sorted) {
+    if (e.begin != at) throw std::runtime_error(path + ": tensor " + e.name + " does not start where the previous ends");
+    at = e.end;
+  }
+  if (data_start_ + at != size) throw std::runtime_error(path + ": the data is " + std::to_string(size - data_start_) + " bytes, the header covers " + std::to_string(at));
+}
+
+std::vector<char> SafetensorsReader::read(const SafetensorsEntry& e) {
+  std::vector<char> out(e.end - e.begin);
+  file_.read_at(data_start_ + e.begin, out.data(), out.size());
+  return out;
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,110 @@
+// The run's configuration: one JSON file plus `--set key.path=value` overrides, checked
+// against config_schema, with DeepSpeed's names for the runtime keys.
+//
+// Errors (unknown key, wrong type, value out of range, inconsistent values, unreadable
+// file) throw ConfigError whose message names the file (or the --set argument) and the
+// key, and suggests the closest valid key for a misspelt one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/gpt.h"
+#include "nn/llama.h"
+#include "offload/cpu_adam.h"
+#include "runtime/config/sections.h"
+
+namespace ferry::runtime {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+
+
+struct Config {
+  nn::GPTConfig model;           // the dimensions every architecture has
+  std::string model_arch = "gpt2";  // gpt2 | llama
+  nn::LlamaConfig llama;         // with model_arch llama: the whole shape
+  uint64_t model_seed = 0;
+  bool activation_checkpointing = false;
+  // Mixed precision: zero.compute is bf16 (bf16.enabled) or f16 (fp16.enabled), else f32.
+  bool fp16 = false;
+  LossScaling loss_scaling;  // fp16 only
+  struct {
+    std::string path, format;
+    uint64_t seed = 0;
+    double val_fraction = 0;
+  } data;
+  struct {
+    std::string type;
+    size_t memory = 0;
+    int threads = 0;
+  } device;
+  struct {
+    int64_t steps = 0, eval_every = 0, eval_batches = 0, sample_tokens = 0;
+    double sample_temperature = 1;
+  } train;
+  struct {
+    std::string metrics;  // "" = none
+    int64_t every = 1;
+    std::string trace;    // "" = none; per rank: trace_path_for_rank()
+    std::string progress = "auto";  // auto | bar | lines
+    double peak_tflops = 0;         // per rank; 0 = not configured (no MFU)
+  } log;
+  struct {
+    int prefetch_depth = 2;
+    bool overlap_offload = true;
+  } schedule;
+  struct {
+    std::string dir;  // "" = no checkpoints
+    int64_t every_steps = 0;
+    int keep_last = 2;
+    std::string resume = "none";  // none | auto | a checkpoint directory
+  } checkpoint;
+  ZeroConfig zero;
+  OffloadConfig offload;
+  double comm_timeout_s = 300;
+  std::string comm_progress = "auto";
+  int64_t micro_batch = 0, grad_accum = 0;
+  double grad_clip = 0;
+  offload::AdamWParams optimizer;
+  SchedulerConfig scheduler;
+  int world_size = 1;
+  struct {
+    std::string path;                          // "" = no --deepspeed file
+    std::vector<std::string> autos_resolved;   // "key = value" for each "auto" in it
+    std::vector<std::string> ignored;          // its keys ferry ignores (runtime/config/deepspeed_config.h)
+  } deepspeed;
+  nlohmann::json resolved;  // every effective value, for printing and for the metrics header
+
+  int64_t global_batch() const { return micro_batch * grad_accum * world_size; }
+};
+
+// Reads `path`, applies `overrides` ("a.b=value"; the value is JSON if it parses as JSON,
+// else a string), checks everything, fills defaults. With `deepspeed_path`, that
+// DeepSpeed configuration supplies the runtime keys (runtime/config/deepspeed_config.h): a key
+// both files set differently is an error; "auto" takes ferry's file, ferry's default or
+// the computed value; `overrides` apply last. Where neither file sets gradient_clipping,
+// DeepSpeed's default (0, no clipping) applies.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   int world_size = 1, const std::string& deepspeed_path = "");
+// The same from an in-memory document; `source` names it in errors, `base_dir` resolves
+// relative paths.
+Config config_from_json(const nlohmann::json& doc, const std::string& source,
+                        const std::string& base_dir, const std::vector<std::string>& overrides,
+                        int world_size = 1);
+
+// "512MiB", "2GiB", "1.5GB", "1000" -> bytes. Throws ConfigError naming `what`.
+size_t parse_bytes(const nlohmann::json& value, const std::string& what);
+
+// Markdown table of every knob (path, type, default, description), for the docs and --help-config.
+std::string describe_knobs();
+
+}  // namespace ferry::runtime

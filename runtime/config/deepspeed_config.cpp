@@ -1,0 +1,270 @@
+#include "runtime/config/deepspeed_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+#include "runtime/config/config.h"
+
+namespace ferry::runtime {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// DeepSpeed key path -> ferry key path, for keys with the same meaning. DeepSpeed accepts
+// several spellings of some keys (its pydantic aliases); all are listed.
+const std::map<std::string, std::string>& mapped_keys() {
+  static const std::map<std::string, std::string> m = [] {
+    std::map<std::string, std::string> k;
+    for (const char* same : {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
+                             "gradient_clipping", "optimizer.params.lr", "optimizer.params.betas",
+                             "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
+                             "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+                             "scheduler.params.warmup_type", "scheduler.params.total_num_steps",
+                             "scheduler.params.warmup_min_ratio", "scheduler.params.cos_min_ratio",
+                             "zero_optimization.stage", "zero_optimization.reduce_bucket_size",
+                             "zero_optimization.allgather_bucket_size", "zero_optimization.overlap_comm",
+                             "zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.nvme_path",
+                             "zero_optimization.offload_optimizer.pin_memory",
+                             "zero_optimization.offload_optimizer.buffer_count", "zero_optimization.offload_param.device",
+                             "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_param.pin_memory",
+                             "zero_optimization.offload_param.buffer_count", "zero_optimization.offload_param.buffer_size",
+                             "zero_optimization.offload_param.max_in_cpu", "aio.block_size", "aio.queue_depth",
+                             "aio.intra_op_parallelism", "aio.single_submit", "aio.overlap_events", "bf16.enabled",
+                             "fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window",
+                             "fp16.hysteresis", "fp16.consecutive_hysteresis", "fp16.min_loss_scale"}) {
+      k[same] = same;
+    }
+    k["zero_optimization.stage3_prefetch_bucket_size"] = "zero_optimization.stage3_prefetch_bucket_size";
+    k["zero_optimization.prefetch_bucket_size"] = "zero_optimization.stage3_prefetch_bucket_size";
+    k["zero_optimization.stage3_max_live_parameters"] = "zero_optimization.stage3_max_live_parameters";
+    k["zero_optimization.max_live_parameters"] = "zero_optimization.stage3_max_live_parameters";
+    k["aio.thread_count"] = "aio.intra_op_parallelism";  // DeepSpeed >= 0.15's name
+    k["bfloat16.enabled"] = "bf16.enabled";              // DeepSpeed's alias
+    return k;
+  }();
+  return m;
+}
+
+// Keys that change how DeepSpeed lays out memory, logs or profiles, never what it computes.
+bool ignorable(const std::string& path) {
+  static const std::vector<std::string> prefixes = {
+      "steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "tensorboard", "wandb",
+      "csv_monitor", "comet", "flops_profiler", "comms_logger", "activation_checkpointing", "checkpoint",
+      "timers", "autotuning", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+      "prescale_gradients", "gradient_predivide_factor", "sparse_gradients",
+      "zero_optimization.contiguous_gradients", "zero_optimization.reduce_scatter",
+      "zero_optimization.allgather_partitions", "zero_optimization.round_robin_gradients",
+      "zero_optimization.sub_group_size", "zero_optimization.stage3_max_reuse_distance",
+      "zero_optimization.max_reuse_distance", "zero_optimization.stage3_param_persistence_threshold",
+      "zero_optimization.param_persistence_threshold", "zero_optimization.model_persistence_threshold",
+      "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+      "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+      "zero_optimization.gather_16bit_weights_on_model_save", "zero_optimization.elastic_checkpoint",
+      "zero_optimization.load_from_fp32_weights", "zero_optimization.memory_efficient_linear",
+      "zero_optimization.ignore_unused_parameters", "zero_optimization.legacy_stage1",
+      "zero_optimization.use_multi_rank_bucket_allreduce", "zero_optimization.zero_hpz_partition_size",
+      "zero_optimization.mics_shard_size", "zero_optimization.offload_optimizer.fast_init",
+      "zero_optimization.offload_optimizer.pipeline_read", "zero_optimization.offload_optimizer.pipeline_write",
+      "zero_optimization.offload_optimizer.pipeline", "zero_optimization.offload_optimizer.ratio",
+      "zero_optimization.stage3_module_granularity_threshold", "aio.use_gds", "optimizer.params.torch_adam",
+      "optimizer.params.adam_w_mode", "optimizer.params.bias_correction", "optimizer.params.amsgrad",
+      "data_types.grad_accum_dtype", "communication_data_type", "zero_optimization.zero_quantized_weights",
+      "zero_optimization.zero_quantized_gradients", "zero_optimization.zero_quantized_nontrainable_weights",
+      "seq_parallel_communication_data_type", "compile",
+      // fp16 inputs are cast where the first layer reads them anyway; bf16's fused-update and
+      // overflow-check switches only change when DeepSpeed does the same arithmetic.
+      "fp16.auto_cast", "bf16.immediate_grad_update", "bf16.check_grad_overflow"};
+  for (const std::string& p : prefixes)
+    if (path == p || path.starts_with(p + ".")) return true;
+  return false;
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+class Translator {
+ public:
+  Translator(const std::string& source, const std::string& base_dir) : source_(source), base_dir_(base_dir) {}
+
+  DeepSpeedImport run(const json& ds) {
+    if (!ds.is_object()) fail("", "a DeepSpeed configuration must be a JSON object");
+    check_refused(ds);
+    walk(ds, "");
+    return std::move(out_);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
+    throw ConfigError(source_ + ": " + (key.empty() ? "" : "key '" + key + "': ") + why);
+  }
+
+  static const json* at(const json& doc, const std::string& path) {
+    const json* node = &doc;
+    std::stringstream parts(path);
+    std::string part;
+    while (std::getline(parts, part, '.')) {
+      if (!node->is_object() || !node->contains(part)) return nullptr;
+      node = &(*node)[part];
+    }
+    return node;
+  }
+
+  static bool truthy(const json* v) { return v && v->is_boolean() && v->get<bool>(); }
+
+  // Keys whose effect ferry lacks and whose absence would change what is computed.
+  void check_refused(const json& ds) {
+    if (truthy(at(ds, "amp.enabled"))) {
+      fail("amp.enabled", "apex AMP is not implemented by ferry; use \"bf16\" or \"fp16\" (DeepSpeed's own mixed precision)");
+    }
+    if (truthy(at(ds, "fp16.enabled")) && (truthy(at(ds, "bf16.enabled")) || truthy(at(ds, "bfloat16.enabled")))) {
+      fail("bf16.enabled", "bf16.enabled and fp16.enabled are both true; choose one");
+    }
+    if (truthy(at(ds, "fp16.fp16_master_weights_and_grads"))) {
+      fail("fp16.fp16_master_weights_and_grads", "ferry keeps master weights and gradients in fp32 under fp16");
+    }
+    for (const char* section : {"curriculum_learning", "data_efficiency", "progressive_layer_drop", "eigenvalue",
+                                "quantize_training", "elasticity"}) {
+      if (truthy(at(ds, std::string(section) + ".enabled"))) {
+        fail(std::string(section) + ".enabled", "is not implemented by ferry and changes the training run");
+      }
+    }
+    for (const char* present : {"pipeline", "sparse_attention", "compression_training", "moe", "hybrid_engine"}) {
+      if (const json* v = at(ds, present); v && !(v->is_object() && v->contains("enabled") && !truthy(&(*v)["enabled"]))) {
+        fail(present, "is not implemented by ferry and changes the training run");
+      }
+    }
+    if (truthy(at(ds, "sparse_gradients"))) fail("sparse_gradients", "ferry reduces dense gradients only");
+    for (const char* dtype_key : {"communication_data_type", "data_types.grad_accum_dtype"}) {
+      if (const json* v = at(ds, dtype_key); v && !v->is_null() && (!v->is_string() || lower(v->get<std::string>()) != "fp32")) {
+        fail(dtype_key, "ferry reduces and accumulates gradients in fp32 only, got " + v->dump());
+      }
+    }
+    for (const char* q : {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
+                          "zero_optimization.zero_quantized_nontrainable_weights"}) {
+      if (truthy(at(ds, q))) fail(q, "quantized communication (ZeRO++) is not implemented by ferry");
+    }
+    if (const json* t = at(ds, "optimizer.type")) {
+      const std::string type = t->is_string() ? lower(t->get<std::string>()) : "";
+      if (type != "adam" && type != "adamw") {
+        fail("optimizer.type", "ferry implements Adam and AdamW (decoupled weight decay), got " + t->dump());
+      }
+      const json* mode = at(ds, "optimizer.params.adam_w_mode");
+      if (type == "adam" && mode && mode->is_boolean() && !mode->get<bool>()) {
+        fail("optimizer.params.adam_w_mode", "false asks for L2-regularised Adam; ferry implements AdamW only");
+      }
+      if (const json* bc = at(ds, "optimizer.params.bias_correction"); bc && bc->is_boolean() && !bc->get<bool>()) {
+        fail("optimizer.params.bias_correction", "ferry's Adam always corrects the bias");
+      }
+      if (truthy(at(ds, "optimizer.params.amsgrad"))) fail("optimizer.params.amsgrad", "AMSGrad is not implemented");
+    }
+    if (const json* t = at(ds, "scheduler.type")) {
+      static const std::vector<std::string> ok = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+      if (!t->is_string() || std::find(ok.begin(), ok.end(), t->get<std::string>()) == ok.end()) {
+        fail("scheduler.type", "ferry implements WarmupLR, WarmupDecayLR and WarmupCosineLR, got " + t->dump());
+      }
+    }
+    if (const json* gc = at(ds, "gradient_predivide_factor"); gc && gc->is_number() && gc->get<double>() <= 0) {
+      fail("gradient_predivide_factor", "must be positive");
+    }
+  }
+
+  void walk(const json& node, const std::string& prefix) {
+    for (const auto& [key, value] : node.items()) {
+      const std::string path = prefix.empty() ? key : prefix + "." + key;
+      if (path == "optimizer.type" || path == "scheduler.type") {
+        // Adam and AdamW are both decoupled-decay AdamW here (DeepSpeed's adam_w_mode default).
+        set(path, path == "optimizer.type" ? json("AdamW") : value);
+        continue;
+      }
+      if (path == "amp" || path == "fp16.fp16_master_weights_and_grads") continue;  // false (check_refused)
+      if (path == "zero_optimization.cpu_offload") {  // DeepSpeed's legacy spelling
+        if (truthy(&value)) set("zero_optimization.offload_optimizer.device", "cpu");
+        continue;
+      }
+      if (const auto it = mapped_keys().find(path); it != mapped_keys().end()) {
+        if (value.is_string() && value == "auto") {
+          out_.autos.push_back(it->second);
+        } else {
+          set(it->second, value);
+        }
+        continue;
+      }
+      if (ignorable(path)) {
+        if (!(value.is_object() && !value.empty())) out_.ignored.push_back(path);
+        else walk_ignored(value, path);
+        continue;
+      }
+      if (value.is_object() && is_known_section(path)) {
+        walk(value, path);
+        continue;
+      }
+      if (is_ferry_section(path)) {
+        fail(path, "is a ferry section; put it in the --config file (the --deepspeed file holds the runtime keys)");
+      }
+      out_.ignored.push_back(path + " (unknown to ferry)");
+    }
+  }
+
+  void walk_ignored(const json& node, const std::string& prefix) {
+    for (const auto& [key, value] : node.items()) {
+      const std::string path = prefix + "." + key;
+      if (value.is_object() && !value.empty()) {
+        walk_ignored(value, path);
+      } else {
+        out_.ignored.push_back(path);
+      }
+    }
+  }
+
+  static bool is_known_section(const std::string& path) {
+    for (const auto& [ds, ferry] : mapped_keys())
+      if (ds.starts_with(path + ".")) return true;
+    return path == "optimizer" || path == "scheduler";
+  }
+
+  static bool is_ferry_section(const std::string& path) {
+    static const std::vector<std::string> own = {"model", "data", "device", "train", "log", "schedule", "comm"};
+    return std::find(own.begin(), own.end(), path) != own.end();
+  }
+
+  void set(const std::string& ferry_path, json value) {
+    if ((ferry_path.ends_with(".nvme_path")) && value.is_string()) {
+      // Relative to the DeepSpeed file's folder, like ferry's own file paths.
+      std::string joined, item;
+      std::stringstream list(value.get<std::string>());
+      while (std::getline(list, item, ',')) {
+        fs::path p(item);
+        if (p.is_relative() && !base_dir_.empty()) p = fs::path(base_dir_) / p;
+        joined += (joined.empty() ? "" : ",") + p.lexically_normal().string();
+      }
+      value = joined;
+    }
+    json* node = &out_.runtime;
+    std::stringstream parts(ferry_path);
+    std::string part, next;
+    std::getline(parts, part, '.');
+    while (std::getline(parts, next, '.')) {
+      node = &(*node)[part];
+      part = next;
+    }
+    (*node)[part] = std::move(value);
+  }
+
+  std::string source_, base_dir_;
+  DeepSpeedImport out_;
+};
+
+}  // namespace
+
+DeepSpeedImport translate_deepspeed(const json& ds, const std::string& source, const std::string& base_dir) {
+  return Translator(source, base_dir).run(ds);
+}
+
+}  // namespace ferry::runtime

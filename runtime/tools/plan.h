@@ -1,0 +1,76 @@
+// ferry plan: what a configuration needs per rank in every memory tier, for every ZeRO
+// stage and offload choice, whether it fits, and a step-time estimate from measured rates.
+//
+// Memory: the same arithmetic the runtime allocates by (units padded for sharding; shard
+// store regions; the pinned pool's sizing; the GPT's activation tensors, forward and
+// backward), so host, pinned and nvme figures equal what a run reports and the device
+// arena's peak is predicted within the transient buffers' slack (tests/test_plan.cpp
+// compares them with real runs).
+// Time: compute = model FLOPs / the FLOP rate; nvme = bytes moved / bandwidth; comm =
+// whole-model collective buffers / the measured collective rate; adam = parameters
+// updated on the CPU / Adam's rate. Rates default to round figures of a small server and
+// are better read from ferry-bench results (--bench DIR).
+// The overlapped estimate is the largest of them (what "The overlapped step" aims at), the
+// sequential one their sum.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/config/config.h"
+
+namespace ferry::runtime {
+
+struct Rates {
+  double flops = 50e9;             // model FLOP/s per rank (ferry-bench model: model_gflops)
+  double nvme_bytes_per_s = 1e9;   // per rank (ferry-bench io: ferry_bytes_per_s)
+  double comm_bytes_per_s = 5e9;   // a collective's buffer bytes per second (ferry-bench comm: ferry_gbps)
+  double adam_params_per_s = 5e8;  // CPU Adam (ferry-bench adam: params_per_s)
+  std::vector<std::string> sources;  // where each rate came from
+};
+
+// Rates from ferry-bench JSON results in `dir` (bench-model.json, bench-io.json,
+// bench-comm.json, bench-adam.json), each file optional; throws naming a file it cannot read.
+Rates rates_from_bench(const std::string& dir, Rates defaults = {});
+
+struct MemoryPlan {
+  size_t device_states = 0;       // weights, gradients, optimizer state kept in the arena
+  size_t device_activations = 0;  // peak of one micro-batch's activations (forward or backward)
+  size_t device_transient = 0;    // gathered units and gradient buffers in flight (stages 2-3)
+  size_t device_peak = 0;         // the sum: the arena's predicted peak
+  size_t host_states = 0;         // gradient shards, optimizer state, parameters in host memory
+  size_t host_pinned = 0;         // the pinned staging pool
+  size_t nvme = 0;                // nvme file bytes
+  size_t nvme_params = 0;         // of which parameter shards (the rest: optimizer state)
+};
+
+struct TimePlan {
+  double compute_s = 0, nvme_s = 0, comm_s = 0, adam_s = 0;
+  double nvme_bytes = 0, comm_bytes = 0;
+  double overlapped_s() const;
+  double sequential_s() const;
+};
+
+// One configuration at `ranks` ranks (its zero stage and offload choices as given).
+MemoryPlan plan_memory(const Config& c, int ranks);
+TimePlan plan_time(const Config& c, int ranks, const Rates& r);
+
+struct PlanRow {
+  int stage = 0;
+  std::string optimizer, params;  // none | cpu | nvme
+  MemoryPlan mem;
+  TimePlan time;
+  bool fits_device = true, fits_host = true;
+};
+
+// Every legal (stage, offload_optimizer, offload_param) choice for `base`'s model and batch.
+// Device and host limits: 0 = from the configuration (device.memory) / not checked.
+std::vector<PlanRow> plan_all(const Config& base, int ranks, const Rates& r, size_t device_memory, size_t host_memory);
+
+std::string format_plan(const Config& base, int ranks, const Rates& r, const std::vector<PlanRow>& rows,
+                        size_t device_memory, size_t host_memory);
+nlohmann::json plan_json(const std::vector<PlanRow>& rows);
+
+}  // namespace ferry::runtime

@@ -1,0 +1,614 @@
+#include "runtime/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+#include <thread>
+
+#include <sys/resource.h>
+
+#include "base/log.h"
+#include "base/stop_signal.h"
+#include "base/version.h"
+#include "nn/cuda_device.h"
+#include "nn/gpt.h"
+#include "nn/llama.h"
+#include "nn/rng.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/train/lr_schedule.h"
+#include "runtime/train/progress.h"
+#include "runtime/zero/partition.h"
+
+namespace ferry::runtime {
+
+using nn::DType;
+using nn::Tensor;
+
+namespace {
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+// device.type cuda: the GPU of this rank's local rank, with the device.memory budget.
+std::unique_ptr<nn::Device> make_gpu(const Config& c, const comm::Communicator& comm) {
+  const nn::CudaStatus s = nn::cuda_status();
+  if (!s.available()) {
+    throw std::invalid_argument("key 'device.type': cuda, but the cuda device is unavailable: " + s.reason);
+  }
+  if (comm.local_size() > s.gpus) {
+    throw std::invalid_argument("key 'device.type': cuda with " + std::to_string(comm.local_size()) +
+                                " ranks on this node but " + std::to_string(s.gpus) + " GPU(s): one GPU per rank");
+  }
+  return nn::make_cuda_device(c.device.memory, comm.local_rank());
+}
+
+// device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
+// launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
+int compute_threads(const Config& c, const comm::Communicator& comm) {
+  if (c.device.threads > 0) return c.device.threads;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / std::max(1, comm.local_size()));
+}
+
+}  // namespace
+
+size_t peak_resident_bytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string describe_breakdown(const StepBreakdown& b) {
+  std::string line = fmt("%.3f s:", b.wall_s);
+  bool first = true;
+  for (size_t a = 0; a < kActivities; ++a) {
+    if (b.busy_s[a] < 5e-4) continue;
+    line += std::string(first ? " " : ", ") + activity_key(static_cast<Activity>(a)) + fmt(" %.3f", b.busy_s[a]);
+    first = false;
+  }
+  return line + fmt(" (overlap %.2f)", b.overlap());
+}
+
+Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& out)
+    : cfg_(config),
+      comm_(comm),
+      out_(out),
+      device_(std::make_unique<nn::CpuDevice>(config.device.type == "cuda" ? SIZE_MAX : config.device.memory,
+                                              compute_threads(config, comm))),
+      gpu_(config.device.type == "cuda" ? make_gpu(config, comm) : nullptr),
+      compute_(gpu_ ? gpu_.get() : device_.get()),
+      model_([&]() -> std::unique_ptr<nn::Model> {
+        std::unique_ptr<nn::Model> m;
+        if (config.model_arch == "llama") {
+          m = std::make_unique<nn::Llama>(config.llama, *compute_, config.zero.compute);
+        } else {
+          m = std::make_unique<nn::GPT>(config.model, *compute_, config.zero.compute);
+        }
+        m->set_activation_checkpointing(config.activation_checkpointing);
+        return m;
+      }()),
+      adam_(config.optimizer),
+      data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,
+                            config.data.val_fraction)),
+      sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size) {
+  if (cfg_.fp16) scaler_ = std::make_unique<LossScaler>(cfg_.loss_scaling);
+  if (cfg_.world_size != comm_.size()) {
+    throw std::invalid_argument("Trainer: the config was resolved for world size " + std::to_string(cfg_.world_size) +
+                                " but the communicator has " + std::to_string(comm_.size()) + " ranks");
+  }
+  const OffloadConfig& off = cfg_.offload;
+  const offload::Tier opt_tier = offload::parse_tier(off.optimizer_device), param_tier = offload::parse_tier(off.param_device);
+  host_ = std::make_unique<nn::CpuDevice>(SIZE_MAX, device_->threads());
+  const auto layout = model_->units();
+  if (opt_tier == offload::Tier::nvme || param_tier == offload::Tier::nvme) {
+    // Pinned staging: no larger than the largest shard or offload_param.buffer_size.
+    int64_t largest = 0;
+    for (const auto& u : layout) largest = std::max(largest, partition(u.numel, comm_.size(), comm_.rank()).shard);
+    const int64_t elems = std::min<int64_t>(off.param_buffer_size, (largest + offload::kNvmeQuantum - 1) / offload::kNvmeQuantum * offload::kNvmeQuantum);
+    offload::PinnedPoolOptions po;
+    po.buffer_size = static_cast<size_t>(std::max<int64_t>(elems, offload::kNvmeQuantum)) * 4;
+    // Separate budgets: the optimizer's tiles (3 buffers each, more for reading ahead)
+    // and the parameter shards in flight; one more for the optimizer's write-through of nvme
+    // parameters, so that neither side can take the buffers the other waits for.
+    po.buffer_count =
+        (opt_tier == offload::Tier::nvme ? off.optimizer_buffers : 0) + (param_tier == offload::Tier::nvme ? off.param_buffers + 1 : 0);
+    po.pin = off.optimizer_pin && off.param_pin;
+    pool_ = std::make_unique<offload::PinnedPool>(po);
+  }
+  Placement place;
+  place.params = param_tier;
+  place.grads_on_host = opt_tier != offload::Tier::device;
+  place.host = host_.get();
+  place.param_paths = off.param_paths;
+  place.aio = off.aio;
+  place.pool = pool_.get();
+  place.fault = off.fault;
+  place.max_in_cpu = off.max_in_cpu;
+  place.prefetch_depth = cfg_.schedule.prefetch_depth;
+  if (param_tier == offload::Tier::nvme && place.prefetch_depth > off.param_buffers - 1) {
+    // One buffer stays for reads on demand.
+    place.prefetch_depth = off.param_buffers - 1;
+    if (comm_.rank() == 0) {
+      log::warn(log::Subsys::sched, "schedule.prefetch_depth " + std::to_string(cfg_.schedule.prefetch_depth) +
+                                        " needs offload_param.buffer_count >= " +
+                                        std::to_string(cfg_.schedule.prefetch_depth + 1) + "; prefetching " +
+                                        std::to_string(place.prefetch_depth) + " units ahead");
+    }
+  }
+  place.overlap_io = cfg_.schedule.overlap_offload;
+  // On a GPU, states stay on it when nothing is offloaded (gathers and reductions over
+  // NCCL, AdamW on the device); with offload they live on the host side and the model
+  // reaches them through StagedUnits (reductions over MPI, CPU Adam).
+  const bool on_gpu = gpu_ && opt_tier == offload::Tier::device && param_tier == offload::Tier::device;
+  nn::Device& state = on_gpu ? *gpu_ : static_cast<nn::Device&>(*device_);
+  comm::Communicator* shard_comm = &comm_;
+  if (on_gpu) {
+    auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
+    if (!mpi) throw std::invalid_argument("device.type cuda without offload starts NCCL over MPI: run under ferry-train");
+    nccl_ = comm::NcclCommunicator::create(*mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
+    shard_comm = nccl_.get();
+  }
+  units_ = std::make_unique<ShardedUnits>(state, *shard_comm, layout, cfg_.zero,
+                                          [&](int u, const Tensor& full) { init_unit(u, full); }, place);
+  if (gpu_ && !on_gpu) staged_ = std::make_unique<nn::StagedUnits>(*units_, *gpu_);
+  std::string warning;
+  opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, state, *host_, adam_, off, pool_.get(), comm_.rank(),
+                                          &warning);
+  if (!warning.empty()) log::warn(log::Subsys::optim, "optimizer state: " + warning);
+  log::info(log::Subsys::optim, "optimizer state: " + nn::format_bytes(opt_->bytes()) + " in " + opt_->where());
+  if (pool_) {
+    log::info(log::Subsys::offload, "pinned pool: " + std::to_string(pool_->buffer_count()) + " x " +
+                                        nn::format_bytes(pool_->buffer_size()) +
+                                        (pool_->pinned() ? ", page-locked" : ", not page-locked"));
+  }
+  for (int u = 0; u < model_->num_units(); ++u) {
+    const ShardedUnits::Owned o = units_->owned(u);
+    std::vector<DecayRange> ranges;
+    for (const nn::TensorSpec& t : layout[static_cast<size_t>(u)].tensors) {
+      const int64_t lo = std::max(t.offset, o.begin), hi = std::min(t.offset + t.numel(), o.begin + o.length);
+      if (lo < hi) ranges.push_back({lo - o.begin, hi - o.begin, t.decay ? cfg_.optimizer.weight_decay : 0.0});
+    }
+    decay_.push_back(std::move(ranges));
+  }
+  if (!cfg_.log.metrics.empty() && comm_.rank() == 0) {
+    metrics_ = MetricsWriter(cfg_.log.metrics, /*append=*/cfg_.checkpoint.resume != "none");
+  }
+  tracer_ = std::make_unique<Tracer>(comm_.rank());
+  if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
+  // States on a GPU: updates are kernels queued in order on the compute stream, issued
+  // from this thread (the Device contract), so there is no host work to overlap.
+  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload && !nccl_);
+  units_->set_tracer(tracer_.get());
+  units_->set_update_worker(worker_.get());
+  units_->on_gradients_ready([this](int u) { gradients_ready(u); });
+  opt_->set_tracer(tracer_.get());
+  opt_->set_read_ahead(cfg_.schedule.overlap_offload);
+}
+
+Trainer::~Trainer() = default;
+
+TierMemory Trainer::memory_by_tier() const {
+  const StateBytes sb = units_->state_bytes();
+  TierMemory m;
+  m.device_cap = compute_->memory().capacity;
+  m.device_peak = compute_->memory().peak;
+  m.device_in_use = compute_->memory().in_use;
+  m.host_pinned = pool_ ? pool_->bytes() : 0;
+  m.host_states = sb.gradients_host +
+                  (opt_->tier() == offload::Tier::cpu ? opt_->bytes() : 0) + sb.weights_host;
+  // Offload on a GPU: the state arena itself is host memory (the GPU's is device_*).
+  if (staged_) m.host_states += device_->memory().in_use;
+  m.nvme = (opt_->tier() == offload::Tier::nvme ? opt_->bytes() : 0) + sb.weights_nvme;
+  return m;
+}
+
+nlohmann::json TierMemory::to_json() const {
+  return {{"device_cap", device_cap}, {"device_peak", device_peak}, {"device_in_use", device_in_use},
+          {"host_pinned", host_pinned}, {"host_states", host_states}, {"nvme", nvme}};
+}
+
+void Trainer::init_unit(int unit, const Tensor& full) {
+  if (!gpu_ || &full.device() == gpu_.get()) return model_->init_unit(unit, full, cfg_.model_seed);
+  // The model writes through its own device: initialise on the GPU, then bring the values
+  // to the state tensor (the same values: init draws them on the host in f64).
+  const Tensor here = Tensor::empty(*gpu_, full.dtype(), full.shape());
+  model_->init_unit(unit, here, cfg_.model_seed);
+  gpu_->copy_to_host(full.data(), here);
+}
+
+// The process's peak resident memory against what the configuration bounds: the device
+// arena's cap (its measured peak beside it), the pinned pool, gradient shards kept in host
+// memory, optimizer state or parameters in host memory; the rest is the program itself,
+// the corpus, allocator slack and the I/O threads' stacks.
+void Trainer::describe_memory() {
+  const size_t rss = peak_resident_bytes();
+  const TierMemory m = memory_by_tier();
+  const size_t bounded = m.device_cap + m.host_pinned + m.host_states;
+  out_ << "memory: peak resident " << nn::format_bytes(rss) << " against " << nn::format_bytes(bounded)
+       << " configured (device arena cap " << nn::format_bytes(m.device_cap) << ", peak used "
+       << nn::format_bytes(m.device_peak) << "; pinned pool " << nn::format_bytes(m.host_pinned)
+       << "; host gradient shards, optimizer state and parameters " << nn::format_bytes(m.host_states)
+       << "); on nvme " << nn::format_bytes(m.nvme) << "\n";
+  out_.flush();
+}
+
+void Trainer::describe_placement() {
+  const int64_t params = model_->num_parameters();
+  const StateBytes sb = units_->state_bytes();
+  static const char* kStage[] = {"0: everything replicated, gradients all-reduced (DDP)",
+                                 "1: Adam state sharded, weights and gradients replicated",
+                                 "2: Adam state and gradients sharded, weights replicated",
+                                 "3: Adam state, gradients and weights sharded; a unit's weights gathered only while it runs"};
+  const auto& off = cfg_.offload;
+  std::string cached;  // nvme with offload_param.max_in_cpu: the shards kept in memory
+  if (sb.weights_host > 0) cached.append(", ").append(nn::format_bytes(sb.weights_host)).append(" of them in host memory (max_in_cpu)");
+  // With offload on a GPU the state arena is host memory; the GPU holds staged copies.
+  const std::string arena = staged_ ? "host memory (staged to the GPU per unit)" : "the device arena";
+  const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")" + cached
+                                 : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
+                                                                                     : arena;
+  const std::string opt_at = staged_ && opt_->tier() == offload::Tier::device ? arena : opt_->where();
+  out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
+       << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
+  out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
+       << "; per rank (device: " << compute_->name() << "):\n"
+       << "  fp32 weights                 " << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
+       << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
+       << (units_->placement().grads_on_host ? "host memory (shards)" : arena) << "\n"
+       << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
+       << nn::format_bytes(opt_->bytes()) << "  in " << opt_at << (nccl_ ? ", updated on the GPU" : "") << "\n";
+  if (nccl_) out_ << "  collectives                  NCCL on GPU " << nccl_->gpu() << ", ordered by CUDA events\n";
+  if (nn::is_low_precision(cfg_.zero.compute)) {
+    const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names
+    out_ << "  " << (low + " compute weights" + std::string(29, ' ')).substr(0, 29)
+         << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in " + arena + ", refreshed from the fp32 weights after each update"
+                                 : "cast from each fp32 shard and all-gathered per unit, freed after use")
+         << "\n  " << low << " activations; fp32 gradients, reductions, master weights and Adam state"
+         << (cfg_.fp16 ? "; dynamic loss scaling" : "") << "\n";
+  }
+  if (pool_) {
+    out_ << "  pinned staging pool          " << nn::format_bytes(pool_->bytes()) << "  (" << pool_->buffer_count()
+         << " x " << nn::format_bytes(pool_->buffer_size()) << (pool_->pinned() ? ", page-locked)" : ", NOT page-locked)")
+         << "\n";
+  }
+  out_ << "  activations                  allocated per micro-batch in the device arena (see device peak)\n"
+       << "data: " << data_.source() << ": " << data_.train().size() << " training and " << data_.val().size()
+       << " validation tokens; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
+       << " tokens (" << cfg_.micro_batch << " per micro-batch x " << cfg_.grad_accum << " accumulation steps x "
+       << comm_.size() << " ranks)\n";
+}
+
+void Trainer::gradients_ready(int unit) {
+  const Tensor g = units_->grad_shard(unit);
+  worker_->submit(unit, [this, unit, g] {
+    Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units_->order().unit_name(unit));
+    sumsq_[static_cast<size_t>(unit)] = g.device().sum_squares(g);  // host memory, or the GPU's
+  });
+  // Nothing to wait for: update now. Clipping needs the global norm first, and fp16 needs
+  // to know that no rank's gradients overflowed.
+  if (cfg_.grad_clip <= 0 && !scaler_) submit_update(unit, 1.0);
+}
+
+void Trainer::submit_update(int unit, double clip) {
+  // Gradients hold the sum over ranks and micro-batches of each micro-batch's mean-loss
+  // gradient; averaging and clipping fold into Adam's read of them.
+  const double scale = clip / static_cast<double>(cfg_.grad_accum * comm_.size());
+  const Tensor g = units_->owned(unit).grads;
+  const int64_t t = cur_step_ + 1;
+  const double lr = cur_lr_;
+  units_->mark_updating(unit);
+  worker_->submit(unit, [this, unit, g, t, lr, scale] { opt_->step(unit, g, decay_[static_cast<size_t>(unit)], t, lr, scale); });
+}
+
+double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
+  // Each rank's shard slices of the gradients partition the whole: their squared norms,
+  // summed in unit order (the same sum whatever the schedule), then over ranks.
+  sync_updates();  // the norms (and without clipping, the updates themselves)
+  std::vector<double> sumsq{0.0};
+  for (double s : sumsq_) sumsq[0] += s;
+  comm_.all_reduce_sum(sumsq);
+  const double accum = static_cast<double>(cfg_.grad_accum * comm_.size());
+  const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
+  const double grad_norm = std::sqrt(sumsq[0]) / accum / loss_scale;
+  *grad_norm_out = grad_norm;
+  if (scaler_) {
+    const bool overflow = !std::isfinite(grad_norm);
+    const std::string change = scaler_->update(overflow);
+    if (overflow) {
+      // Nothing was updated (updates wait for this decision): the step is dropped whole,
+      // and Adam's step count and the schedule stay where they were.
+      if (comm_.rank() == 0) {
+        log::warn(log::Subsys::optim, "step " + std::to_string(step + 1) + ": fp16 gradients overflowed at loss scale " +
+                                          fmt("%g", loss_scale) + ": step skipped; " + change);
+      }
+      return cur_lr_;
+    }
+    if (!change.empty() && comm_.rank() == 0) log::info(log::Subsys::optim, "step " + std::to_string(step + 1) + ": " + change);
+  }
+  if (!std::isfinite(grad_norm)) {
+    throw std::runtime_error("step " + std::to_string(step + 1) + ": the gradient norm is not finite (" +
+                             std::to_string(grad_norm) + "); lower optimizer.params.lr or check the data");
+  }
+  if (cfg_.grad_clip > 0 || scaler_) {
+    // torch.nn.utils.clip_grad_norm_'s rule. In forward order: the next step's first unit first.
+    const double clip = cfg_.grad_clip > 0 && grad_norm > cfg_.grad_clip ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
+    for (int u = 0; u < model_->num_units(); ++u) submit_update(u, clip / loss_scale);
+  }
+  worker_->submit(-1, [this] { opt_->commit(); });  // after every unit's update: the new state is current
+  return cur_lr_;
+}
+
+StepStats Trainer::train_step(int64_t step) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
+  tracer_->begin_step(step + 1);
+  cur_step_ = step - (scaler_ ? scaler_->skipped() : 0);
+  cur_lr_ = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, cur_step_);
+  if (scaler_) model_->set_loss_scale(scaler_->scale());
+  sumsq_.assign(static_cast<size_t>(model_->num_units()), 0.0);
+  units_->begin_step(step + 1);
+  compute_->reset_peak();
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
+    const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size());
+    // New tensors per micro-batch: the previous one's kernels may still read theirs.
+    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
+    const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
+    compute_->copy_into_new(tokens, batch.inputs.data());
+    compute_->copy_into_new(targets, batch.targets.data());
+    units_->set_micro_batch(micro == cfg_.grad_accum - 1);
+    loss_sum += model_->forward(model_units(), tokens, targets, B, T);
+    model_->backward(model_units());
+  }
+  units_->finish_gradients();
+  units_->end_step();
+  // The stop flag rides on the loss's reduction: every rank learns of a signal any rank got.
+  std::vector<double> reduce{loss_sum, stop_signal() != 0 ? 1.0 : 0.0};
+  comm_.all_reduce_sum(reduce);
+  StepStats s;
+  s.step = step + 1;
+  s.stop = reduce[1] > 0;
+  s.loss = reduce[0] / static_cast<double>(cfg_.grad_accum * comm_.size());
+  s.loss_scale = model_->loss_scale();
+  if (!std::isfinite(s.loss) && !scaler_) {  // fp16: an overflow, which optimizer_step skips
+    throw std::runtime_error("step " + std::to_string(s.step) + ": the loss is not finite; lower optimizer.params.lr");
+  }
+  const int64_t skipped_before = scaler_ ? scaler_->skipped() : 0;
+  s.lr = optimizer_step(step, &s.grad_norm);
+  s.skipped = scaler_ && scaler_->skipped() > skipped_before;
+  const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
+  s.tflops = model_->flops_per_token(T) * s.tokens_per_s / 1e12;
+  s.device_peak_bytes = compute_->memory().peak;
+  s.time = tracer_->end_step();
+  if (log::enabled(log::Level::debug, log::Subsys::train)) {
+    log::debug(log::Subsys::train, "step " + std::to_string(s.step) + ": " + describe_breakdown(s.time) +
+                                       ", device peak " + nn::format_bytes(s.device_peak_bytes));
+  }
+  return s;
+}
+
+double Trainer::evaluate() {
+  sync_updates();
+  const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
+  double sum = 0;
+  for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
+    const Batch batch = sampler_.val_batch(i);
+    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
+    const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
+    compute_->copy_into_new(tokens, batch.inputs.data());
+    compute_->copy_into_new(targets, batch.targets.data());
+    sum += model_->forward(model_units(), tokens, targets, B, T);
+  }
+  model_->free_activations();
+  return sum / static_cast<double>(cfg_.train.eval_batches);
+}
+
+std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
+  sync_updates();
+  // Prompt: the first line's worth of the validation split (up to 32 tokens).
+  std::vector<uint16_t> seq(data_.val().begin(), data_.val().begin() + std::min<size_t>(32, data_.val().size()));
+  nn::Rng rng(seed);
+  const int64_t V = cfg_.model.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), cfg_.model.block_size);
+    std::vector<int32_t> ctx(seq.end() - T, seq.end());
+    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {T});
+    compute_->copy_into_new(tokens, ctx.data());
+    model_->forward(model_units(), tokens, Tensor{}, 1, T);
+    const Tensor last = model_->logits().view((T - 1) * V, {V});
+    const Tensor wide = Tensor::empty(*compute_, DType::f32, {V});  // bf16/f16 logits under mixed precision
+    compute_->cast(wide, last);
+    compute_->copy_to_host(logits.data(), wide);
+    double mx = logits[0];
+    for (float l : logits) mx = std::max<double>(mx, l);
+    std::vector<double> p(static_cast<size_t>(V));
+    double z = 0;
+    for (size_t v = 0; v < p.size(); ++v) z += p[v] = std::exp((logits[v] - mx) / temperature);
+    double r = rng.uniform() * z;
+    size_t pick = 0;
+    while (pick + 1 < p.size() && r >= p[pick]) r -= p[pick++];
+    seq.push_back(static_cast<uint16_t>(pick));
+  }
+  model_->free_activations();
+  return ByteTokenizer::decode(seq);
+}
+
+nlohmann::json Trainer::step_record(const StepStats& s) const {
+  nlohmann::json busy = nlohmann::json::object(), moved = nlohmann::json::object();
+  for (size_t a = 0; a < kActivities; ++a) {
+    const char* key = activity_key(static_cast<Activity>(a));
+    busy[key] = s.time.busy_s[a];
+    if (a != static_cast<size_t>(Activity::compute) && a != static_cast<size_t>(Activity::adam)) moved[key] = s.time.bytes[a];
+  }
+  nlohmann::json r = {{"step", s.step},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"tflops", s.tflops},
+                      {"device_peak_bytes", s.device_peak_bytes},
+                      {"step_time_s", s.time.wall_s},
+                      {"time_s", busy},
+                      {"bytes", moved},
+                      {"memory", memory_by_tier().to_json()},
+                      {"overlap", s.time.overlap()}};
+  if (cfg_.log.peak_tflops > 0) r["mfu"] = s.tflops / (cfg_.log.peak_tflops * comm_.size());
+  if (scaler_) {
+    r["loss_scale"] = s.loss_scale;
+    r["skipped"] = s.skipped;
+  }
+  return r;
+}
+
+nlohmann::json Trainer::model_shape() const {
+  nlohmann::json shape = {{"arch", cfg_.model_arch},
+                          {"n_layer", cfg_.model.n_layer},
+                          {"n_head", cfg_.model.n_head},
+                          {"n_embd", cfg_.model.n_embd},
+                          {"vocab_size", cfg_.model.vocab_size},
+                          {"block_size", cfg_.model.block_size}};
+  if (cfg_.model_arch == "llama") {
+    shape["n_kv_head"] = cfg_.llama.n_kv_head;
+    shape["intermediate_size"] = cfg_.llama.intermediate;
+    shape["rope_theta"] = cfg_.llama.rope_theta;
+    shape["norm_eps"] = cfg_.llama.norm_eps;
+  }
+  return shape;
+}
+
+std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
+  sync_updates();
+  SaveRequest req;
+  req.dir = cfg_.checkpoint.dir;
+  req.step = steps_done;
+  req.keep_last = cfg_.checkpoint.keep_last;
+  req.stage = cfg_.zero.stage;
+  req.model = model_shape();
+  // Everything else the run's future depends on is a function of these: batches of
+  // (data.seed, step, global sequence), the learning rate of (scheduler, step), Adam's
+  // bias correction of the step; nothing else draws random numbers during training.
+  req.meta = {{"data", {{"path", cfg_.data.path},
+                        {"seed", cfg_.data.seed},
+                        {"global_batch", cfg_.global_batch()},
+                        {"sequences_consumed", steps_done * cfg_.global_batch()}}},
+              {"scheduler", cfg_.resolved.value("scheduler", nlohmann::json::object())},
+              {"optimizer", cfg_.resolved.value("optimizer", nlohmann::json::object())},
+              {"lr", lr},
+              {"model_seed", cfg_.model_seed}};
+  if (scaler_) req.meta["loss_scaler"] = scaler_->state();
+  return runtime::save_checkpoint(req, model_->units(), *units_, *opt_, comm_);
+}
+
+int64_t Trainer::load_checkpoint(const std::string& step_dir) {
+  sync_updates();
+  const nlohmann::json manifest = runtime::load_checkpoint(step_dir, model_shape(), model_->units(), *units_, *opt_, comm_);
+  // Allowed to differ (a user may mean it), but the run then no longer continues the saved one.
+  const nlohmann::json& t = manifest.at("trainer");
+  auto warn = [&](const std::string& what) {
+    if (comm_.rank() == 0) log::warn(log::Subsys::ckpt, "resuming " + step_dir + ": " + what);
+  };
+  if (t.at("data").at("seed") != cfg_.data.seed) warn("data.seed differs: other batches than the saved run's");
+  if (t.at("data").at("global_batch") != cfg_.global_batch()) {
+    warn("the global batch was " + t.at("data").at("global_batch").dump() + " sequences, now " +
+         std::to_string(cfg_.global_batch()) + ": keep micro batch x accumulation x ranks to continue the same run");
+  }
+  if (t.at("scheduler") != cfg_.resolved.value("scheduler", nlohmann::json::object())) warn("the scheduler settings differ");
+  if (scaler_) {
+    if (t.contains("loss_scaler")) {
+      scaler_->restore(t.at("loss_scaler"));
+    } else {
+      warn("saved without fp16: the loss scale starts again at 2^fp16.initial_scale_power");
+    }
+  }
+  return manifest.at("step").get<int64_t>();
+}
+
+TrainReport Trainer::run() {
+  TrainReport report;
+  describe_placement();
+  // auto: a bar only where rank 0 writes to a terminal (other ranks' stream discards).
+  const bool bar = cfg_.log.progress == "bar" || (&out_ == &std::cout && progress_bar_wanted(cfg_.log.progress, 1));
+  Progress progress(out_, cfg_.train.steps, bar);
+  auto say = [&](const std::string& text) { progress.say(text); };
+  report.unigram_baseline = unigram_baseline(data_, cfg_.model.vocab_size);
+  out_ << "unigram baseline (validation bytes scored by training byte frequencies): "
+       << fmt("%.4f", report.unigram_baseline) << " nats/token\n";
+  auto eval = [&](int64_t step) {
+    const double v = evaluate();
+    report.val_losses.emplace_back(step, v);
+    say("eval  step " + std::to_string(step) + " | val loss " + fmt("%.4f", v) + "\n");
+    metrics_.write({{"step", step}, {"val_loss", v}});
+  };
+  const std::string from = [&] {
+    try {
+      return resolve_resume(cfg_.checkpoint.resume, cfg_.checkpoint.dir);
+    } catch (const CheckpointError& e) {
+      throw CheckpointError(e.what(), comm_.rank() != 0);  // every rank sees it: rank 0 says it
+    }
+  }();
+  if (!from.empty()) {
+    report.resumed_from = load_checkpoint(from);
+    out_ << "resumed from " << from << " after step " << report.resumed_from << "\n";
+  } else if (cfg_.checkpoint.resume == "auto") {
+    out_ << "no checkpoint in " << cfg_.checkpoint.dir << " yet: starting from step 0\n";
+    // Opened for appending in case a checkpoint continued the run; none did, so a metrics
+    // file left by an earlier run must not precede this one's steps.
+    if (metrics_.enabled()) metrics_ = MetricsWriter(cfg_.log.metrics, /*append=*/false);
+  }
+  const auto& ck = cfg_.checkpoint;
+  for (int64_t step = report.resumed_from; step < cfg_.train.steps; ++step) {
+    const StepStats s = train_step(step);
+    report.steps.push_back(s);
+    report.device_peak_bytes = std::max(report.device_peak_bytes, s.device_peak_bytes);
+    metrics_.write(step_record(s));
+    progress.step(s.step, s.loss, s.tokens_per_s, s.time.wall_s);
+    if (s.step % cfg_.log.every == 0 || s.step == 1 || s.step == cfg_.train.steps) {
+      std::string perf = fmt("%.3f TFLOP/s", s.tflops);
+      if (cfg_.log.peak_tflops > 0) perf += fmt(" (MFU %.1f%%)", 100.0 * s.tflops / (cfg_.log.peak_tflops * comm_.size()));
+      const std::string scale = !scaler_ ? "" : fmt(" | loss scale %g", s.loss_scale) + (s.skipped ? " (overflow: skipped)" : "");
+      say("step " + std::to_string(s.step) + "/" + std::to_string(cfg_.train.steps) + " | loss " + fmt("%.4f", s.loss) +
+          " | lr " + fmt("%.3e", s.lr) + " | grad norm " + fmt("%.3f", s.grad_norm) + scale + " | " +
+          fmt("%.0f", s.tokens_per_s) + " tok/s | " + perf + " | device peak " + nn::format_bytes(s.device_peak_bytes) +
+          " | " + describe_breakdown(s.time) + "\n");
+    }
+    const bool last = s.step == cfg_.train.steps;
+    if (!ck.dir.empty() && (s.stop || last || (ck.every_steps > 0 && s.step % ck.every_steps == 0))) {
+      report.last_checkpoint = save_checkpoint(s.step, s.lr);
+      say("checkpoint: step " + std::to_string(s.step) + " saved to " + report.last_checkpoint + "\n");
+    }
+    if (s.stop) {
+      report.stopped = true;
+      progress.finish();
+      out_ << "stopped after step " << s.step << " on a stop signal; "
+           << (ck.dir.empty() ? "no checkpoint.dir, nothing saved"
+                              : "continue with --resume auto (or --resume " + report.last_checkpoint + ")")
+           << "\n";
+      out_.flush();
+      return report;
+    }
+    if (cfg_.train.eval_every > 0 && s.step % cfg_.train.eval_every == 0 && !last) eval(s.step);
+  }
+  eval(cfg_.train.steps);
+  progress.finish();
+  describe_memory();
+  const double final_val = report.val_losses.back().second;
+  out_ << "final validation loss " << fmt("%.4f", final_val) << " nats/token vs unigram baseline "
+       << fmt("%.4f", report.unigram_baseline) << " ("
+       << fmt("%.1f", 100.0 * (report.unigram_baseline - final_val) / report.unigram_baseline) << "% below)\n";
+  if (cfg_.train.sample_tokens > 0) {
+    report.sample = sample(cfg_.train.sample_tokens, cfg_.train.sample_temperature, cfg_.data.seed);
+    out_ << "sample (prompt: the first 32 validation bytes; temperature " << cfg_.train.sample_temperature
+         << "):\n---\n" << report.sample << "\n---\n";
+  }
+  return report;
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,157 @@
+// The training loop on one rank: micro-batches with gradient accumulation, global-norm
+// clipping, AdamW (offload::CpuAdam), the learning-rate schedule, periodic validation,
+// metrics, and a sample generated at the end.
+//
+// Data parallel over comm's ranks with ZeRO stages 0-3 (ShardedUnits): each rank reads its
+// own slice of the global batch; the optimizer updates the range its stage gives it.
+// Placement follows zero_optimization.offload_optimizer / offload_param: by default every
+// state lives in the device arena; offloaded states live in host memory or on NVMe
+// (staged through a pinned pool). Activations are allocated in the arena per micro-batch.
+// device.type cuda: the model computes on the rank's GPU (its local rank). Without offload
+// every state lives in the GPU arena, NCCL (started over comm, which must then be the MPI
+// communicator) gathers and reduce-scatters them, and AdamW runs on the device; with
+// offload the states live on the host side as above and the model reaches them through
+// nn::StagedUnits (MPI reductions, CPU Adam).
+// Only rank 0 writes to `out` and the metrics file; every rank must call the same methods
+// in the same order (they communicate).
+// Errors: ConfigError-style problems surface as std::runtime_error naming the key or
+// file; a non-finite loss or gradient norm stops the run naming the step; a refused
+// checkpoint throws CheckpointError.
+// Checkpoints: with checkpoint.dir set, run() saves every checkpoint.every_steps steps, at
+// the end, and after the step in which a stop signal arrived (then it returns early).
+// Schedule (docs/design.md, "The overlapped step"): each unit's gradient norm and AdamW
+// update run on an UpdateWorker as soon as its gradient is final. Without clipping the
+// update starts at once, during backward; with clipping it waits for the global norm (one
+// scalar all-reduce after backward) and then runs in forward order while train_step
+// returns and the next step's forward begins, which waits only for the unit it needs.
+// evaluate(), sample() and the checkpoint methods wait for pending updates first.
+#pragma once
+
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "base/trace.h"
+#include "comm/communicator.h"
+#include "comm/nccl_communicator.h"
+#include "nn/cpu_device.h"
+#include "nn/model.h"
+#include "nn/staged_units.h"
+#include "offload/cpu_adam.h"
+#include "runtime/config/config.h"
+#include "runtime/train/data.h"
+#include "runtime/train/loss_scaler.h"
+#include "runtime/train/metrics.h"
+#include "runtime/zero/optimizer_state.h"
+#include "runtime/zero/sharded_units.h"
+#include "runtime/zero/update_worker.h"
+
+namespace ferry::runtime {
+
+struct StepStats {
+  int64_t step = 0;  // 1-based
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
+  double tflops = 0;  // achieved model TFLOP/s of the whole job (Model::flops_per_token x tokens / wall)
+  size_t device_peak_bytes = 0;
+  bool stop = false;  // some rank received SIGTERM/SIGINT (base/stop_signal.h)
+  double loss_scale = 1;  // fp16: the scale this step's backward used
+  bool skipped = false;   // fp16: the gradients overflowed; no update was made
+  StepBreakdown time;  // this rank's seconds per activity and the step's wall time
+};
+
+struct TrainReport {
+  std::vector<StepStats> steps;
+  std::vector<std::pair<int64_t, double>> val_losses;  // (step, loss)
+  double unigram_baseline = 0;
+  std::string sample;
+  size_t device_peak_bytes = 0;
+  int64_t resumed_from = 0;    // steps already done by the checkpoint the run resumed from
+  std::string last_checkpoint;  // "" when none was written
+  bool stopped = false;         // ended early on a stop signal
+};
+
+// "0.512 s: compute 0.401, param_read 0.120, adam 0.050 (overlap 1.11)": the activities
+// that took time, for the step line.
+std::string describe_breakdown(const StepBreakdown& b);
+size_t peak_resident_bytes();  // this process's high-water mark of resident memory
+
+// One rank's model-state memory per tier, as placed by the configuration.
+struct TierMemory {
+  size_t device_cap = 0, device_peak = 0, device_in_use = 0;  // the device arena
+  size_t host_pinned = 0;  // the pinned staging pool
+  size_t host_states = 0;  // gradient shards, optimizer state and parameters kept in host memory
+  size_t nvme = 0;         // parameter and optimizer-state bytes in nvme files
+  nlohmann::json to_json() const;
+};
+
+class Trainer {
+ public:
+  // Loads the data and allocates every model state on the device: a model that does not
+  // fit throws nn::OutOfDeviceMemory here, before any step.
+  Trainer(const Config& config, comm::Communicator& comm, std::ostream& out);
+  ~Trainer();
+
+  TrainReport run();
+
+  StepStats train_step(int64_t step);  // step is 0-based
+
+  // Checkpoints (runtime/ckpt/checkpoint.h), both collective. save_checkpoint writes the state
+  // after `steps_done` steps into checkpoint.dir and returns its directory;
+  // load_checkpoint restores one (saved at any world size) and returns its step count.
+  std::string save_checkpoint(int64_t steps_done, double lr);
+  int64_t load_checkpoint(const std::string& step_dir);
+  double evaluate();
+  std::string sample(int64_t n_tokens, double temperature, uint64_t seed);
+
+  nn::Model& model() { return *model_; }
+  ShardedUnits& units() { return *units_; }
+  OptimizerState& optimizer() { return *opt_; }
+  // Where the model computes: the cpu device, or the cuda device (device.type cuda).
+  nn::Device& device() { return *compute_; }
+  Tracer& tracer() { return *tracer_; }
+  TierMemory memory_by_tier() const;
+
+ private:
+  void init_unit(int unit, const nn::Tensor& full);  // the model's initial weights into a state tensor
+  void describe_placement();
+  void describe_memory();
+  nlohmann::json step_record(const StepStats& s) const;  // the metrics file's line for a step
+  nlohmann::json model_shape() const;
+  double optimizer_step(int64_t step, double* grad_norm_out);
+  void gradients_ready(int unit);           // ShardedUnits' callback: the unit's gradient is final
+  void submit_update(int unit, double clip);
+  void sync_updates() { worker_->drain(); }
+
+  Config cfg_;
+  comm::Communicator& comm_;
+  std::ostream& out_;
+  // The state device: the arena of the model states (device.memory) on the cpu device;
+  // host memory without a cap when the model computes on a GPU (device.type cuda).
+  std::unique_ptr<nn::CpuDevice> device_;
+  std::unique_ptr<nn::Device> gpu_;  // device.type cuda only
+  nn::Device* compute_;              // gpu_ or device_
+  std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<nn::CpuDevice> host_;  // host memory outside the device arena (offload "cpu")
+  std::unique_ptr<offload::PinnedPool> pool_;
+  // device.type cuda without offload: the states live on the GPU and NCCL moves them.
+  std::unique_ptr<comm::NcclCommunicator> nccl_;
+  std::unique_ptr<ShardedUnits> units_;
+  std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: units_ copied to and from the GPU
+  nn::UnitAccess& model_units() { return staged_ ? static_cast<nn::UnitAccess&>(*staged_) : *units_; }
+  offload::CpuAdam adam_;
+  std::unique_ptr<OptimizerState> opt_;
+  std::vector<std::vector<DecayRange>> decay_;  // per unit, within its owned range
+  TokenData data_;
+  BatchSampler sampler_;
+  MetricsWriter metrics_;
+  std::unique_ptr<Tracer> tracer_;
+  std::vector<double> sumsq_;  // per unit: this rank's squared gradient norm, this step
+  int64_t cur_step_ = 0;       // 0-based optimizer step in progress (fp16: skipped steps not counted)
+  std::unique_ptr<LossScaler> scaler_;  // fp16 only
+  double cur_lr_ = 0;
+  // Last: destroyed first, so that queued updates finish while what they use still exists.
+  std::unique_ptr<UpdateWorker> worker_;
+};
+
+}  // namespace ferry::runtime

@@ -1,0 +1,123 @@
+#include "runtime/zero/unit_collectives.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "nn/device.h"
+
+namespace ferry::runtime {
+
+using nn::DType;
+using nn::Tensor;
+
+namespace {
+
+float* f32(const Tensor& t) { return t.data_as<float>(); }
+
+}  // namespace
+
+PendingCollective::~PendingCollective() {
+  for (const comm::WorkPtr& w : works_) {
+    // An abandoned transfer (an error elsewhere) must not write into freed buffers; the
+    // watchdog ends a collective that never completes.
+    if (w) w->wait_for(std::chrono::hours(24));
+  }
+}
+
+bool PendingCollective::done() const {
+  for (const comm::WorkPtr& w : works_)
+    if (!w->test()) return false;
+  return true;
+}
+
+void PendingCollective::finish(Tracer* tracer) {
+  const bool on_device = comm_ && comm_->orders_on_device() && !works_.empty();
+  if (on_device) {
+    comm_->order_consumer();
+  } else {
+    for (const comm::WorkPtr& w : works_) w->wait();
+  }
+  if (tracer && !works_.empty() && !on_device) {
+    auto t0 = works_.front()->started_at(), t1 = works_.front()->finished_at();
+    for (const comm::WorkPtr& w : works_) t0 = std::min(t0, w->started_at()), t1 = std::max(t1, w->finished_at());
+    tracer->record(activity_, name_, t0, t1, -1, bytes_);
+  }
+  if (unpack_) unpack_();
+  works_.clear();
+  keep_.clear();
+  unpack_ = nullptr;
+  issued_ = false;
+}
+
+PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, const Tensor& shard, const Tensor& full,
+                                   const Partition& p, int64_t bucket, std::string name) {
+  PendingCollective pc(Activity::all_gather, std::move(name), {shard, full});
+  pc.comm_ = &comm;
+  const int64_t W = p.world, S = p.shard;
+  if (shard.dtype() != full.dtype()) {
+    throw std::invalid_argument("all-gather of " + shard.describe() + " into " + full.describe() + ": one dtype");
+  }
+  if (W == 1 && shard.data() == full.data()) return pc;
+  // Weights only move: a two-byte compute copy (bf16, f16) travels as u16.
+  const size_t esize = nn::dtype_size(shard.dtype());
+  const comm::DataType type = esize == 2 ? comm::DataType::u16 : comm::DataType::f32;
+  auto at = [esize](const Tensor& t, int64_t i) { return static_cast<char*>(t.data()) + static_cast<size_t>(i) * esize; };
+  const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
+  if (len >= S) {
+    pc.works_.push_back(comm.all_gather(shard.data(), full.data(), static_cast<size_t>(S), type));
+    return pc;
+  }
+  std::vector<std::pair<int64_t, Tensor>> packs;  // (c0, pack)
+  for (int64_t c0 = 0; c0 < S; c0 += len) {
+    const int64_t c = std::min(len, S - c0);
+    const Tensor pack = Tensor::empty(dev, shard.dtype(), {W * c});
+    pc.works_.push_back(comm.all_gather(at(shard, c0), pack.data(), static_cast<size_t>(c), type));
+    pc.keep_.push_back(pack);
+    packs.emplace_back(c0, pack);
+  }
+  // Device copies, not memcpy: the buffers may live on a GPU (the NCCL path).
+  pc.unpack_ = [packs, full, W, S, &dev] {
+    for (const auto& [c0, pack] : packs) {
+      const int64_t c = pack.numel() / W;
+      for (int64_t r = 0; r < W; ++r) dev.copy(full.view(r * S + c0, {c}), pack.view(r * c, {c}));
+    }
+  };
+  return pc;
+}
+
+PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev, const Tensor& full,
+                                       const Tensor& shard, const Partition& p, int64_t bucket, std::string name) {
+  PendingCollective pc(Activity::reduce_scatter, std::move(name), {full, shard});
+  pc.comm_ = &comm;
+  const int64_t W = p.world, S = p.shard;
+  if (W == 1 && shard.data() == full.data()) return pc;
+  const int64_t len = std::clamp<int64_t>(bucket / W, 1, std::max<int64_t>(S, 1));
+  if (len >= S) {
+    pc.works_.push_back(comm.reduce_scatter(full.data(), shard.data(), static_cast<size_t>(S), comm::DataType::f32,
+                                            comm::ReduceOp::sum));
+    return pc;
+  }
+  for (int64_t c0 = 0; c0 < S; c0 += len) {
+    const int64_t c = std::min(len, S - c0);
+    const Tensor pack = Tensor::empty(dev, DType::f32, {W * c});
+    for (int64_t r = 0; r < W; ++r) dev.copy(pack.view(r * c, {c}), full.view(r * S + c0, {c}));
+    pc.works_.push_back(comm.reduce_scatter(pack.data(), f32(shard) + c0, static_cast<size_t>(c), comm::DataType::f32,
+                                            comm::ReduceOp::sum));
+    pc.keep_.push_back(pack);
+  }
+  return pc;
+}
+
+PendingCollective issue_all_reduce(comm::Communicator& comm, const Tensor& full, int64_t bucket, std::string name) {
+  PendingCollective pc(Activity::all_reduce, std::move(name), {full});
+  pc.comm_ = &comm;
+  const int64_t n = full.numel();
+  const int64_t len = std::clamp<int64_t>(bucket, 1, std::max<int64_t>(n, 1));
+  for (int64_t c0 = 0; c0 < n; c0 += len) {
+    const int64_t c = std::min(len, n - c0);
+    pc.works_.push_back(comm.all_reduce(f32(full) + c0, static_cast<size_t>(c), comm::DataType::f32, comm::ReduceOp::sum));
+  }
+  return pc;
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The arrows of docs/design.md ("Map"), checked on every #include "..." of ferry's sources:
+# a file may include headers of its own folder and of the folders below it, never above.
+#   tools -> train -> ckpt -> zero -> config -> offload -> nn -> base
+#                                               comm --------------> base
+# testing/ (emulations, fakes) is for tests only: no library includes it. Foreign APIs stay
+# in their room: <mpi.h> in comm (and the doctor and benchmarks, which probe MPI itself),
+# <liburing.h> in offload (and the doctor, which probes io_uring itself), <nccl.h> and the CUDA headers in comm and nn.
+# Usage: check_layers.sh [SOURCE_DIR]; prints each violation, exits 1 if there is one.
+set -euo pipefail
+cd "${1:-$(dirname "$0")/..}"
+
+# folder -> the folders (prefixes) its files may include
+declare -A allowed=(
+  [base]="base"
+  [nn]="nn base"
+  [comm]="comm base"
+  [offload]="offload nn base"
+  [runtime/config]="runtime/config offload comm nn base"
+  [runtime/zero]="runtime/zero runtime/config offload comm nn base"
+  [runtime/ckpt]="runtime/ckpt runtime/zero runtime/config offload comm nn base"
+  [runtime/train]="runtime/train runtime/ckpt runtime/zero runtime/config offload comm nn base"
+  [runtime/tools]="runtime/tools runtime/train runtime/ckpt runtime/zero runtime/config offload comm nn base"
+  [testing]="testing comm nn base"
+  [examples]="runtime offload comm nn base"
+  [benchmarks]="benchmarks runtime offload comm nn base"
+  [tests]="tests testing runtime offload comm nn base benchmarks"
+)
+declare -A foreign=(
+  [mpi.h]="comm runtime/tools benchmarks tests"
+  [liburing.h]="offload runtime/tools tests"
+  [nccl.h]="comm"
+  [cuda_runtime.h]="nn comm"
+  [cublas_v2.h]="nn"
+)
+
+folder_of() {
+  local f=$1
+  case "$f" in
+    runtime/*/*) echo "${f%/*}" ;;
+    runtime/*) echo runtime ;;
+    */*) echo "${f%%/*}" ;;
+    *) echo . ;;
+  esac
+}
+
+bad=0
+checked=0
+while IFS= read -r file; do
+  folder=$(folder_of "$file")
+  [ -n "${allowed[$folder]+x}" ] || { echo "$file: folder '$folder' has no place in the arrows (tests/check_layers.sh)"; bad=1; continue; }
+  while IFS=: read -r line inc; do
+    checked=$((checked + 1))
+    target=$(sed -E 's/^#include "([^"]+)".*/\1/' <<<"$inc")
+    case "$target" in */*) ;; *) continue ;; esac  # same-folder or generated, no prefix
+    ok=0
+    for prefix in ${allowed[$folder]}; do
+      case "$target" in "$prefix"/*) ok=1; break ;; esac
+    done
+    if [ $ok -eq 0 ]; then
+      echo "$file:$line: includes \"$target\", but $folder may include only: ${allowed[$folder]}"
+      bad=1
+    fi
+  done < <(grep -n '^#include "' "$file" | sed -E 's/^([0-9]+):/\1:/' || true)
+  while IFS=: read -r line inc; do
+    header=$(sed -E 's/^#include <([^>]+)>.*/\1/' <<<"$inc")
+    rooms=${foreign[$header]:-}
+    [ -n "$rooms" ] || continue
+    ok=0
+    for prefix in $rooms; do
+      case "$folder" in "$prefix" | "$prefix"/*) ok=1; break ;; esac
+    done
+    if [ $ok -eq 0 ]; then
+      echo "$file:$line: includes <$header>, which belongs to: $rooms"
+      bad=1
+    fi
+  done < <(grep -n '^#include <' "$file" || true)
+done < <(git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null || find . -name '*.h' -o -name '*.cpp' -o -name '*.cu' | sed 's#^\./##')
+
+if [ $bad -ne 0 ]; then
+  echo "check_layers: includes against the arrows (docs/design.md, \"Map\")"
+  exit 1
+fi
+echo "check_layers: $checked includes follow the arrows"
