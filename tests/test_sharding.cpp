@@ -166,3 +166,41 @@ BOOST_AUTO_TEST_CASE(stage3_keeps_only_a_shard_between_uses) {
     if (su.state_bytes().weights != static_cast<size_t>(padded)) throw std::runtime_error("weights are not 1/4");
   });
 }
+
+// The stage table of runtime/zero/stage_policy.h, field by field, fp32 and bf16 compute.
+BOOST_AUTO_TEST_CASE(stage_policy_table) {
+  using runtime::ReduceKind;
+  struct Row {
+    bool full_weights, sharded_weights, full_grads, grad_shard;
+    ReduceKind reduction;
+    bool every_micro, whole_unit, refresh_gathers;
+  };
+  const Row rows[4] = {
+      {true, false, true, false, ReduceKind::all_reduce, false, true, false},
+      {true, false, true, true, ReduceKind::reduce_scatter, false, false, true},
+      {true, false, false, true, ReduceKind::reduce_scatter, true, false, true},
+      {false, true, false, true, ReduceKind::reduce_scatter, true, false, false},
+  };
+  for (int stage = 0; stage < 4; ++stage) {
+    for (nn::DType compute : {nn::DType::f32, nn::DType::bf16}) {
+      const runtime::StagePolicy p = runtime::StagePolicy::of(stage, compute);
+      const Row& r = rows[stage];
+      const bool low = compute == nn::DType::bf16;
+      BOOST_TEST_CONTEXT(p.describe()) {
+        BOOST_TEST(p.stage == stage);
+        BOOST_TEST(p.full_weights == r.full_weights);
+        BOOST_TEST(p.sharded_weights == r.sharded_weights);
+        BOOST_TEST(p.compute_copy == (low && stage < 3));
+        BOOST_TEST(p.full_grads == r.full_grads);
+        BOOST_TEST(p.grad_shard == r.grad_shard);
+        BOOST_TEST((p.reduction == r.reduction));
+        BOOST_TEST(p.reduce_every_micro == r.every_micro);
+        BOOST_TEST(p.updates_whole_unit == r.whole_unit);
+        BOOST_TEST(p.refresh_gathers == r.refresh_gathers);
+        BOOST_TEST(p.refresh_after_update == (r.refresh_gathers || (stage == 0 && low)));
+      }
+    }
+  }
+  BOOST_CHECK_THROW(runtime::StagePolicy::of(4, nn::DType::f32), std::invalid_argument);
+  BOOST_CHECK_THROW(runtime::StagePolicy::of(-1, nn::DType::f32), std::invalid_argument);
+}

@@ -155,7 +155,6 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   }
   units_ = std::make_unique<ShardedUnits>(state, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
-  if (gpu_ && !on_gpu) staged_ = std::make_unique<nn::StagedUnits>(*units_, *gpu_);
   std::string warning;
   opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, state, *host_, adam_, off, pool_.get(), comm_.rank(),
                                           &warning);
@@ -180,6 +179,10 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   }
   tracer_ = std::make_unique<Tracer>(comm_.rank());
   if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
+  std::vector<std::string> unit_names;
+  for (const nn::UnitSpec& spec : layout) unit_names.push_back(spec.name);
+  traced_ = std::make_unique<TracedUnits>(*units_, *tracer_, std::move(unit_names));  // the compute track
+  if (gpu_ && !on_gpu) staged_ = std::make_unique<nn::StagedUnits>(*traced_, *gpu_);
   // States on a GPU: updates are kernels queued in order on the compute stream, issued
   // from this thread (the Device contract), so there is no host work to overlap.
   worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload && !nccl_);

@@ -45,6 +45,7 @@
 #include "runtime/train/metrics.h"
 #include "runtime/zero/optimizer_state.h"
 #include "runtime/zero/sharded_units.h"
+#include "runtime/zero/traced_units.h"
 #include "runtime/zero/update_worker.h"
 
 namespace ferry::runtime {
@@ -137,8 +138,9 @@ class Trainer {
   // device.type cuda without offload: the states live on the GPU and NCCL moves them.
   std::unique_ptr<comm::NcclCommunicator> nccl_;
   std::unique_ptr<ShardedUnits> units_;
-  std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: units_ copied to and from the GPU
-  nn::UnitAccess& model_units() { return staged_ ? static_cast<nn::UnitAccess&>(*staged_) : *units_; }
+  std::unique_ptr<TracedUnits> traced_;      // units_ with the model's compute spans traced
+  std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: traced_ copied to and from the GPU
+  nn::UnitAccess& model_units() { return staged_ ? static_cast<nn::UnitAccess&>(*staged_) : *traced_; }
   offload::CpuAdam adam_;
   std::unique_ptr<OptimizerState> opt_;
   std::vector<std::vector<DecayRange>> decay_;  // per unit, within its owned range

@@ -16,20 +16,24 @@
 // (begin_step .. end_step) the units are used in the order the first step recorded
 // (runtime/zero/unit_order.h: a different order on any rank or step stops the run naming the
 // unit and rank). From the second step on:
-// - stage 3: acquiring the unit at position k reads the shards of positions up to
-//   k + prefetch_depth from NVMe on the swapper's thread (overlap_io) and issues the
-//   all-gathers of positions up to k + max(1, prefetch_depth - 1) without waiting
-//   (overlap_comm), within stage3_prefetch_bucket_size elements prefetched and
-//   stage3_max_live_parameters elements gathered; stages 1-2 gather updated weights one
-//   unit ahead the same way. Which collectives are issued when depends only on the order
-//   and the sizes, never on timing, so every rank issues the same sequence.
-// - gradients: a unit's reduction (stages 2-3 every micro-batch, stages 0-1 in the last one)
-//   is issued as backward releases it; finished reductions are accumulated into the
-//   gradient shard at the next unit boundary, and when a unit's last one is in, the
-//   on_gradients_ready callback runs (the trainer queues that unit's optimizer work).
+// - Prefetcher (prefetcher.h): NVMe reads and all-gathers issued ahead of use within
+//   prefetch_depth, stage3_prefetch_bucket_size and stage3_max_live_parameters, in an
+//   order that depends only on the order and the sizes; stages 1-2 gather updated weights
+//   one unit ahead the same way.
+// - ReductionQueue (reduction_queue.h): a unit's reduction (stages 2-3 every micro-batch,
+//   stages 0-1 in the last one) is issued as backward releases it; finished reductions are
+//   accumulated into the gradient shard at the next unit boundary, and when a unit's last
+//   one is in, the on_gradients_ready callback runs (the trainer queues its optimizer work).
 // - updates: with an UpdateWorker set, a unit is read or gathered only once the worker has
 //   no update for it pending (the next forward waits for the unit it needs, nothing else).
 // With overlap_comm and overlap_io off the same calls run in the plain sequential order.
+//
+// The parts: StagePolicy (stage_policy.h) says what the stage keeps and how it reduces;
+// ParamShards (param_shards.h) keeps stage 3's shards in their tiers (the tier mechanics
+// are offload/'s); Prefetcher and ReductionQueue as above; this class owns the buffers,
+// the reference counts, the order and the step's bookkeeping and ties them together.
+// Compute spans are recorded by the TracedUnits decorator (traced_units.h), not here;
+// set_tracer covers the collectives and the parameter I/O.
 //
 // Memory: every buffer comes from the device (its arena's cap and peak include them). The
 // device may be a GPU when every state stays on it (params and gradients offload::Tier::device):
@@ -39,9 +43,9 @@
 // there). Every method that communicates is collective: all ranks call it in the same order.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "base/trace.h"
@@ -50,9 +54,12 @@
 #include "nn/unit.h"
 #include "offload/pinned_pool.h"
 #include "offload/shard_store.h"
-#include "offload/swapper.h"
 #include "runtime/config/sections.h"
+#include "runtime/zero/param_shards.h"
 #include "runtime/zero/partition.h"
+#include "runtime/zero/prefetcher.h"
+#include "runtime/zero/reduction_queue.h"
+#include "runtime/zero/stage_policy.h"
 #include "runtime/zero/unit_collectives.h"
 #include "runtime/zero/unit_order.h"
 #include "runtime/zero/update_worker.h"
@@ -60,20 +67,7 @@
 namespace ferry::runtime {
 
 
-// Where the persistent shards live besides the device (DeepSpeed's offload_param and the
-// gradient half of offload_optimizer).
-struct Placement {
-  offload::Tier params = offload::Tier::device;   // stage 3's weight shards between uses
-  bool grads_on_host = false;   // gradient shards in host memory (optimizer offloaded)
-  nn::Device* host = nullptr;   // allocator for host-memory tensors (required if either is off-device)
-  std::vector<std::string> param_paths;
-  offload::AioConfig aio;
-  offload::PinnedPool* pool = nullptr;  // staging for nvme reads and writes
-  int prefetch_depth = 2;               // units fetched ahead of use (nvme reads need as many pool buffers)
-  bool overlap_io = true;               // nvme parameter reads ahead of use
-  int64_t max_in_cpu = 0;               // nvme: elements of parameter shards kept in host memory instead
-  offload::FaultHook fault;             // tests only
-};
+// Placement (where the shards live besides the device) is in param_shards.h.
 
 struct StateBytes {
   size_t weights = 0, gradients = 0;  // persistent, this rank
@@ -100,6 +94,7 @@ class ShardedUnits final : public nn::UnitAccess {
   void release_grads(int unit, bool complete) override;
 
   int stage() const { return zero_.stage; }
+  const StagePolicy& policy() const { return policy_; }
   int num_units() const { return static_cast<int>(parts_.size()); }
   const Partition& partition_of(int unit) const { return parts_.at(static_cast<size_t>(unit)); }
   // The element range [begin, begin + length) of the unit's flat buffer this rank's
@@ -130,11 +125,12 @@ class ShardedUnits final : public nn::UnitAccess {
   void end_step();
   // Outside steps (tests): zero every gradient now.
   void zero_grads();
-  int64_t prefetch_hits() const { return prefetch_hits_; }  // units whose fetch was started ahead
+  int64_t prefetch_hits() const { return prefetch_->hits(); }  // units whose fetch was started ahead
   const UnitOrder& order() const { return order_; }
 
-  void set_tracer(Tracer* t) { tracer_ = t; }
-  void set_update_worker(UpdateWorker* w) { updates_ = w; }
+  // Collectives and parameter I/O; compute spans come from TracedUnits.
+  void set_tracer(Tracer* t);
+  void set_update_worker(UpdateWorker* w);
   void on_gradients_ready(std::function<void(int)> f) { grads_ready_ = std::move(f); }
   // Stages 1-2: the optimizer is changing unit's owned weights; they are gathered into the
   // full weights before the next use. publish_params gathers every such unit now.
@@ -146,53 +142,22 @@ class ShardedUnits final : public nn::UnitAccess {
   StateBytes state_bytes() const;
 
  private:
-  // A unit fetched ahead of use: its shard read from NVMe (read != 0 while in flight), then
-  // its gather issued.
-  struct Flight {
-    int unit = -1;
-    offload::Swapper::Ticket read = 0;
-    nn::Tensor shard, full;
-    PendingCollective gather;
-  };
-  // A gradient reduction in flight and where its result goes.
-  struct Reduction {
-    int unit = -1;
-    nn::Tensor full, reduced;  // reduced: stages 2-3, accumulated into the shard when done
-    PendingCollective work;
-    bool last = false;  // the unit's last reduction of the step
-  };
-
-  void init_param_stores(const std::vector<int64_t>& shard_sizes);
   void wait_update(int unit);
-  bool update_ready(int unit);
-  nn::Tensor read_shard(int unit);  // stage 3, on demand: this rank's shard on the device
-  nn::Tensor take_read(Flight& f);  // the shard of a flight whose read was started
-  void start_read(Flight& f);
-  // shard (fp32) into full (fp32 or the compute dtype: the shard is cast first).
-  PendingCollective issue_gather(int unit, const nn::Tensor& shard, const nn::Tensor& full);
   // Stages 0-2: brings the unit's compute weights up to date with its fp32 weights.
   PendingCollective refresh(int unit);
-  bool low() const { return nn::is_low_precision(zero_.compute); }
-  void pump(size_t position);       // starts the reads and gathers ahead of `position`
-  void cancel_flights();
-  int64_t gathered_elements() const;
+  int64_t live_elements() const;  // stage 3: gathered weights the model holds
   void issue_reduction(int unit);
   void poll_reductions(bool wait_all);
   void gradient_done(int unit);
   void zero_grad_if_needed(int unit);
   const std::string& name(int unit) const { return order_.unit_name(unit); }
-  void compute_begin(int unit);
-  void compute_end();
+  bool ahead() const { return order_.in_step() && order_.recorded(); }
 
   nn::Device& dev_;
   comm::Communicator& comm_;
   ZeroConfig zero_;
+  StagePolicy policy_;
   Placement place_;
-  std::unique_ptr<offload::ShardStore> params_;      // stage 3 weight shards, in the configured tier
-  std::unique_ptr<offload::ShardStore> params_cpu_;  // nvme with max_in_cpu: the first units' shards in host memory
-  std::vector<std::pair<offload::ShardStore*, int>> home_;  // per unit: its store and region
-  offload::ShardStore& store(int unit) const { return *home_.at(static_cast<size_t>(unit)).first; }
-  int region(int unit) const { return home_.at(static_cast<size_t>(unit)).second; }
   std::vector<Partition> parts_;
   std::vector<nn::Tensor> full_w_, full_g_, shard_g_;
   std::vector<nn::Tensor> compute_w_;  // stages 0-2 under mixed precision: full weights in the compute dtype
@@ -207,17 +172,13 @@ class ShardedUnits final : public nn::UnitAccess {
   std::vector<bool> reported_;           // on_gradients_ready fired in this step
   std::vector<bool> reduced_;            // stages 0-1: the step's reduction issued
   UnitOrder order_;
-  std::unique_ptr<offload::Swapper> swapper_;  // nvme parameter reads ahead of use
-  std::map<size_t, Flight> flights_;           // by position; all after the current one
-  std::deque<Reduction> reductions_;           // in issue order
+  std::unique_ptr<ParamShards> shards_;    // stage 3
+  std::unique_ptr<Prefetcher> prefetch_;   // after shards_: its reads use them
+  ReductionQueue reductions_;
   bool last_micro_ = false;
-  int64_t prefetch_hits_ = 0;
   Tracer* tracer_ = nullptr;
   UpdateWorker* updates_ = nullptr;
   std::function<void(int)> grads_ready_;
-  int compute_depth_ = 0;
-  int compute_unit_ = -1;
-  Tracer::Clock::time_point compute_t0_{};
 };
 
 }  // namespace ferry::runtime

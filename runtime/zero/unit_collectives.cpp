@@ -120,4 +120,22 @@ PendingCollective issue_all_reduce(comm::Communicator& comm, const Tensor& full,
   return pc;
 }
 
+PendingCollective issue_weight_gather(comm::Communicator& comm, nn::Device& dev, const nn::Tensor& shard,
+                                      const nn::Tensor& full, const Partition& p, int64_t bucket,
+                                      const std::string& name) {
+  if (shard.dtype() == full.dtype()) return issue_all_gather(comm, dev, shard, full, p, bucket, name);
+  if (p.world == 1) {  // the cast is the whole gather; a no-op collective marks it done
+    dev.cast(full.view(0, {p.shard}), shard);
+    return issue_all_gather(comm, dev, full, full, p, bucket, name);
+  }
+  const nn::Tensor low = nn::Tensor::empty(dev, full.dtype(), {p.shard});
+  dev.cast(low, shard);
+  return issue_all_gather(comm, dev, low, full, p, bucket, name);
+}
+
+nn::Tensor gather_target(nn::Device& dev, const Partition& p, const nn::Tensor& shard, nn::DType compute) {
+  if (p.world == 1 && !nn::is_low_precision(compute)) return shard;
+  return nn::Tensor::empty(dev, compute, {p.padded});
+}
+
 }  // namespace ferry::runtime

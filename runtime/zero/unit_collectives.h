@@ -70,5 +70,14 @@ PendingCollective issue_reduce_scatter(comm::Communicator& comm, nn::Device& dev
 // full <- sum over ranks, in place.
 PendingCollective issue_all_reduce(comm::Communicator& comm, const nn::Tensor& full, int64_t bucket,
                                    std::string name);
+// Weights: full[padded] (fp32, or the compute dtype under mixed precision) <- every rank's
+// fp32 shard. Under mixed precision only this rank's slice is cast, and the gather moves
+// two-byte values.
+PendingCollective issue_weight_gather(comm::Communicator& comm, nn::Device& dev, const nn::Tensor& shard,
+                                      const nn::Tensor& full, const Partition& p, int64_t bucket,
+                                      const std::string& name);
+// Where a unit's gathered weights go: alone and in fp32 the shard is the unit, otherwise
+// a new [padded] tensor of the compute dtype.
+nn::Tensor gather_target(nn::Device& dev, const Partition& p, const nn::Tensor& shard, nn::DType compute);
 
 }  // namespace ferry::runtime

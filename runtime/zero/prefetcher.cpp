@@ -1,0 +1,156 @@
+#include "runtime/zero/prefetcher.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "base/log.h"
+
+namespace ferry::runtime {
+
+using nn::DType;
+using nn::Tensor;
+
+Prefetcher::Prefetcher(const StagePolicy& policy, const PrefetchLimits& limits, nn::Device& device,
+                       comm::Communicator& comm, std::vector<Partition> parts, std::vector<std::string> names,
+                       ParamShards* shards, offload::PinnedPool* pool, RefreshAhead refresh)
+    : policy_(policy),
+      limits_(limits),
+      dev_(device),
+      comm_(comm),
+      parts_(std::move(parts)),
+      names_(std::move(names)),
+      shards_(shards),
+      pool_(pool),
+      refresh_(std::move(refresh)) {
+  if (policy_.sharded_weights && shards_ == nullptr) throw std::invalid_argument("Prefetcher: stage 3 needs the shards");
+  if (limits_.nvme_reads && limits_.depth > 0) {
+    if (pool_ == nullptr) throw std::invalid_argument("Prefetcher: nvme reads ahead need a pinned pool");
+    swapper_ = std::make_unique<offload::Swapper>(*pool_, limits_.depth);
+  }
+}
+
+Prefetcher::~Prefetcher() { cancel(); }
+
+void Prefetcher::pump(const std::vector<int>& order, size_t next, int64_t live) {
+  const auto depth = static_cast<size_t>(std::max(0, limits_.depth));
+  if (depth == 0) return;
+  if (limits_.overlap_comm) pump_gathers(order, next, depth, live);
+  if (policy_.sharded_weights && swapper_) pump_reads(order, next, depth);
+}
+
+void Prefetcher::pump_gathers(const std::vector<int>& order, size_t next, size_t depth, int64_t live) {
+  const size_t gather_end = std::min(order.size(), next + std::max<size_t>(1, depth - 1));
+  int64_t ahead = elements_ahead();
+  for (size_t k = next; k < gather_end; ++k) {
+    const int unit = order[k];
+    const Partition& p = part(unit);
+    auto it = flights_.find(k);
+    if (it != flights_.end() && it->second.gather.valid()) continue;
+    if (!policy_.sharded_weights) {
+      if (!policy_.refresh_gathers) continue;  // stage 0 casts at use
+      std::optional<PendingCollective> g = refresh_(unit);
+      if (!g) continue;  // fresh: nothing to gather
+      Flight& f = flights_[k];
+      f.unit = unit;
+      f.gather = std::move(*g);
+      continue;
+    }
+    if (ahead + p.padded > limits_.bucket || live + ahead + p.padded > limits_.max_live) break;
+    const bool nvme = shards_->on_nvme(unit);
+    if (nvme && it == flights_.end() && (!swapper_ || p.shard > shards_->buffer_elements())) {
+      break;  // no read ahead for it: fetched at use
+    }
+    Flight& f = flights_[k];
+    f.unit = unit;
+    if (nvme && !f.read && !f.shard.defined()) {
+      wait_update(unit);
+      start_read(f);
+    }
+    if (!nvme) {
+      wait_update(unit);
+      f.shard = shards_->resident(unit);
+    }
+    issue(f);
+    ahead += p.padded;
+    if (log::enabled(log::Level::trace, log::Subsys::sched)) {
+      log::trace(log::Subsys::sched, "position " + std::to_string(next) + ": all-gather of " + names_[static_cast<size_t>(unit)] +
+                                         " (position " + std::to_string(k) + ") issued ahead, " +
+                                         std::to_string(ahead) + " elements in flight");
+    }
+  }
+}
+
+void Prefetcher::pump_reads(const std::vector<int>& order, size_t next, size_t depth) {
+  for (size_t k = next; k < std::min(order.size(), next + depth); ++k) {
+    const int unit = order[k];
+    if (flights_.count(k)) continue;
+    if (!shards_->on_nvme(unit)) continue;  // in memory: nothing to read
+    if (part(unit).shard > shards_->buffer_elements() || !update_ready(unit)) break;
+    Flight& f = flights_[k];
+    f.unit = unit;
+    start_read(f);
+    if (log::enabled(log::Level::trace, log::Subsys::sched)) {
+      log::trace(log::Subsys::sched, "position " + std::to_string(next) + ": nvme read of " + names_[static_cast<size_t>(unit)] +
+                                         " (position " + std::to_string(k) + ") started ahead");
+    }
+  }
+}
+
+void Prefetcher::start_read(Flight& f) {
+  const int unit = f.unit;
+  ParamShards* shards = shards_;
+  f.read = swapper_->submit([shards, unit](void* buf) { shards->read_into(unit, static_cast<float*>(buf)); });
+}
+
+Tensor Prefetcher::take_read(Flight& f) {
+  const int64_t n = part(f.unit).shard;
+  void* buf = swapper_->wait(f.read);
+  f.read = 0;
+  f.shard = Tensor::empty(dev_, DType::f32, {n});
+  std::memcpy(f.shard.data(), buf, static_cast<size_t>(n) * 4);
+  swapper_->release(buf);
+  return f.shard;
+}
+
+void Prefetcher::issue(Flight& f) {
+  const Partition& p = part(f.unit);
+  const Tensor shard = f.read ? take_read(f) : f.shard;
+  if (!f.full.defined()) f.full = gather_target(dev_, p, shard, limits_.compute);
+  f.gather = issue_weight_gather(comm_, dev_, shard, f.full, p, limits_.allgather_bucket,
+                                 names_[static_cast<size_t>(f.unit)]);
+}
+
+std::optional<Tensor> Prefetcher::take(size_t position) {
+  auto it = flights_.find(position);
+  if (it == flights_.end()) return std::nullopt;
+  Flight& f = it->second;
+  if (!f.gather.valid()) issue(f);  // read ahead only: gathered now
+  f.gather.finish(tracer_);
+  Tensor full = f.full;
+  flights_.erase(it);
+  ++hits_;
+  return full;
+}
+
+void Prefetcher::cancel() {
+  for (auto& [pos, f] : flights_) {
+    if (f.read) swapper_->cancel(f.read);
+    f.read = 0;
+  }
+  flights_.clear();  // gathers in flight are waited for by their destructors
+}
+
+std::vector<Prefetcher::FlightView> Prefetcher::flights() const {
+  std::vector<FlightView> out;
+  for (const auto& [pos, f] : flights_) out.push_back({pos, f.unit, f.read != 0, f.gather.valid()});
+  return out;
+}
+
+int64_t Prefetcher::elements_ahead() const {
+  int64_t n = 0;
+  for (const auto& [pos, f] : flights_) n += f.full.defined() ? f.full.numel() : 0;
+  return n;
+}
+
+}  // namespace ferry::runtime
