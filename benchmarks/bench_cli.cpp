@@ -19,9 +19,8 @@ namespace {
 // --threads: all digits and >= 1 (CLI11's PositiveNumber calls "abc" out of range).
 const CLI::Validator kPositive(
     [](std::string& v) -> std::string {
-      return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.find_first_not_of('0') != std::string::npos
-                 ? ""
-                 : "'" + v + "' is not a whole number >= 1";
+      const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+      return digits && v.find_first_not_of('0') != std::string::npos ? "" : "'" + v + "' is not a whole number >= 1";
     },
     ">=1");
 

@@ -66,7 +66,8 @@ int plan(const PlanArgs& a) {
 
 Run plan_command(CLI::App& cmd) {
   auto a = std::make_shared<PlanArgs>();
-  cmd.description("bytes per rank in every memory tier for every ZeRO stage and offload choice, and a step-time estimate");
+  cmd.description(
+      "bytes per rank in every memory tier for every ZeRO stage and offload choice, and a step-time estimate");
   add_run_options(cmd, a->run, /*with_ranks=*/true);
   cmd.add_option("--device-memory", a->device_memory, "device memory per rank to fit in (e.g. 80GiB)");
   cmd.add_option("--host-memory", a->host_memory, "host memory per rank to fit in (e.g. 24GiB)");

@@ -47,7 +47,9 @@ std::vector<std::string> ordered_overrides(const TrainArgs& a) {
   size_t set = 0, resume = 0;
   for (const CLI::Option* o : a.cmd->parse_order()) {
     if (o->get_name() == "--set" && set < a.run.sets.size()) out.push_back(a.run.sets[set++]);
-    if (o->get_name() == "--resume" && resume < a.resume.size()) out.push_back("checkpoint.resume=" + a.resume[resume++]);
+    if (o->get_name() == "--resume" && resume < a.resume.size()) {
+      out.push_back("checkpoint.resume=" + a.resume[resume++]);
+    }
   }
   return out;
 }

@@ -22,7 +22,9 @@ int main(int argc, char** argv) {
                "ferry");
   app.require_subcommand(1);
   std::map<std::string, Run> verbs;
-  const auto verb = [&](const char* name, Run (*command)(CLI::App&)) { verbs[name] = command(*app.add_subcommand(name)); };
+  const auto verb = [&](const char* name, Run (*command)(CLI::App&)) {
+    verbs[name] = command(*app.add_subcommand(name));
+  };
   verb("train", train_command);
   verb("launch", launch_command);
   verb("plan", plan_command);
