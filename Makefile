@@ -1,7 +1,7 @@
 # ferry's front door. CMake is the real build; this file names the jobs.
 #   make run     install what is missing, build, train the tiny GPT on the bundled corpus
 #   make test    install what is missing, build, run every test (release build, then ASan+UBSan build)
-#   make bench   run the benchmarks (model, comm, adam, io, ckpt, step), JSON results under out/
+#   make bench   run the benchmarks (ferry bench model, comm, adam, io, ckpt, step), JSON results under out/
 #   make clean   remove build folders and outputs
 # Tests run one at a time: OpenMP's spin-waiting threads of two test processes sharing two
 # cores slow each other down a hundredfold.
@@ -35,7 +35,7 @@ build-asan: setup $(ASAN)/CMakeCache.txt
 
 run: build
 	@mkdir -p out
-	$(BUILD)/examples/ferry-train --config $(CONFIG) --set log.metrics=out/tiny-metrics.jsonl
+	$(BUILD)/examples/ferry train --config $(CONFIG) --set log.metrics=out/tiny-metrics.jsonl
 
 test-release: build
 	cd $(BUILD) && ctest --output-on-failure
@@ -48,12 +48,12 @@ test: test-release test-asan
 
 bench: build
 	@mkdir -p out
-	$(BUILD)/benchmarks/ferry-bench model --json out/bench-model.json
-	mpiexec -n 2 $(BUILD)/benchmarks/ferry-bench comm --json out/bench-comm.json
-	$(BUILD)/benchmarks/ferry-bench adam --json out/bench-adam.json
-	$(BUILD)/benchmarks/ferry-bench io --path out --json out/bench-io.json
-	$(BUILD)/benchmarks/ferry-bench ckpt --path out --json out/bench-ckpt.json
-	$(BUILD)/benchmarks/ferry-bench step --nvme-path out --json out/bench-step.json
+	$(BUILD)/examples/ferry bench model --json out/bench-model.json
+	mpiexec -n 2 $(BUILD)/examples/ferry bench comm --json out/bench-comm.json
+	$(BUILD)/examples/ferry bench adam --json out/bench-adam.json
+	$(BUILD)/examples/ferry bench io --path out --json out/bench-io.json
+	$(BUILD)/examples/ferry bench ckpt --path out --json out/bench-ckpt.json
+	$(BUILD)/examples/ferry bench step --nvme-path out --json out/bench-step.json
 
 clean:
 	rm -rf $(BUILD) $(ASAN) out

@@ -1,4 +1,4 @@
-// ferry-bench adam: CPU AdamW params/s over fp32 shards at 1 thread and at all threads,
+// ferry bench adam: CPU AdamW params/s over fp32 shards at 1 thread and at all threads,
 // with and without the fused bf16 copy, against a STREAM-style triad (a = b + s c, fp32,
 // 12 bytes per element) over arrays of the same size, measured in the same run at the
 // same thread count. AdamW moves 28 bytes per parameter (reads p, g, m, v; writes p, m, v;

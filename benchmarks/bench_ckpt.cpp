@@ -1,4 +1,4 @@
-// ferry-bench ckpt: one training step of a ~85M-parameter GPT (so m and v hold real
+// ferry bench ckpt: one training step of a ~85M-parameter GPT (so m and v hold real
 // values), then a timed save_checkpoint (write, CRC-32C, fdatasync, rename) and, after the
 // checkpoint's pages are dropped from the page cache (posix_fadvise DONTNEED on the synced
 // files), a timed load_checkpoint (read, verify, place). The reference is fio's sequential
@@ -43,7 +43,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 int run_ckpt_bench(const CkptBenchOptions& opt, Report& report) {
-  if (opt.path.empty()) throw std::runtime_error("ferry-bench ckpt needs --path DIR (a folder on the disk to measure)");
+  if (opt.path.empty()) throw std::runtime_error("ferry bench ckpt needs --path DIR (a folder on the disk to measure)");
   const std::string dir = (fs::path(opt.path) / "ferry-bench-ckpt").string();
   fs::remove_all(dir);
   nlohmann::json doc = {
@@ -53,7 +53,7 @@ int run_ckpt_bench(const CkptBenchOptions& opt, Report& report) {
       {"train_micro_batch_size_per_gpu", 1},
       {"train", {{"steps", 1}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}},
       {"checkpoint", {{"dir", dir}, {"keep_last", 1}}}};
-  const runtime::Config cfg = runtime::config_from_json(doc, "ferry-bench ckpt", "", {});
+  const runtime::Config cfg = runtime::config_from_json(doc, "ferry bench ckpt", "", {});
   comm::SingleProcessCommunicator alone;
   std::ostream discard(nullptr);
   runtime::Trainer trainer(cfg, alone, discard);

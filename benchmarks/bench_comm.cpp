@@ -1,4 +1,4 @@
-// ferry-bench comm: all_gather and reduce_scatter through ferry's communicator (funnel,
+// ferry bench comm: all_gather and reduce_scatter through ferry's communicator (funnel,
 // worker thread, polling) against the same MPI collective called directly (blocking
 // MPI_Allgather / MPI_Reduce_scatter_block), same buffers, same run, interleaved so that
 // drift hits both alike. Size is the full buffer (gathered, or reduced before scattering);

@@ -1,4 +1,4 @@
-// ferry-bench io --path DIR: sequential write then read GB/s of ferry's store (io_uring,
+// ferry bench io --path DIR: sequential write then read GB/s of ferry's store (io_uring,
 // O_DIRECT) for block sizes 128 KiB to 8 MiB and queue depths 1 to 64, and in the same run
 // fio (ioengine=io_uring, direct=1) on the same file with the same block size and depth.
 // Each case moves the whole file (1 GiB) in one call, so the queue stays full; writes
@@ -48,7 +48,7 @@ double fio_bandwidth(const std::string& file, bool write, size_t bs, int qd, uin
 
 
 int run_io_bench(const IoBenchOptions& opt, Report& report) {
-  if (opt.path.empty()) throw std::runtime_error("ferry-bench io needs --path DIR (a folder on the disk to measure)");
+  if (opt.path.empty()) throw std::runtime_error("ferry bench io needs --path DIR (a folder on the disk to measure)");
   const uint64_t size = opt.quick ? (64u << 20) : (1u << 30);
   std::vector<size_t> blocks = {128u << 10, 1u << 20, 8u << 20};
   std::vector<int> depths = {1, 8, 64};
@@ -71,7 +71,7 @@ int run_io_bench(const IoBenchOptions& opt, Report& report) {
       o.aio.queue_depth = qd;
       std::string warning;
       auto store = offload::make_storage(o, &warning);
-      if (!warning.empty()) std::fprintf(stderr, "ferry-bench io: %s\n", warning.c_str());
+      if (!warning.empty()) std::fprintf(stderr, "ferry bench io: %s\n", warning.c_str());
       file = opt.path + "/ferry-bench-io.swp";
       // Write the file once untimed: first writes into fallocated (unwritten) extents cost
       // an extent conversion that fio, coming second, would never pay.

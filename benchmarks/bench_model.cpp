@@ -1,4 +1,4 @@
-// ferry-bench model: forward+backward throughput of the GPT on a device, against the
+// ferry bench model: forward+backward throughput of the GPT on a device, against the
 // device's own GEMM on the model's matrix shapes measured in the same run: Eigen on the
 // CPU device, cuBLAS through the cuda device's gemm (in the model's dtype: bf16 with fp32
 // accumulation under --bf16) on a GPU. On a GPU the ratio is the MFU against the GEMM

@@ -1,4 +1,4 @@
-// What every ferry-bench subcommand prints and writes: a table on stdout and, with
+// What every `ferry bench` benchmark prints and writes: a table on stdout and, with
 // --json PATH, one object {"bench", "headline", "machine", "rows"} as described in
 // ARCHITECTURE.md (Benchmarks).
 #pragma once

@@ -1,4 +1,4 @@
-// ferry-bench step: is the overlapped step as fast as its slowest resource?
+// ferry bench step: is the overlapped step as fast as its slowest resource?
 //
 // Cases, each a median over timed steps after warm-up steps (the first step records the
 // unit order; prefetching starts with the second):
@@ -69,7 +69,7 @@ Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& over
                  const std::string& trace) {
   comm::SingleProcessCommunicator alone;
   std::ostream discard(nullptr);
-  runtime::Trainer t(runtime::config_from_json(doc, "ferry-bench step", "", overrides), alone, discard);
+  runtime::Trainer t(runtime::config_from_json(doc, "ferry bench step", "", overrides), alone, discard);
   Timed r;
   std::vector<double> times;
   for (int s = 0; s < warmup + timed; ++s) {
@@ -104,7 +104,7 @@ Replay replay_nvme(const std::string& dir, const Timed& t, int repeats) {
   so.capacity = total;
   std::string warning;
   auto storage = offload::make_storage(so, &warning);
-  if (!warning.empty()) std::cerr << "ferry-bench step: " << warning << "\n";
+  if (!warning.empty()) std::cerr << "ferry bench step: " << warning << "\n";
   auto alloc = [&] {
     void* p = nullptr;
     if (posix_memalign(&p, 4096, static_cast<size_t>(tile) * 4) != 0) throw std::bad_alloc();
@@ -152,7 +152,7 @@ Replay replay_nvme(const std::string& dir, const Timed& t, int repeats) {
 }  // namespace
 
 int run_step_bench(const StepBenchOptions& opt, Report& report) {
-  if (opt.nvme_path.empty()) throw std::runtime_error("ferry-bench step needs --nvme-path DIR (a folder on the disk to use)");
+  if (opt.nvme_path.empty()) throw std::runtime_error("ferry bench step needs --nvme-path DIR (a folder on the disk to use)");
   const std::string dir = (fs::path(opt.nvme_path) / "ferry-bench-step").string();
   fs::remove_all(dir);
   fs::create_directories(dir);

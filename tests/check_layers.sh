@@ -22,7 +22,7 @@ declare -A allowed=(
   [runtime/train]="runtime/train runtime/ckpt runtime/zero runtime/config offload comm nn base"
   [runtime/tools]="runtime/tools runtime/train runtime/ckpt runtime/zero runtime/config offload comm nn base"
   [testing]="testing comm nn base"
-  [examples]="runtime offload comm nn base"
+  [examples]="examples benchmarks runtime offload comm nn base"
   [benchmarks]="benchmarks runtime offload comm nn base"
   [tests]="tests testing runtime offload comm nn base benchmarks"
 )

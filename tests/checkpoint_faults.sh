@@ -7,9 +7,9 @@
 #            checkpoint loads.
 #   midsave  a rank dies while writing a checkpoint (FERRY_FAULT_KILL_IN_CHECKPOINT): the
 #            job ends, `latest` still names the previous checkpoint, which loads.
-# usage: checkpoint_faults.sh MODE MPIEXEC FERRY_TRAIN CONFIG WORKDIR
+# usage: checkpoint_faults.sh MODE MPIEXEC FERRY CONFIG WORKDIR   (runs `FERRY train`)
 set -u
-mode=$1 mpiexec=$2 train=$3 config=$4 work=$5/ckfault-$mode
+mode=$1 mpiexec=$2 ferry=$3 config=$4 work=$5/ckfault-$mode
 rm -rf "$work" && mkdir -p "$work"
 ck=$work/ckpt
 common=(--config "$config" --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2
@@ -24,13 +24,13 @@ wait_for() {  # pattern, seconds
   fail "no '$1' within $2 s"
 }
 start_job() {  # extra env assignments in $@
-  ( env "$@" timeout 120 "$mpiexec" -n 2 "$train" "${common[@]}" "${long[@]}" --set checkpoint.every_steps=100 \
+  ( env "$@" timeout 120 "$mpiexec" -n 2 "$ferry" train "${common[@]}" "${long[@]}" --set checkpoint.every_steps=100 \
       > "$work/out" 2>&1; echo "exit=$?" >> "$work/out" ) &
   job=$!
 }
 resume_check() {  # the last complete checkpoint loads and training continues from it
   local latest; latest=$(cat "$ck/latest")
-  timeout 120 "$mpiexec" -n 2 "$train" "${common[@]}" --resume auto --set train.steps=$(( 10#${latest#step-} + 3 )) \
+  timeout 120 "$mpiexec" -n 2 "$ferry" train "${common[@]}" --resume auto --set train.steps=$(( 10#${latest#step-} + 3 )) \
     --set scheduler.params.total_num_steps=1000000 > "$work/resume" 2>&1 || { cat "$work/resume"; fail "resume failed"; }
   grep -q "resumed from $ck/$latest" "$work/resume" || fail "resume did not start from $latest"
   echo "resumed from $latest and trained 3 more steps"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# ferry-launch: the Slurm script is valid bash with the requested allocation, and the
+# ferry launch: the Slurm script is valid bash with the requested allocation, and the
 # mpiexec command it prints for a hosts file actually trains on 2 ranks of this machine.
-# Usage: launch.sh FERRY_LAUNCH SOURCE_DIR WORK_DIR
+# Usage: launch.sh FERRY SOURCE_DIR WORK_DIR   (runs `FERRY launch`)
 set -euo pipefail
-launch=$1 src=$2 work=$3
+ferry=$1 src=$2 work=$3
 mkdir -p "$work"
 cd "$work"
 fail() { echo "FAIL: $*"; exit 1; }
 
-script=$("$launch" slurm --nodes 2 --gpus-per-node 4 --time 01:30:00 --partition gpu --account proj7 \
+script=$("$ferry" launch slurm --nodes 2 --gpus-per-node 4 --time 01:30:00 --partition gpu --account proj7 \
   -- --config "$src/examples/configs/tiny.json" --set zero_optimization.stage=3)
 bash -n <(echo "$script") || fail "the sbatch script is not valid bash"
 for want in "#SBATCH --nodes=2" "#SBATCH --ntasks-per-node=4" "#SBATCH --gpus-per-node=4" "#SBATCH --time=01:30:00" \
@@ -16,24 +16,25 @@ for want in "#SBATCH --nodes=2" "#SBATCH --ntasks-per-node=4" "#SBATCH --gpus-pe
             "--config $src/examples/configs/tiny.json --set zero_optimization.stage=3"; do
   grep -qF -- "$want" <<<"$script" || fail "slurm script lacks '$want':"$'\n'"$script"
 done
-srun=$("$launch" slurm --nodes 3 --ranks-per-node 2 --time 10 --launcher srun --cpus-per-rank 8 -- --config x.json)
+grep -qE "/ferry train --config " <<<"$script" || fail "the ranks do not run 'ferry train':"$'\n'"$script"
+srun=$("$ferry" launch slurm --nodes 3 --ranks-per-node 2 --time 10 --launcher srun --cpus-per-rank 8 -- --config x.json)
 grep -qF "srun --mpi=pmi2 --kill-on-bad-exit=1 --ntasks=6 --ntasks-per-node=2 " <<<"$srun" || fail "srun line: $srun"
 grep -qF -- "--set device.threads=8" <<<"$srun" || fail "cpus per rank not passed: $srun"
 grep -q "gpus-per-node" <<<"$srun" && fail "GPUs requested for a CPU job"
 
 # Errors name what is wrong, with exit status 2.
 printf 'localhost:two\n' > bad_hosts
-if "$launch" mpiexec --hosts bad_hosts -- --config x.json 2> err.txt; then fail "bad hosts file accepted"; fi
+if "$ferry" launch mpiexec --hosts bad_hosts -- --config x.json 2> err.txt; then fail "bad hosts file accepted"; fi
 grep -qF "bad_hosts:1: the rank count in 'localhost:two' must be a positive integer" err.txt || fail "$(cat err.txt)"
-if "$launch" slurm --nodes 2 --gpus-per-node 4 -- --config x.json 2> err.txt; then fail "no --time accepted"; fi
+if "$ferry" launch slurm --nodes 2 --gpus-per-node 4 -- --config x.json 2> err.txt; then fail "no --time accepted"; fi
 grep -qF -- "--time is required" err.txt || fail "$(cat err.txt)"
 
 # The printed mpiexec command, run as printed: 2 ranks from the hosts file.
 printf '# this machine\nlocalhost:2\n' > hosts
-cmd=$("$launch" mpiexec --hosts hosts -- --config "$src/examples/configs/tiny-model.json" --set train.steps=3 \
+cmd=$("$ferry" launch mpiexec --hosts hosts -- --config "$src/examples/configs/tiny-model.json" --set train.steps=3 \
       --set train.eval_batches=1 --set train.sample_tokens=0 --set zero_optimization.stage=2)
 echo "$cmd"
 out=$(OMP_NUM_THREADS=1 timeout 120 bash -c "$cmd" 2>&1) || fail "the printed command failed: $out"
 grep -q "2 rank(s) over MPI" <<<"$out" || fail "not 2 ranks: $out"
 grep -q "final validation loss" <<<"$out" || fail "no training: $out"
-echo "PASS: ferry-launch"
+echo "PASS: ferry launch"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One rank skips a collective (FERRY_FAULT_SKIP_COLLECTIVE, a test-only fault): the job
 # must end non-zero, well within a bound, with the watchdog's report; never hang.
-# usage: watchdog_fault.sh MPIEXEC FERRY_TRAIN CONFIG
+# usage: watchdog_fault.sh MPIEXEC FERRY CONFIG   (runs `FERRY train`)
 set -u
-mpiexec=$1 train=$2 config=$3
+mpiexec=$1 ferry=$2 config=$3
 start=$(date +%s)
-out=$(FERRY_FAULT_SKIP_COLLECTIVE=1:9 timeout 120 "$mpiexec" -n 2 "$train" --config "$config" \
+out=$(FERRY_FAULT_SKIP_COLLECTIVE=1:9 timeout 120 "$mpiexec" -n 2 "$ferry" train --config "$config" \
   --set comm.timeout_s=5 --set train.steps=3 --set zero_optimization.stage=3 --set train.sample_tokens=0 \
   --set device.threads=1 --set train.eval_batches=1 --set scheduler.params.warmup_num_steps=1 2>&1)
 rc=$?

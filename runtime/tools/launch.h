@@ -1,4 +1,4 @@
-// ferry-launch: the command lines and batch scripts that start ferry-train on several
+// ferry launch: the command lines and batch scripts that start `ferry train` on several
 // nodes, printed for the user to read, keep and submit (nothing is run).
 //   slurm:   an sbatch script; inside the allocation either MPICH's mpiexec (Hydra finds
 //            the nodes through Slurm and starts ranks with srun) or srun itself with PMI
@@ -22,8 +22,9 @@ struct LaunchOptions {
   std::string time, partition, account, job_name = "ferry", output = "ferry-%j.out";
   std::string launcher = "mpiexec";  // slurm only: mpiexec | srun
   std::string hosts_file;            // mpiexec only
-  std::string program;               // absolute path of ferry-train
-  std::vector<std::string> args;     // ferry-train's arguments
+  std::string program;               // absolute path of ferry (or of ferry-train, with verb "")
+  std::string verb = "train";        // the program's verb, first on its command line ("": none)
+  std::vector<std::string> args;     // the train verb's arguments
 };
 
 struct HostEntry {

@@ -1,0 +1,104 @@
+#include "benchmarks/bench_cli.h"
+
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "benchmarks/bench_adam.h"
+#include "benchmarks/bench_ckpt.h"
+#include "benchmarks/bench_comm.h"
+#include "benchmarks/bench_io.h"
+#include "benchmarks/bench_model.h"
+#include "benchmarks/bench_report.h"
+#include "benchmarks/bench_step.h"
+
+namespace ferry::bench {
+
+namespace {
+
+// --threads: all digits and >= 1 (CLI11's PositiveNumber calls "abc" out of range).
+const CLI::Validator kPositive(
+    [](std::string& v) -> std::string {
+      const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+      return digits && v.find_first_not_of('0') != std::string::npos ? "" : "'" + v + "' is not a whole number >= 1";
+    },
+    ">=1");
+
+struct BenchArgs {
+  std::string json_path, path, trace_path;
+  ModelBenchOptions opt;  // threads, quick, only, device, bf16 (model); threads, quick elsewhere
+};
+
+int run(const std::string& name, const BenchArgs& a) {
+  try {
+    Report report;
+    bool is_root = true;
+    int rc = 0;
+    if (name == "model") {
+      rc = run_model_bench(a.opt, report);
+    } else if (name == "io") {
+      rc = run_io_bench(IoBenchOptions{a.path, a.opt.quick}, report);
+    } else if (name == "step") {
+      rc = run_step_bench(StepBenchOptions{a.path, a.opt.quick, a.trace_path}, report);
+    } else if (name == "ckpt") {
+      rc = run_ckpt_bench(CkptBenchOptions{a.path, a.opt.quick}, report);
+    } else if (name == "adam") {
+      rc = run_adam_bench(AdamBenchOptions{a.opt.threads, 100'000'000, a.opt.quick}, report);
+    } else {
+      rc = run_comm_bench(CommBenchOptions{a.opt.quick}, report, is_root);
+    }
+    if (!is_root) return rc;
+    print_table(report);
+    if (!a.json_path.empty()) {
+      write_json(report, a.json_path);
+      std::cout << "wrote " << a.json_path << "\n";
+    }
+    return rc;
+  } catch (const std::exception& e) {
+    std::cerr << "ferry bench " << name << ": error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace
+
+std::function<int()> bench_command(CLI::App& cmd) {
+  auto a = std::make_shared<BenchArgs>();
+  cmd.description("measure ferry against references taken in the same run (model, comm, adam, io, ckpt, step)");
+  cmd.require_subcommand(1);
+  const auto add = [&](const char* name, const char* what) {
+    CLI::App* b = cmd.add_subcommand(name, what);
+    b->add_option("--json", a->json_path, "also write the result as JSON to this file");
+    b->add_flag("--quick", a->opt.quick, "fewer sizes and repetitions (a smoke test)");
+    return b;
+  };
+  const auto threads = [&](CLI::App* b) {
+    b->add_option("--threads", a->opt.threads, "CPU threads (default: all cores)")->check(kPositive);
+  };
+  CLI::App* model = add("model",
+                        "forward+backward tokens/s and GFLOP/s of the tiny and a ~50M-parameter GPT on the CPU, as a "
+                        "fraction of Eigen's GEMM at the model's shapes; --device cuda: GPT-2 124M/350M shapes against "
+                        "cuBLAS's GEMM (MFU)");
+  threads(model);
+  model->add_option("--only", a->opt.only, "one configuration by name (e.g. tiny)");
+  model->add_option("--device", a->opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  model->add_flag("--bf16", a->opt.bf16, "bf16 weights and activations (fp32 accumulation)");
+  add("comm",
+      "all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB, as a fraction of the same MPI "
+      "collective called directly (run under mpiexec -n N)");
+  threads(add("adam", "CPU AdamW params/s on 100M fp32 params at 1 and all threads, against a STREAM-style triad"));
+  add("io", "sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio on the same file")
+      ->add_option("--path", a->path, "a folder on the disk to measure")
+      ->required();
+  add("ckpt", "checkpoint write and read GB/s of a GPT with 1 GB of state against fio's sequential write and read")
+      ->add_option("--path", a->path, "a folder on the disk to measure")
+      ->required();
+  CLI::App* step = add("step",
+                       "a step with parameters and optimizer state on NVMe: overlapped vs sequential, and vs the "
+                       "longest of its resources measured alone");
+  step->add_option("--nvme-path", a->path, "a folder on the disk to use")->required();
+  step->add_option("--trace", a->trace_path, "Chrome trace of the overlapped run's last step");
+  return [a, &cmd] { return run(cmd.get_subcommands().front()->get_name(), *a); };
+}
+
+}  // namespace ferry::bench

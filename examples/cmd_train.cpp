@@ -1,0 +1,143 @@
+// ferry train: trains the model a configuration describes.
+//   ferry train --config FILE [--deepspeed DS_CONFIG] [--set key.path=value ...]
+//   ferry train --help-config
+//   mpiexec -n N ferry train --config FILE ...      (data parallel, ZeRO stage from the config)
+//   ferry train --config FILE --resume auto|DIR    (= --set checkpoint.resume=...)
+// ferry-train is the same verb as a program of its own (ferry_train.cpp).
+// Exit status: 0 done; 1 the run failed (out of device memory, bad data, non-finite loss);
+// 2 the configuration or the command line is wrong. With several ranks a failure on one
+// rank is reported with its rank and ends the whole job (MPI_Abort); a refused checkpoint
+// ends every rank with status 1, the rank that found the problem saying what it is.
+// With checkpoint.dir set, SIGTERM/SIGINT end the run after the current step with a
+// checkpoint and status 0; a second signal exits at once.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/allocator.h"
+#include "base/log.h"
+#include "base/stop_signal.h"
+#include "base/version.h"
+#include "comm/mpi_communicator.h"
+#include "examples/commands.h"
+#include "nn/device.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/config/config.h"
+#include "runtime/train/trainer.h"
+
+namespace ferry::cli {
+
+namespace {
+
+struct TrainArgs {
+  RunOptions run;
+  std::vector<std::string> resume;  // --resume values
+  bool help_config = false;
+  CLI::App* cmd = nullptr;
+};
+
+// --set and --resume overrides in command-line order: a later one wins over an earlier one
+// for the same key, as load_config applies them in turn.
+std::vector<std::string> ordered_overrides(const TrainArgs& a) {
+  std::vector<std::string> out;
+  size_t set = 0, resume = 0;
+  for (const CLI::Option* o : a.cmd->parse_order()) {
+    if (o->get_name() == "--set" && set < a.run.sets.size()) out.push_back(a.run.sets[set++]);
+    if (o->get_name() == "--resume" && resume < a.resume.size()) {
+      out.push_back("checkpoint.resume=" + a.resume[resume++]);
+    }
+  }
+  return out;
+}
+
+int train(const TrainArgs& a) {
+  if (a.help_config) {
+    std::cout << runtime::describe_knobs();
+    return 0;
+  }
+  if (a.run.config.empty()) throw UsageError("--config FILE is required");
+  const std::string& config_path = a.run.config;
+  const std::string& deepspeed_path = a.run.deepspeed;
+  const std::vector<std::string> overrides = ordered_overrides(a);
+  // MPI first: the configuration's batch arithmetic depends on the world size.
+  std::unique_ptr<comm::MpiCommunicator> comm;
+  try {
+    comm = comm::MpiCommunicator::world(/*timeout_s=*/0);
+  } catch (const std::exception& e) {
+    std::cerr << "ferry train: cannot start MPI: " << e.what() << "\n";
+    return 1;
+  }
+  const int rank = comm->rank();
+  runtime::Config config;
+  try {
+    config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path);
+  } catch (const runtime::ConfigError& e) {
+    // Every rank reads the same file and finds the same error: rank 0 reports it.
+    if (rank == 0) std::cerr << "ferry train: config error: " << e.what() << "\n";
+    return 2;
+  }
+  comm->set_timeout(config.comm_timeout_s);
+  comm->set_progress(config.comm_progress == "blocking"  ? comm::MpiCommunicator::Progress::blocking
+                     : config.comm_progress == "polling" ? comm::MpiCommunicator::Progress::polling
+                                                         : comm::MpiCommunicator::Progress::automatic);
+  std::ostream discard(nullptr);  // no buffer: writes are dropped
+  std::ostream& out = rank == 0 ? std::cout : discard;  // rank 0 logs; others warn and fail only
+  // mpiexec names a rank that dies by its pid: this line maps pids to ranks.
+  std::vector<double> pids(static_cast<size_t>(comm->size()), 0.0);
+  pids[static_cast<size_t>(rank)] = static_cast<double>(::getpid());
+  comm->all_reduce_sum(pids);
+  out << "ferry " << kVersion << " | allocator " << allocator_name() << " | " << comm->size()
+      << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives | pids:";
+  for (size_t r = 0; r < pids.size(); ++r) out << " r" << r << "=" << static_cast<long>(pids[r]);
+  out << "\n"
+      << "resolved config (" << config_path << (deepspeed_path.empty() ? "" : " + " + deepspeed_path)
+      << (overrides.empty() ? "" : " + --set") << "):\n"
+      << config.resolved.dump(2) << "\n";
+  if (!config.deepspeed.autos_resolved.empty()) {
+    out << "deepspeed config " << deepspeed_path << ": \"auto\" resolved:";
+    for (const std::string& a : config.deepspeed.autos_resolved) out << "\n  " << a;
+    out << "\n";
+  }
+  if (!config.deepspeed.ignored.empty() && rank == 0) {
+    std::string keys;
+    for (const std::string& k : config.deepspeed.ignored) keys += (keys.empty() ? " " : ", ") + k;
+    log::warn(log::Subsys::config, deepspeed_path + ": " + std::to_string(config.deepspeed.ignored.size()) +
+                                       " key(s) ferry does not implement, ignored (none changes what is computed):" + keys);
+  }
+  if (!config.checkpoint.dir.empty()) install_stop_handlers();
+  std::string failure;
+  try {
+    runtime::Trainer trainer(config, *comm, out);
+    trainer.run();
+  } catch (const runtime::CheckpointError& e) {
+    // Every rank got here together (loading is collective): no abort needed.
+    if (!e.reported_elsewhere) std::cerr << "ferry train: rank " << rank << ": checkpoint refused: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  if (failure.empty()) return 0;
+  const std::string message = "ferry train: rank " + std::to_string(rank) + ": " + failure;
+  if (comm->size() > 1) comm::MpiCommunicator::abort_job(message, 1);
+  std::cerr << message << "\n";
+  return 1;
+}
+
+}  // namespace
+
+Run train_command(CLI::App& cmd) {
+  auto a = std::make_shared<TrainArgs>();
+  a->cmd = &cmd;
+  cmd.description("train the model a configuration describes (mpiexec -n N for N data-parallel ranks)");
+  add_run_options(cmd, a->run, /*with_ranks=*/false);
+  cmd.add_option("--resume", a->resume, "auto | none | CHECKPOINT_DIR (= --set checkpoint.resume=...)")
+      ->allow_extra_args(false);
+  cmd.add_flag("--help-config", a->help_config, "print every configuration key, its default and meaning");
+  return [a] { return train(*a); };
+}
+
+}  // namespace ferry::cli
