@@ -176,6 +176,69 @@ BOOST_AUTO_TEST_CASE(deepspeed_schedules) {
   BOOST_TEST(learning_rate(s, 2.0, 299) == 2.0 * 0.1, boost::test_tools::tolerance(1e-12));
 }
 
+// total_num_steps below the warmup: DeepSpeed warns and runs. The values below are
+// DeepSpeed's lr_schedules.py (WarmupDecayLR/WarmupCosineLR._get_gamma, get_lr_ratio) run in
+// Python on the same parameters, copied here.
+BOOST_AUTO_TEST_CASE(deepspeed_schedules_total_below_warmup) {
+  const auto tol = boost::test_tools::tolerance(1e-12);
+  SchedulerConfig s;
+  s.type = "WarmupDecayLR";
+  s.warmup_min_lr = 0.01;
+  s.warmup_max_lr = 0.1;
+  s.warmup_num_steps = 10;
+  s.total_num_steps = 6;
+  s.warmup_type = "linear";
+  BOOST_TEST(learning_rate(s, 1, 0) == 0.01, tol);
+  BOOST_TEST(learning_rate(s, 1, 3) == 0.037000000000000005, tol);
+  BOOST_TEST(learning_rate(s, 1, 9) == 0.09100000000000001, tol);  // past total: still warming
+  BOOST_TEST(learning_rate(s, 1, 10) == 0.01, tol);                 // then warmup_min_lr
+  BOOST_TEST(learning_rate(s, 1, 20) == 0.01, tol);
+  BOOST_TEST(has(schedule_warning(s), "total_num_steps 6 is less than warmup_num_steps 10"), schedule_warning(s));
+  s.warmup_type = "log";
+  BOOST_TEST(learning_rate(s, 1, 4) == 0.07290730039024168, tol);
+  BOOST_TEST(learning_rate(s, 1, 9) == 0.09999999999999999, tol);
+  BOOST_TEST(learning_rate(s, 1, 10) == 0.01, tol);
+  // warmup_num_steps below 2 warms over 2 steps (DeepSpeed's max(2, ...)).
+  s.warmup_num_steps = 0;
+  s.total_num_steps = 8;
+  s.warmup_min_lr = 0.0;
+  BOOST_TEST(learning_rate(s, 1, 0) == 0.0, tol);
+  BOOST_TEST(learning_rate(s, 1, 1) == 0.1, tol);
+  BOOST_TEST(learning_rate(s, 1, 3) == 0.08333333333333334, tol);
+  BOOST_TEST(schedule_warning(s) == "");
+
+  SchedulerConfig c;
+  c.type = "WarmupCosineLR";
+  c.warmup_num_steps = 10;
+  c.total_num_steps = 6;
+  c.warmup_type = "linear";
+  c.warmup_min_ratio = 0.1;
+  c.cos_min_ratio = 0.2;
+  const std::vector<std::pair<int64_t, double>> cosine = {{0, 0.2}, {5, 1.1}, {9, 1.82}, {10, 1.765685424949238},
+                                                          {12, 0.634314575050762}, {14, 0.6343145750507619},
+                                                          {16, 1.765685424949238}, {20, 0.6343145750507627}};
+  for (const auto& [step, lr] : cosine) BOOST_TEST(learning_rate(c, 2.0, step) == lr, tol);
+  BOOST_TEST(has(schedule_warning(c), "total_num_steps 6 is less than warmup_num_steps 10"), schedule_warning(c));
+  // Past total_num_steps DeepSpeed's cosine is not clamped: it rises again.
+  c.total_num_steps = 30;
+  c.warmup_min_ratio = 0.0;
+  c.cos_min_ratio = 0.0;
+  BOOST_TEST(learning_rate(c, 2.0, 40) == 1.1564344650402307, tol);
+  BOOST_TEST(learning_rate(c, 2.0, 60) == 0.8435655349597704, tol);
+  BOOST_TEST(schedule_warning(c) == "");
+  // Equal to the warmup: DeepSpeed divides by zero; ferry holds cos_min_ratio and says so.
+  c.total_num_steps = 10;
+  c.cos_min_ratio = 0.3;
+  BOOST_TEST(learning_rate(c, 2.0, 10) == 0.6, tol);
+  BOOST_TEST(has(schedule_warning(c), "divides by zero"), schedule_warning(c));
+  // The configuration accepts it (it used to refuse total_num_steps <= warmup_num_steps).
+  const Config cfg = from({{"data", {{"path", "x"}}},
+                           {"train", {{"steps", 6}}},
+                           {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 50}}}}}});
+  BOOST_TEST(cfg.scheduler.total_num_steps == 6);
+  BOOST_TEST(cfg.scheduler.warmup_num_steps == 50);
+}
+
 // Named shapes: the preset sets arch and every dimension the file does not set itself.
 BOOST_AUTO_TEST_CASE(model_presets) {
   json doc = kMinimal;

@@ -249,10 +249,8 @@ void resolve_scheduler(json& resolved, Config& c, const std::string& source) {
   s.total_num_steps = static_cast<int64_t>(num("total_num_steps", static_cast<double>(c.train.steps)));
   s.warmup_min_ratio = num("warmup_min_ratio", 0.0);
   s.cos_min_ratio = num("cos_min_ratio", 1e-4);
-  if (s.type != "WarmupLR" && s.total_num_steps <= s.warmup_num_steps) {
-    fail(source, "scheduler.params.total_num_steps (" + std::to_string(s.total_num_steps) +
-                     ") must exceed warmup_num_steps (" + std::to_string(s.warmup_num_steps) + ")");
-  }
+  // total_num_steps below the warmup is DeepSpeed's warning, not an error: the trainer
+  // prints schedule_warning() (runtime/train/lr_schedule.h).
   json filled = json::object();
   for (const auto& a : allowed) {
     if (a == "warmup_min_lr") filled[a] = s.warmup_min_lr;
