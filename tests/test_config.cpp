@@ -313,6 +313,10 @@ BOOST_AUTO_TEST_CASE(deepspeed_schedules_total_below_warmup) {
                            {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 50}}}}}});
   BOOST_TEST(cfg.scheduler.total_num_steps == 6);
   BOOST_TEST(cfg.scheduler.warmup_num_steps == 50);
+  const Config zero_total = from({{"data", {{"path", "x"}}},
+                                  {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 0}}}}}});
+  BOOST_TEST(zero_total.scheduler.total_num_steps == 0);
+  BOOST_TEST(learning_rate(zero_total.scheduler, 1, 1000) == 0.0);  // warmup_min_lr after the warmup
 }
 
 // Named shapes: the preset sets arch and every dimension the file does not set itself.

@@ -92,7 +92,7 @@ const std::vector<Knob>& config_knobs() {
       {"scheduler.params.warmup_type", F(scheduler.warmup_type), KnobType::string, "log", "warmup curve", {}, {}, false, {"log", "linear"}},
       {"scheduler.params.total_num_steps", F(scheduler.total_num_steps), KnobType::integer, nullptr,
        "WarmupDecayLR/WarmupCosineLR: step at which decay ends (default train.steps); below the warmup: "
-       "DeepSpeed's warning, the warmup runs to its end", 1, {}},
+       "DeepSpeed's warning, the warmup runs to its end", 0, {}},
       {"scheduler.params.warmup_min_ratio", F(scheduler.warmup_min_ratio), KnobType::number, 0.0,
        "WarmupCosineLR: lr/optimizer lr at step 0", 0, 1},
       {"scheduler.params.cos_min_ratio", F(scheduler.cos_min_ratio), KnobType::number, 1e-4,
