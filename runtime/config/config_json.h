@@ -27,6 +27,7 @@ nlohmann::json model_preset(const std::string& name);
 // ConfigError naming `source` and the keys), values derived from several keys (compute
 // dtype, Llama's shape, DeepSpeed's batch arithmetic and scheduler defaults) and the
 // matching edits of `resolved`. `user` holds only what the file and --set gave.
-void apply_rules(nlohmann::json& resolved, const nlohmann::json& user, Config& c, const std::string& source);
+void apply_rules(nlohmann::json& resolved, const nlohmann::json& user, Config& c,
+                 const std::string& source);
 
 }  // namespace ferry::runtime::detail

@@ -9,7 +9,9 @@ namespace ferry::runtime {
 namespace {
 
 // DeepSpeed's self.warmup_num_steps: at least 2, so that log(warmup) is not 0.
-int64_t warmup_steps(const SchedulerConfig& s) { return std::max<int64_t>(2, s.warmup_num_steps); }
+int64_t warmup_steps(const SchedulerConfig& s) {
+  return std::max<int64_t>(2, s.warmup_num_steps);
+}
 
 // Fraction of warmup done at `step`, in [0, 1].
 double warmup_gamma(const SchedulerConfig& s, int64_t step) {
@@ -48,12 +50,14 @@ double learning_rate(const SchedulerConfig& s, double optimizer_lr, int64_t step
 std::string schedule_warning(const SchedulerConfig& s) {
   if (s.type != "WarmupDecayLR" && s.type != "WarmupCosineLR") return "";
   const int64_t warm = warmup_steps(s);
-  const std::string where = "scheduler " + s.type + ": total_num_steps " + std::to_string(s.total_num_steps);
+  const std::string where =
+      "scheduler " + s.type + ": total_num_steps " + std::to_string(s.total_num_steps);
   if (s.total_num_steps < warm) {
     return where + " is less than warmup_num_steps " + std::to_string(s.warmup_num_steps) +
            " (as DeepSpeed: the warmup runs to its end" +
-           (s.type == "WarmupDecayLR" ? std::string(", then the lr stays at warmup_min_lr)")
-                                      : std::string(", then the cosine runs over |total - warmup| steps)"));
+           (s.type == "WarmupDecayLR"
+                ? std::string(", then the lr stays at warmup_min_lr)")
+                : std::string(", then the cosine runs over |total - warmup| steps)"));
   }
   if (s.type == "WarmupCosineLR" && s.total_num_steps == warm) {
     return where + " equals the warmup's " + std::to_string(warm) +
