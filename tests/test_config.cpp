@@ -2,10 +2,12 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
 #include "runtime/config/config.h"
+#include "runtime/config/config_schema.h"
 #include "runtime/train/lr_schedule.h"
 
 using namespace ferry::runtime;
@@ -174,6 +176,147 @@ BOOST_AUTO_TEST_CASE(deepspeed_schedules) {
   // Halfway through the decay: ratio = 0.1 + 0.9 * (1 + cos(pi/2)) / 2 = 0.55.
   BOOST_TEST(learning_rate(s, 2.0, 199) == 2.0 * 0.55, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(learning_rate(s, 2.0, 299) == 2.0 * 0.1, boost::test_tools::tolerance(1e-12));
+}
+
+// One source of defaults: every knob's table default equals what a default-built Config
+// holds in the knob's own field, so struct initialisers (config.h, sections.h and the nn/
+// and offload/ structs Config holds) cannot drift from the table.
+bool same_value(const Knob& k, const json& held, const json& want) {
+  const json w = k.type == KnobType::bytes ? json(parse_bytes(want, k.path)) : want;
+  if (w.is_number()) return held.is_number() && held.get<double>() == w.get<double>();
+  return held == w;
+}
+
+BOOST_AUTO_TEST_CASE(knob_defaults_match_structs) {
+  const Config fresh;
+  size_t bound = 0;
+  for (const Knob& k : config_knobs()) {
+    if (!k.bind) continue;  // consumed by the cross-key rules only (model.preset, train_batch_size)
+    ++bound;
+    if (k.default_value.is_null()) continue;  // absent unless given: the rules say what absence means
+    const json held = k.bind.read(fresh);
+    BOOST_TEST(same_value(k, held, k.default_value), k.path << ": table " << k.default_value.dump() << ", struct "
+                                                            << held.dump());
+  }
+  BOOST_TEST(bound == config_knobs().size() - 2);
+}
+
+// The binding stores what the resolved configuration prints, for every knob it prints.
+BOOST_AUTO_TEST_CASE(bound_fields_match_resolved) {
+  json doc = kMinimal;
+  doc["model"] = {{"arch", "llama"}, {"n_kv_head", 2}, {"rope_theta", 5e5}};
+  doc["device"] = {{"memory", "3GiB"}};
+  doc["zero_optimization"] = {{"stage", 3}, {"reduce_bucket_size", 1e6},
+                              {"offload_param", {{"device", "nvme"}, {"nvme_path", "/tmp/a,/tmp/b"}}}};
+  doc["optimizer"] = {{"params", {{"betas", {0.8, 0.9}}}}};
+  doc["scheduler"] = {{"type", "WarmupDecayLR"}, {"params", {{"warmup_num_steps", 7}}}};
+  const Config c = from(doc, {"train.steps=30", "aio.block_size=8192"});
+  size_t compared = 0;
+  for (const Knob& k : config_knobs()) {
+    std::string pointer = "/" + k.path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    const json::json_pointer ptr(pointer);
+    if (!k.bind || !c.resolved.contains(ptr)) continue;
+    BOOST_TEST(same_value(k, k.bind.read(c), c.resolved[ptr]), k.path << ": field " << k.bind.read(c).dump()
+                                                                      << ", resolved " << c.resolved[ptr].dump());
+    ++compared;
+  }
+  BOOST_TEST(compared > 60u);
+  BOOST_TEST(c.offload.param_paths == (std::vector<std::string>{"/tmp/a", "/tmp/b"}));
+  BOOST_TEST(c.device.memory == 3ull << 30);
+  BOOST_TEST(c.scheduler.total_num_steps == 30);  // train.steps
+  BOOST_TEST(c.optimizer.beta1 == 0.8);
+}
+
+// DeepSpeed's batch arithmetic: train_batch_size with a key left out derives that key.
+BOOST_AUTO_TEST_CASE(batch_derived_as_deepspeed) {
+  auto cfg = [](json extra, int world) {
+    json doc = kMinimal;
+    doc.update(extra);
+    return config_from_json(doc, "cfg.json", "/base", {}, world);
+  };
+  Config c = cfg({{"train_batch_size", 64}, {"train_micro_batch_size_per_gpu", 8}}, 2);
+  BOOST_TEST(c.grad_accum == 4);  // 64 / 8 / 2
+  BOOST_TEST(c.resolved["gradient_accumulation_steps"] == 4);
+  c = cfg({{"train_batch_size", 48}, {"gradient_accumulation_steps", 3}}, 2);
+  BOOST_TEST(c.micro_batch == 8);  // 48 / 2 / 3
+  BOOST_TEST(c.resolved["train_micro_batch_size_per_gpu"] == 8);
+  c = cfg({{"train_batch_size", 12}}, 3);
+  BOOST_TEST(c.micro_batch == 4);
+  BOOST_TEST(c.grad_accum == 1);
+  // Not divisible: DeepSpeed's floor, then its assertion that the three multiply out.
+  std::string e = error_of([&] { cfg({{"train_batch_size", 50}, {"train_micro_batch_size_per_gpu", 8}}, 2); });
+  BOOST_TEST(has(e, "cfg.json: train_batch_size (50) must equal train_micro_batch_size_per_gpu (8) x "
+                    "gradient_accumulation_steps (3) x world size (2) = 48"), e);
+  e = error_of([&] { cfg({{"train_batch_size", 2}, {"gradient_accumulation_steps", 4}}, 2); });
+  BOOST_TEST(has(e, "cfg.json: train_batch_size (2) is too small for world size 2 and gradient_accumulation_steps 4"), e);
+}
+
+// total_num_steps below the warmup: DeepSpeed warns and runs. The values below are
+// DeepSpeed's lr_schedules.py (WarmupDecayLR/WarmupCosineLR._get_gamma, get_lr_ratio) run in
+// Python on the same parameters, copied here.
+BOOST_AUTO_TEST_CASE(deepspeed_schedules_total_below_warmup) {
+  const auto tol = boost::test_tools::tolerance(1e-12);
+  SchedulerConfig s;
+  s.type = "WarmupDecayLR";
+  s.warmup_min_lr = 0.01;
+  s.warmup_max_lr = 0.1;
+  s.warmup_num_steps = 10;
+  s.total_num_steps = 6;
+  s.warmup_type = "linear";
+  BOOST_TEST(learning_rate(s, 1, 0) == 0.01, tol);
+  BOOST_TEST(learning_rate(s, 1, 3) == 0.037000000000000005, tol);
+  BOOST_TEST(learning_rate(s, 1, 9) == 0.09100000000000001, tol);  // past total: still warming
+  BOOST_TEST(learning_rate(s, 1, 10) == 0.01, tol);                 // then warmup_min_lr
+  BOOST_TEST(learning_rate(s, 1, 20) == 0.01, tol);
+  BOOST_TEST(has(schedule_warning(s), "total_num_steps 6 is less than warmup_num_steps 10"), schedule_warning(s));
+  s.warmup_type = "log";
+  BOOST_TEST(learning_rate(s, 1, 4) == 0.07290730039024168, tol);
+  BOOST_TEST(learning_rate(s, 1, 9) == 0.09999999999999999, tol);
+  BOOST_TEST(learning_rate(s, 1, 10) == 0.01, tol);
+  // warmup_num_steps below 2 warms over 2 steps (DeepSpeed's max(2, ...)).
+  s.warmup_num_steps = 0;
+  s.total_num_steps = 8;
+  s.warmup_min_lr = 0.0;
+  BOOST_TEST(learning_rate(s, 1, 0) == 0.0, tol);
+  BOOST_TEST(learning_rate(s, 1, 1) == 0.1, tol);
+  BOOST_TEST(learning_rate(s, 1, 3) == 0.08333333333333334, tol);
+  BOOST_TEST(schedule_warning(s) == "");
+
+  SchedulerConfig c;
+  c.type = "WarmupCosineLR";
+  c.warmup_num_steps = 10;
+  c.total_num_steps = 6;
+  c.warmup_type = "linear";
+  c.warmup_min_ratio = 0.1;
+  c.cos_min_ratio = 0.2;
+  const std::vector<std::pair<int64_t, double>> cosine = {{0, 0.2}, {5, 1.1}, {9, 1.82}, {10, 1.765685424949238},
+                                                          {12, 0.634314575050762}, {14, 0.6343145750507619},
+                                                          {16, 1.765685424949238}, {20, 0.6343145750507627}};
+  for (const auto& [step, lr] : cosine) BOOST_TEST(learning_rate(c, 2.0, step) == lr, tol);
+  BOOST_TEST(has(schedule_warning(c), "total_num_steps 6 is less than warmup_num_steps 10"), schedule_warning(c));
+  // Past total_num_steps DeepSpeed's cosine is not clamped: it rises again.
+  c.total_num_steps = 30;
+  c.warmup_min_ratio = 0.0;
+  c.cos_min_ratio = 0.0;
+  BOOST_TEST(learning_rate(c, 2.0, 40) == 1.1564344650402307, tol);
+  BOOST_TEST(learning_rate(c, 2.0, 60) == 0.8435655349597704, tol);
+  BOOST_TEST(schedule_warning(c) == "");
+  // Equal to the warmup: DeepSpeed divides by zero; ferry holds cos_min_ratio and says so.
+  c.total_num_steps = 10;
+  c.cos_min_ratio = 0.3;
+  BOOST_TEST(learning_rate(c, 2.0, 10) == 0.6, tol);
+  BOOST_TEST(has(schedule_warning(c), "divides by zero"), schedule_warning(c));
+  // The configuration accepts it (it used to refuse total_num_steps <= warmup_num_steps).
+  const Config cfg = from({{"data", {{"path", "x"}}},
+                           {"train", {{"steps", 6}}},
+                           {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_num_steps", 50}}}}}});
+  BOOST_TEST(cfg.scheduler.total_num_steps == 6);
+  BOOST_TEST(cfg.scheduler.warmup_num_steps == 50);
+  const Config zero_total = from({{"data", {{"path", "x"}}},
+                                  {"scheduler", {{"type", "WarmupDecayLR"}, {"params", {{"total_num_steps", 0}}}}}});
+  BOOST_TEST(zero_total.scheduler.total_num_steps == 0);
+  BOOST_TEST(learning_rate(zero_total.scheduler, 1, 1000) == 0.0);  // warmup_min_lr after the warmup
 }
 
 // Named shapes: the preset sets arch and every dimension the file does not set itself.

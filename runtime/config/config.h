@@ -28,32 +28,35 @@ class ConfigError : public std::runtime_error {
 
 
 
+// Filled by the knob table (config_schema.cpp binds every key to its field); the
+// initialisers equal the table's defaults, checked by test_config.
 struct Config {
   nn::GPTConfig model;           // the dimensions every architecture has
   std::string model_arch = "gpt2";  // gpt2 | llama
   nn::LlamaConfig llama;         // with model_arch llama: the whole shape
-  uint64_t model_seed = 0;
+  uint64_t model_seed = 1337;
   bool activation_checkpointing = false;
   // Mixed precision: zero.compute is bf16 (bf16.enabled) or f16 (fp16.enabled), else f32.
+  bool bf16 = false;
   bool fp16 = false;
   LossScaling loss_scaling;  // fp16 only
   struct {
-    std::string path, format;
-    uint64_t seed = 0;
-    double val_fraction = 0;
+    std::string path, format = "text";
+    uint64_t seed = 1234;
+    double val_fraction = 0.05;
   } data;
   struct {
-    std::string type;
-    size_t memory = 0;
+    std::string type = "cpu";
+    size_t memory = size_t{4} << 30;
     int threads = 0;
   } device;
   struct {
-    int64_t steps = 0, eval_every = 0, eval_batches = 0, sample_tokens = 0;
-    double sample_temperature = 1;
+    int64_t steps = 500, eval_every = 100, eval_batches = 8, sample_tokens = 200;
+    double sample_temperature = 0.8;
   } train;
   struct {
     std::string metrics;  // "" = none
-    int64_t every = 1;
+    int64_t every = 10;
     std::string trace;    // "" = none; per rank: trace_path_for_rank()
     std::string progress = "auto";  // auto | bar | lines
     double peak_tflops = 0;         // per rank; 0 = not configured (no MFU)
@@ -72,8 +75,9 @@ struct Config {
   OffloadConfig offload;
   double comm_timeout_s = 300;
   std::string comm_progress = "auto";
-  int64_t micro_batch = 0, grad_accum = 0;
-  double grad_clip = 0;
+  int64_t micro_batch = 16, grad_accum = 1;
+  double grad_clip = 1.0;
+  std::string optimizer_type = "AdamW";  // the only one
   offload::AdamWParams optimizer;
   SchedulerConfig scheduler;
   int world_size = 1;

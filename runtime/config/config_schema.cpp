@@ -1,163 +1,229 @@
 #include "runtime/config/config_schema.h"
 
 #include <algorithm>
+#include <type_traits>
+
+#include "runtime/config/config.h"
 
 namespace ferry::runtime {
 
 using nlohmann::json;
 
+namespace {
+
+// Converts a checked knob value to a field's type and back. Integer fields also take
+// KnobType::number values (bucket sizes written 5e8); lists of paths are comma-joined.
+template <class T>
+void assign(T& field, const json& v) {
+  if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string> || std::is_floating_point_v<T>) {
+    field = v.get<T>();
+  } else if constexpr (std::is_integral_v<T>) {
+    field = v.is_number_integer() ? v.get<T>() : static_cast<T>(v.get<double>());
+  } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    field.clear();
+    const std::string joined = v.get<std::string>();
+    for (size_t start = 0, comma = 0; comma != std::string::npos; start = comma + 1) {
+      comma = joined.find(',', start);
+      field.push_back(joined.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    }
+  } else {
+    static_assert(std::is_void_v<T>, "no conversion for this field type");
+  }
+}
+
+template <class T>
+json to_json(const T& field) {
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    if (field.empty()) return nullptr;
+    std::string joined;
+    for (const std::string& p : field) joined += (joined.empty() ? "" : ",") + p;
+    return joined;
+  } else {
+    return field;
+  }
+}
+
+// `access` is a generic lambda returning a reference to the field, of a Config or a const Config.
+template <class Access>
+Binding field(Access access) {
+  return {[access](Config& c, const json& v) { assign(access(c), v); },
+          [access](const Config& c) { return to_json(access(c)); }};
+}
+
+#define F(member) field([](auto& c) -> auto& { return c.member; })
+
+Binding betas() {
+  return {[](Config& c, const json& v) {
+            c.optimizer.beta1 = v[0].get<double>();
+            c.optimizer.beta2 = v[1].get<double>();
+          },
+          [](const Config& c) { return json::array({c.optimizer.beta1, c.optimizer.beta2}); }};
+}
+
+// A knob the cross-key rules consume (config_rules.cpp) with no field of its own.
+Binding rule_only() { return {}; }
+
+}  // namespace
+
 const std::vector<Knob>& config_knobs() {
   static const std::vector<Knob> knobs = {
+
       // DeepSpeed's names for the runtime keys.
-      {"train_micro_batch_size_per_gpu", KnobType::integer, 16, "sequences per micro-batch per rank", 1, {}},
-      {"gradient_accumulation_steps", KnobType::integer, 1, "micro-batches summed into one optimizer step", 1, {}},
-      {"train_batch_size", KnobType::integer, nullptr,
-       "global batch in sequences; when given it must equal micro batch x accumulation steps x world size", 1, {}},
-      {"gradient_clipping", KnobType::number, 1.0, "clip the global gradient L2 norm to this; 0 disables", 0, {}},
-      {"optimizer.type", KnobType::string, "AdamW", "optimizer (decoupled weight decay, bias correction)", {}, {}, false, {"AdamW"}},
-      {"optimizer.params.lr", KnobType::number, 1e-3, "peak learning rate", 0, {}, true},
-      {"optimizer.params.betas", KnobType::betas, json::array({0.9, 0.999}), "Adam [beta1, beta2]"},
-      {"optimizer.params.eps", KnobType::number, 1e-8, "Adam epsilon", 0, {}, true},
-      {"optimizer.params.weight_decay", KnobType::number, 0.0,
+      {"train_micro_batch_size_per_gpu", F(micro_batch), KnobType::integer, 16, "sequences per micro-batch per rank", 1, {}},
+      {"gradient_accumulation_steps", F(grad_accum), KnobType::integer, 1, "micro-batches summed into one optimizer step", 1, {}},
+      {"train_batch_size", rule_only(), KnobType::integer, nullptr,
+       "global batch in sequences; when given it must equal micro batch x accumulation steps x world size, and a "
+       "micro batch or accumulation count left out is derived from it (accumulation 1 when both are), as DeepSpeed does",
+       1, {}},
+      {"gradient_clipping", F(grad_clip), KnobType::number, 1.0, "clip the global gradient L2 norm to this; 0 disables", 0, {}},
+      {"optimizer.type", F(optimizer_type), KnobType::string, "AdamW", "optimizer (decoupled weight decay, bias correction)", {}, {}, false, {"AdamW"}},
+      {"optimizer.params.lr", F(optimizer.lr), KnobType::number, 1e-3, "peak learning rate", 0, {}, true},
+      {"optimizer.params.betas", betas(), KnobType::betas, json::array({0.9, 0.999}), "Adam [beta1, beta2]"},
+      {"optimizer.params.eps", F(optimizer.eps), KnobType::number, 1e-8, "Adam epsilon", 0, {}, true},
+      {"optimizer.params.weight_decay", F(optimizer.weight_decay), KnobType::number, 0.0,
        "decoupled weight decay, applied to matrices and embeddings (not biases or norms)", 0, {}},
-      {"scheduler.type", KnobType::string, nullptr,
+      {"scheduler.type", F(scheduler.type), KnobType::string, nullptr,
        "learning-rate schedule; absent: constant optimizer.params.lr", {}, {}, false,
        {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"}},
-      {"scheduler.params.warmup_min_lr", KnobType::number, nullptr, "WarmupLR/WarmupDecayLR: lr at step 0 (default 0)", 0, {}},
-      {"scheduler.params.warmup_max_lr", KnobType::number, nullptr, "WarmupLR/WarmupDecayLR: lr after warmup (default 0.001)", 0, {}},
-      {"scheduler.params.warmup_num_steps", KnobType::integer, nullptr, "steps of warmup (default 1000)", 0, {}},
-      {"scheduler.params.warmup_type", KnobType::string, nullptr, "warmup curve (default log)", {}, {}, false, {"log", "linear"}},
-      {"scheduler.params.total_num_steps", KnobType::integer, nullptr,
-       "WarmupDecayLR/WarmupCosineLR: step at which decay ends (default train.steps)", 1, {}},
-      {"scheduler.params.warmup_min_ratio", KnobType::number, nullptr,
-       "WarmupCosineLR: lr/optimizer lr at step 0 (default 0)", 0, 1},
-      {"scheduler.params.cos_min_ratio", KnobType::number, nullptr,
-       "WarmupCosineLR: lr/optimizer lr at the end of decay (default 0.0001)", 0, 1},
-      {"zero_optimization.stage", KnobType::integer, 0,
+      {"scheduler.params.warmup_min_lr", F(scheduler.warmup_min_lr), KnobType::number, 0.0, "WarmupLR/WarmupDecayLR: lr at step 0", 0, {}},
+      {"scheduler.params.warmup_max_lr", F(scheduler.warmup_max_lr), KnobType::number, 1e-3, "WarmupLR/WarmupDecayLR: lr after warmup", 0, {}},
+      {"scheduler.params.warmup_num_steps", F(scheduler.warmup_num_steps), KnobType::integer, 1000,
+       "steps of warmup (at least 2 are taken, as in DeepSpeed)", 0, {}},
+      {"scheduler.params.warmup_type", F(scheduler.warmup_type), KnobType::string, "log", "warmup curve", {}, {}, false, {"log", "linear"}},
+      {"scheduler.params.total_num_steps", F(scheduler.total_num_steps), KnobType::integer, nullptr,
+       "WarmupDecayLR/WarmupCosineLR: step at which decay ends (default train.steps); below the warmup: "
+       "DeepSpeed's warning, the warmup runs to its end", 0, {}},
+      {"scheduler.params.warmup_min_ratio", F(scheduler.warmup_min_ratio), KnobType::number, 0.0,
+       "WarmupCosineLR: lr/optimizer lr at step 0", 0, 1},
+      {"scheduler.params.cos_min_ratio", F(scheduler.cos_min_ratio), KnobType::number, 1e-4,
+       "WarmupCosineLR: lr/optimizer lr at the end of decay", 0, 1},
+      {"zero_optimization.stage", F(zero.stage), KnobType::integer, 0,
        "ZeRO stage: 0 replicated (DDP), 1 + optimizer state sharded, 2 + gradients, 3 + parameters", 0, 3},
-      {"zero_optimization.reduce_bucket_size", KnobType::number, 5e8,
+      {"zero_optimization.reduce_bucket_size", F(zero.reduce_bucket_size), KnobType::number, 5e8,
        "elements (over all ranks) per gradient reduce-scatter / all-reduce call", 1, {}},
-      {"zero_optimization.allgather_bucket_size", KnobType::number, 5e8,
+      {"zero_optimization.allgather_bucket_size", F(zero.allgather_bucket_size), KnobType::number, 5e8,
        "elements (over all ranks) per parameter all-gather call", 1, {}},
-      {"zero_optimization.overlap_comm", KnobType::boolean, true,
+      {"zero_optimization.overlap_comm", F(zero.overlap_comm), KnobType::boolean, true,
        "issue collectives ahead of use and without waiting: parameter all-gathers prefetched, gradient "
        "reductions overlapping backward; false: each collective waited for where it is needed"},
-      {"zero_optimization.stage3_prefetch_bucket_size", KnobType::number, 5e7,
+      {"zero_optimization.stage3_prefetch_bucket_size", F(zero.prefetch_bucket_size), KnobType::number, 5e7,
        "stage 3: elements of parameters all-gathered ahead of use, at most", 0, {}},
-      {"zero_optimization.stage3_max_live_parameters", KnobType::number, 1e9,
+      {"zero_optimization.stage3_max_live_parameters", F(zero.max_live_parameters), KnobType::number, 1e9,
        "stage 3: elements of gathered parameters alive at once (in use and prefetched), at most", 1, {}},
-      {"zero_optimization.offload_optimizer.device", KnobType::string, "none",
+      {"zero_optimization.offload_optimizer.device", F(offload.optimizer_device), KnobType::string, "none",
        "where the fp32 master weights, Adam m and v and the gradient shards live (stages 1-3)", {}, {}, false,
        {"none", "cpu", "nvme"}},
-      {"zero_optimization.offload_optimizer.nvme_path", KnobType::path, nullptr,
+      {"zero_optimization.offload_optimizer.nvme_path", F(offload.optimizer_paths), KnobType::path, nullptr,
        "folder for the optimizer state when device is nvme (several: comma-separated, striped)"},
-      {"zero_optimization.offload_optimizer.pin_memory", KnobType::boolean, true,
+      {"zero_optimization.offload_optimizer.pin_memory", F(offload.optimizer_pin), KnobType::boolean, true,
        "page-lock the host staging pool; false runs unpinned when RLIMIT_MEMLOCK is too low"},
-      {"zero_optimization.offload_optimizer.buffer_count", KnobType::integer, 6,
+      {"zero_optimization.offload_optimizer.buffer_count", F(offload.optimizer_buffers), KnobType::integer, 6,
        "pinned buffers for the optimizer's nvme tiles: 3 per tile (master, m, v); 6 or more lets the next "
        "tile's reads overlap the update (DeepSpeed's default, 4, would not)", 3, 1024},
-      {"zero_optimization.offload_param.device", KnobType::string, "none",
+      {"zero_optimization.offload_param.device", F(offload.param_device), KnobType::string, "none",
        "where the parameter shards live between uses (stage 3 only)", {}, {}, false, {"none", "cpu", "nvme"}},
-      {"zero_optimization.offload_param.nvme_path", KnobType::path, nullptr,
+      {"zero_optimization.offload_param.nvme_path", F(offload.param_paths), KnobType::path, nullptr,
        "folder for the parameter shards when device is nvme (several: comma-separated, striped)"},
-      {"zero_optimization.offload_param.pin_memory", KnobType::boolean, true, "as offload_optimizer.pin_memory"},
-      {"zero_optimization.offload_param.buffer_count", KnobType::integer, 5,
+      {"zero_optimization.offload_param.pin_memory", F(offload.param_pin), KnobType::boolean, true, "as offload_optimizer.pin_memory"},
+      {"zero_optimization.offload_param.buffer_count", F(offload.param_buffers), KnobType::integer, 5,
        "pinned buffers for nvme parameter shards: up to 2 read ahead of use, 1 for reads on demand", 1, 1024},
-      {"zero_optimization.offload_param.buffer_size", KnobType::number, 1e8,
+      {"zero_optimization.offload_param.buffer_size", F(offload.param_buffer_size), KnobType::number, 1e8,
        "elements per parameter staging buffer (a unit shard larger than this moves in pieces)", 1024, {}},
-      {"zero_optimization.offload_param.max_in_cpu", KnobType::number, 0,
+      {"zero_optimization.offload_param.max_in_cpu", F(offload.max_in_cpu), KnobType::number, 0,
        "with device nvme: elements of parameter shards (the first units') kept in host memory instead "
        "(DeepSpeed's default is 1e9, which would keep small models entirely in memory)", 0, {}},
-      {"aio.block_size", KnobType::bytes, 1048576, "bytes per NVMe request", 4096, {}},
-      {"aio.queue_depth", KnobType::integer, 8, "NVMe requests in flight per transfer", 1, 4096},
-      {"aio.intra_op_parallelism", KnobType::integer, 1, "threads per transfer on the pread/pwrite path", 1, 256},
-      {"aio.single_submit", KnobType::boolean, false, "submit NVMe requests one at a time"},
-      {"aio.overlap_events", KnobType::boolean, true, "refill the queue as each request completes"},
+      {"aio.block_size", F(offload.aio.block_size), KnobType::bytes, 1048576, "bytes per NVMe request", 4096, {}},
+      {"aio.queue_depth", F(offload.aio.queue_depth), KnobType::integer, 8, "NVMe requests in flight per transfer", 1, 4096},
+      {"aio.intra_op_parallelism", F(offload.aio.intra_op_parallelism), KnobType::integer, 1, "threads per transfer on the pread/pwrite path", 1, 256},
+      {"aio.single_submit", F(offload.aio.single_submit), KnobType::boolean, false, "submit NVMe requests one at a time"},
+      {"aio.overlap_events", F(offload.aio.overlap_events), KnobType::boolean, true, "refill the queue as each request completes"},
       // ferry's own sections.
-      {"schedule.prefetch_depth", KnobType::integer, 2,
+      {"schedule.prefetch_depth", F(schedule.prefetch_depth), KnobType::integer, 2,
        "units fetched ahead of use, in the order the first step recorded: nvme reads this many ahead, "
        "all-gathers max(1, this - 1) ahead; at most offload_param.buffer_count - 1 with nvme parameters", 0, 64},
-      {"schedule.overlap_offload", KnobType::boolean, true,
+      {"schedule.overlap_offload", F(schedule.overlap_offload), KnobType::boolean, true,
        "overlap the offload tiers with compute: nvme parameter reads ahead of use, and CPU Adam with its "
        "nvme traffic on a thread of its own (each unit updated as soon as its gradient is final); false: "
        "everything in the plain sequential order"},
-      {"comm.progress", KnobType::string, "auto",
+      {"comm.progress", F(comm_progress), KnobType::string, "auto",
        "how MPI collectives are driven: blocking calls (fastest, spin a core), polling non-blocking calls "
        "(leave the core to others), or auto: blocking unless the node's ranks outnumber its cores",
        {}, {}, false, {"auto", "blocking", "polling"}},
-      {"comm.timeout_s", KnobType::number, 300.0,
+      {"comm.timeout_s", F(comm_timeout_s), KnobType::number, 300.0,
        "a collective not finished this long after it was issued ends the job with a report", 0, {}, true},
-      {"model.preset", KnobType::string, nullptr,
+      {"model.preset", rule_only(), KnobType::string, nullptr,
        "named shape: sets arch and every dimension the configuration does not set itself; llama-tiny for tests, "
        "llama-1b, llama-8b, llama-70b, llama-405b (the published Llama 3.x shapes), gpt2-small", {}, {}, false,
        {"llama-tiny", "llama-1b", "llama-8b", "llama-70b", "llama-405b", "gpt2-small"}},
-      {"model.arch", KnobType::string, "gpt2",
+      {"model.arch", F(model_arch), KnobType::string, "gpt2",
        "gpt2: LayerNorm, learned positions, GELU MLP, biases, tied head; llama: RMSNorm, rotary embeddings, "
        "grouped-query attention, SwiGLU MLP, no biases, untied head", {}, {}, false, {"gpt2", "llama"}},
-      {"model.n_layer", KnobType::integer, 4, "transformer blocks", 1, {}},
-      {"model.n_head", KnobType::integer, 4, "attention heads (n_embd must be a multiple)", 1, {}},
-      {"model.n_kv_head", KnobType::integer, nullptr,
+      {"model.n_layer", F(model.n_layer), KnobType::integer, 4, "transformer blocks", 1, {}},
+      {"model.n_head", F(model.n_head), KnobType::integer, 4, "attention heads (n_embd must be a multiple)", 1, {}},
+      {"model.n_kv_head", F(llama.n_kv_head), KnobType::integer, nullptr,
        "llama: key/value heads shared by the query heads (n_head a multiple); absent: n_head", 1, {}},
-      {"model.n_embd", KnobType::integer, 128, "channels of the residual stream", 1, {}},
-      {"model.intermediate_size", KnobType::integer, nullptr,
+      {"model.n_embd", F(model.n_embd), KnobType::integer, 128, "channels of the residual stream", 1, {}},
+      {"model.intermediate_size", F(llama.intermediate), KnobType::integer, nullptr,
        "llama: SwiGLU hidden width; absent: 8/3 n_embd rounded up to a multiple of 64", 1, {}},
-      {"model.rope_theta", KnobType::number, 10000.0, "llama: rotary embedding base", 1, {}},
-      {"model.norm_eps", KnobType::number, 1e-5, "llama: RMSNorm epsilon", 0, {}, true},
-      {"model.vocab_size", KnobType::integer, 256, "vocabulary; 256 for the byte-level tokenizer, at most 65536 "
+      {"model.rope_theta", F(llama.rope_theta), KnobType::number, 10000.0, "llama: rotary embedding base", 1, {}},
+      {"model.norm_eps", F(llama.norm_eps), KnobType::number, 1e-5, "llama: RMSNorm epsilon", 0, {}, true},
+      {"model.vocab_size", F(model.vocab_size), KnobType::integer, 256, "vocabulary; 256 for the byte-level tokenizer, at most 65536 "
        "with data.format uint16", 1, 1 << 20},
-      {"model.block_size", KnobType::integer, 128, "context length in tokens", 1, {}},
-      {"model.seed", KnobType::integer, 1337, "seed of the weight initialisation", 0, {}},
-      {"activation_checkpointing.enabled", KnobType::boolean, false,
+      {"model.block_size", F(model.block_size), KnobType::integer, 128, "context length in tokens", 1, {}},
+      {"model.seed", F(model_seed), KnobType::integer, 1337, "seed of the weight initialisation", 0, {}},
+      {"activation_checkpointing.enabled", F(activation_checkpointing), KnobType::boolean, false,
        "keep only each block's input in forward and recompute the block's forward in backward: identical "
        "gradients, activation memory of about one block instead of all, one more forward of the blocks"},
-      {"bf16.enabled", KnobType::boolean, false,
+      {"bf16.enabled", F(bf16), KnobType::boolean, false,
        "mixed precision in bf16: weights gathered and computed, activations in bf16; master weights, "
        "gradients, their reductions and Adam state stay fp32"},
-      {"fp16.enabled", KnobType::boolean, false,
+      {"fp16.enabled", F(fp16), KnobType::boolean, false,
        "mixed precision in fp16 (as bf16.enabled) with loss scaling; steps whose gradients overflow are skipped"},
-      {"fp16.loss_scale", KnobType::number, 0.0, "fp16: 0 = dynamic loss scaling; > 0 a static loss scale", 0, {}},
-      {"fp16.initial_scale_power", KnobType::integer, 16, "fp16: the dynamic loss scale starts at 2^this", 0, 60},
-      {"fp16.loss_scale_window", KnobType::integer, 1000, "fp16: steps without overflow before the scale doubles", 1, {}},
-      {"fp16.hysteresis", KnobType::integer, 2, "fp16: overflows tolerated before the scale halves", 1, {}},
-      {"fp16.consecutive_hysteresis", KnobType::boolean, false,
+      {"fp16.loss_scale", F(loss_scaling.static_scale), KnobType::number, 0.0, "fp16: 0 = dynamic loss scaling; > 0 a static loss scale", 0, {}},
+      {"fp16.initial_scale_power", F(loss_scaling.initial_scale_power), KnobType::integer, 16, "fp16: the dynamic loss scale starts at 2^this", 0, 60},
+      {"fp16.loss_scale_window", F(loss_scaling.window), KnobType::integer, 1000, "fp16: steps without overflow before the scale doubles", 1, {}},
+      {"fp16.hysteresis", F(loss_scaling.hysteresis), KnobType::integer, 2, "fp16: overflows tolerated before the scale halves", 1, {}},
+      {"fp16.consecutive_hysteresis", F(loss_scaling.consecutive_hysteresis), KnobType::boolean, false,
        "fp16: refill the hysteresis on every step without overflow (else only when the scale doubles)"},
-      {"fp16.min_loss_scale", KnobType::number, 1.0, "fp16: the scale never goes below this; an overflow there stops the run", 0, {}, true},
-      {"data.path", KnobType::path, nullptr, "training corpus (required)"},
-      {"data.format", KnobType::string, "text", "text: bytes are tokens; uint16: little-endian token ids", {}, {}, false, {"text", "uint16"}},
-      {"data.seed", KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},
-      {"data.val_fraction", KnobType::number, 0.05, "tail of the corpus held out for validation", 0, 0.5, true},
-      {"device.type", KnobType::string, "cpu",
+      {"fp16.min_loss_scale", F(loss_scaling.min_scale), KnobType::number, 1.0, "fp16: the scale never goes below this; an overflow there stops the run", 0, {}, true},
+      {"data.path", F(data.path), KnobType::path, nullptr, "training corpus (required)"},
+      {"data.format", F(data.format), KnobType::string, "text", "text: bytes are tokens; uint16: little-endian token ids", {}, {}, false, {"text", "uint16"}},
+      {"data.seed", F(data.seed), KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},
+      {"data.val_fraction", F(data.val_fraction), KnobType::number, 0.05, "tail of the corpus held out for validation", 0, 0.5, true},
+      {"device.type", F(device.type), KnobType::string, "cpu",
        "where the model computes: cpu, or cuda (one GPU per rank; model states stay in host memory)", {}, {}, false,
        {"cpu", "cuda"}},
-      {"device.memory", KnobType::bytes, "4GiB", "cap of the device arena: parameters, gradients, optimizer state, activations (cuda: the GPU arena of activations and the units in use)", 1, {}},
-      {"device.threads", KnobType::integer, 0, "CPU threads for the cpu device; 0 = the node's cores divided among the ranks on it", 0, 4096},
-      {"train.steps", KnobType::integer, 500, "optimizer steps", 1, {}},
-      {"train.eval_every", KnobType::integer, 100, "validate every this many steps; 0 = only at the end", 0, {}},
-      {"train.eval_batches", KnobType::integer, 8, "micro-batches per validation", 1, {}},
-      {"train.sample_tokens", KnobType::integer, 200, "tokens to generate at the end; 0 = none", 0, {}},
-      {"train.sample_temperature", KnobType::number, 0.8, "softmax temperature of the sample", 0, {}, true},
-      {"log.metrics", KnobType::path, nullptr, "JSON-lines metrics file (one object per step and per evaluation)"},
-      {"log.every", KnobType::integer, 10, "print a step line every this many steps", 1, {}},
-      {"log.progress", KnobType::string, "auto",
+      {"device.memory", F(device.memory), KnobType::bytes, "4GiB", "cap of the device arena: parameters, gradients, optimizer state, activations (cuda: the GPU arena of activations and the units in use)", 1, {}},
+      {"device.threads", F(device.threads), KnobType::integer, 0, "CPU threads for the cpu device; 0 = the node's cores divided among the ranks on it", 0, 4096},
+      {"train.steps", F(train.steps), KnobType::integer, 500, "optimizer steps", 1, {}},
+      {"train.eval_every", F(train.eval_every), KnobType::integer, 100, "validate every this many steps; 0 = only at the end", 0, {}},
+      {"train.eval_batches", F(train.eval_batches), KnobType::integer, 8, "micro-batches per validation", 1, {}},
+      {"train.sample_tokens", F(train.sample_tokens), KnobType::integer, 200, "tokens to generate at the end; 0 = none", 0, {}},
+      {"train.sample_temperature", F(train.sample_temperature), KnobType::number, 0.8, "softmax temperature of the sample", 0, {}, true},
+      {"log.metrics", F(log.metrics), KnobType::path, nullptr, "JSON-lines metrics file (one object per step and per evaluation)"},
+      {"log.every", F(log.every), KnobType::integer, 10, "print a step line every this many steps", 1, {}},
+      {"log.progress", F(log.progress), KnobType::string, "auto",
        "a progress bar with ETA redrawn after every step (bar), plain step lines only (lines), or a bar when "
        "stdout is a terminal (auto)", {}, {}, false, {"auto", "bar", "lines"}},
-      {"log.peak_tflops", KnobType::number, nullptr,
+      {"log.peak_tflops", F(log.peak_tflops), KnobType::number, nullptr,
        "peak TFLOP/s of one rank's device, for the model FLOPs utilisation (MFU) in step lines and metrics; "
        "ferry-bench model measures a CPU's, an H200's dense bf16 peak is 989", 0, {}, true},
-      {"log.trace", KnobType::path, nullptr,
+      {"log.trace", F(log.trace), KnobType::path, nullptr,
        "Chrome trace event file; every rank writes its own (trace.json -> trace.rank0.json, ...): one track per "
        "activity (compute, nvme reads and writes, each collective, cpu adam), steps marked"},
-      {"checkpoint.dir", KnobType::path, nullptr,
+      {"checkpoint.dir", F(checkpoint.dir), KnobType::path, nullptr,
        "directory of checkpoints (one step-N folder each, `latest` naming the newest); set: a checkpoint is "
        "also written at the end of the run and on SIGTERM/SIGINT"},
-      {"checkpoint.every_steps", KnobType::integer, 0, "write a checkpoint every this many steps; 0 = only at the end", 0, {}},
-      {"checkpoint.keep_last", KnobType::integer, 2, "checkpoints kept in checkpoint.dir, newest first; 0 = all", 0, {}},
-      {"checkpoint.resume", KnobType::string, "none",
+      {"checkpoint.every_steps", F(checkpoint.every_steps), KnobType::integer, 0, "write a checkpoint every this many steps; 0 = only at the end", 0, {}},
+      {"checkpoint.keep_last", F(checkpoint.keep_last), KnobType::integer, 2, "checkpoints kept in checkpoint.dir, newest first; 0 = all", 0, {}},
+      {"checkpoint.resume", F(checkpoint.resume), KnobType::string, "none",
        "none; auto: the checkpoint `latest` in checkpoint.dir names (a fresh start if there is none yet); or a "
        "checkpoint directory (ferry-train --resume sets this)"},
   };
   return knobs;
 }
+
+#undef F
 
 const std::vector<EnvKnob>& environment_knobs() {
   static const std::vector<EnvKnob> env = {

@@ -1,8 +1,13 @@
-// Every configuration knob ferry accepts, declared once: its path, type, default, range
-// and description. The parser, the error messages (with "did you mean"), the printed
-// resolved config and the docs' key table all come from this one list.
+// Every configuration knob ferry accepts, declared once: its path, type, default, range,
+// description and the Config field it fills. The parser (one generic loop checks and
+// stores every knob, runtime/config/config.cpp), the error messages (with "did you mean"),
+// the printed resolved config, the DeepSpeed import's key list and the docs' key table all
+// come from this one list. The struct initialisers of Config and sections.h equal the
+// table's defaults (test_config's knob_defaults_match_structs fails if they drift).
+// The table is built once, on first use (thread-safe), and never changes.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +15,20 @@
 #include <nlohmann/json.hpp>
 
 namespace ferry::runtime {
+
+struct Config;
+
+// Where a knob's value lives in Config. `store` takes a value already checked against the
+// knob (never null; byte counts as integers, paths resolved, several paths comma-joined)
+// and converts it to the field's type; `read` gives the field back as JSON (a default-built
+// Config's read equals the table's default). An empty Binding marks a knob that only the
+// cross-key rules consume (runtime/config/config_rules.cpp): model.preset,
+// train_batch_size.
+struct Binding {
+  std::function<void(Config&, const nlohmann::json&)> store;
+  std::function<nlohmann::json(const Config&)> read;
+  explicit operator bool() const { return static_cast<bool>(store); }
+};
 
 enum class KnobType {
   integer,  // JSON integer
@@ -30,13 +49,14 @@ struct Knob {
   std::optional<double> max;     // inclusive upper bound
   bool min_exclusive = false;    // (min, ...] instead of [min, ...]
   std::vector<std::string> choices;  // allowed strings, when not empty
+  Binding bind;                      // the field it fills
 
-  Knob(std::string path_, KnobType type_, nlohmann::json default_, std::string description_,
+  Knob(std::string path_, Binding bind_, KnobType type_, nlohmann::json default_, std::string description_,
        std::optional<double> min_ = {}, std::optional<double> max_ = {}, bool min_exclusive_ = false,
        std::vector<std::string> choices_ = {})
       : path(std::move(path_)), type(type_), default_value(std::move(default_)),
         description(std::move(description_)), min(min_), max(max_), min_exclusive(min_exclusive_),
-        choices(std::move(choices_)) {}
+        choices(std::move(choices_)), bind(std::move(bind_)) {}
 };
 
 const std::vector<Knob>& config_knobs();

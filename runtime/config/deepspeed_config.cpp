@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/config/config.h"
+#include "runtime/config/config_schema.h"
 
 namespace ferry::runtime {
 
@@ -15,33 +16,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// DeepSpeed key path -> ferry key path, for keys with the same meaning. DeepSpeed accepts
-// several spellings of some keys (its pydantic aliases); all are listed.
+// DeepSpeed key path -> ferry key path, for keys with the same meaning: every knob of the
+// table under DeepSpeed's own sections (config_schema.cpp; the types are special-cased in
+// Translator::walk), plus the other spellings DeepSpeed accepts for some (its pydantic
+// aliases).
+bool deepspeed_section(const std::string& path) {
+  static const std::vector<std::string> sections = {
+      "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "gradient_clipping",
+      "optimizer.params.", "scheduler.params.", "zero_optimization.", "aio.", "bf16.", "fp16."};
+  for (const std::string& s : sections)
+    if (s.ends_with('.') ? path.starts_with(s) : path == s) return true;
+  return false;
+}
+
 const std::map<std::string, std::string>& mapped_keys() {
   static const std::map<std::string, std::string> m = [] {
     std::map<std::string, std::string> k;
-    for (const char* same : {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size",
-                             "gradient_clipping", "optimizer.params.lr", "optimizer.params.betas",
-                             "optimizer.params.eps", "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
-                             "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
-                             "scheduler.params.warmup_type", "scheduler.params.total_num_steps",
-                             "scheduler.params.warmup_min_ratio", "scheduler.params.cos_min_ratio",
-                             "zero_optimization.stage", "zero_optimization.reduce_bucket_size",
-                             "zero_optimization.allgather_bucket_size", "zero_optimization.overlap_comm",
-                             "zero_optimization.offload_optimizer.device", "zero_optimization.offload_optimizer.nvme_path",
-                             "zero_optimization.offload_optimizer.pin_memory",
-                             "zero_optimization.offload_optimizer.buffer_count", "zero_optimization.offload_param.device",
-                             "zero_optimization.offload_param.nvme_path", "zero_optimization.offload_param.pin_memory",
-                             "zero_optimization.offload_param.buffer_count", "zero_optimization.offload_param.buffer_size",
-                             "zero_optimization.offload_param.max_in_cpu", "aio.block_size", "aio.queue_depth",
-                             "aio.intra_op_parallelism", "aio.single_submit", "aio.overlap_events", "bf16.enabled",
-                             "fp16.enabled", "fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window",
-                             "fp16.hysteresis", "fp16.consecutive_hysteresis", "fp16.min_loss_scale"}) {
-      k[same] = same;
-    }
-    k["zero_optimization.stage3_prefetch_bucket_size"] = "zero_optimization.stage3_prefetch_bucket_size";
+    for (const Knob& knob : config_knobs())
+      if (deepspeed_section(knob.path)) k[knob.path] = knob.path;
     k["zero_optimization.prefetch_bucket_size"] = "zero_optimization.stage3_prefetch_bucket_size";
-    k["zero_optimization.stage3_max_live_parameters"] = "zero_optimization.stage3_max_live_parameters";
     k["zero_optimization.max_live_parameters"] = "zero_optimization.stage3_max_live_parameters";
     k["aio.thread_count"] = "aio.intra_op_parallelism";  // DeepSpeed >= 0.15's name
     k["bfloat16.enabled"] = "bf16.enabled";              // DeepSpeed's alias

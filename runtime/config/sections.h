@@ -1,8 +1,8 @@
 // The configuration sections the engine's parts take, as plain structs without JSON: the
 // ZeRO engine (runtime/zero), the offload tiers, the LR schedule and fp16 loss scaling.
-// Their keys, defaults, ranges and descriptions are declared in runtime/config/config_schema.cpp
-// and bound to these fields by runtime/config/config.cpp; the initialisers here are what a
-// struct built in code (tests, benchmarks) starts from.
+// Their keys, defaults, ranges and descriptions are declared in runtime/config/config_schema.cpp,
+// each knob bound there to its field here. The initialisers are what a struct built in code
+// (tests, benchmarks) starts from and equal the table's defaults (test_config checks it).
 #pragma once
 
 #include <cstdint>

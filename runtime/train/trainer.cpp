@@ -141,6 +141,10 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     }
   }
   place.overlap_io = cfg_.schedule.overlap_offload;
+  // Where DeepSpeed's scheduler warns as it is built, so does this one (once).
+  if (const std::string w = schedule_warning(cfg_.scheduler); !w.empty() && comm_.rank() == 0) {
+    log::warn(log::Subsys::optim, w);
+  }
   // On a GPU, states stay on it when nothing is offloaded (gathers and reductions over
   // NCCL, AdamW on the device); with offload they live on the host side and the model
   // reaches them through StagedUnits (reductions over MPI, CPU Adam).

@@ -1,0 +1,33 @@
+// Internal to runtime/config: dotted-path access to the configuration's JSON documents and
+// the error every check throws. Pure functions; no state.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/config/config.h"
+
+namespace ferry::runtime::detail {
+
+// Throws ConfigError "SOURCE: MSG" (SOURCE: the file, or "--set a.b=v").
+[[noreturn]] inline void fail(const std::string& source, const std::string& msg) {
+  throw ConfigError(source + ": " + msg);
+}
+
+// Sets root["a"]["b"] for "a.b", creating the objects on the way.
+void set_path(nlohmann::json& root, const std::string& path, const nlohmann::json& value);
+// root["a"]["b"] for "a.b", or nullptr where a part is missing.
+const nlohmann::json* get_path(const nlohmann::json& root, const std::string& path);
+
+// Published shapes for model.preset, as model-section keys.
+nlohmann::json model_preset(const std::string& name);
+
+// The cross-key rules, after every knob is stored in `c`: consistency checks (throw
+// ConfigError naming `source` and the keys), values derived from several keys (compute
+// dtype, Llama's shape, DeepSpeed's batch arithmetic and scheduler defaults) and the
+// matching edits of `resolved`. `user` holds only what the file and --set gave.
+void apply_rules(nlohmann::json& resolved, const nlohmann::json& user, Config& c,
+                 const std::string& source);
+
+}  // namespace ferry::runtime::detail

@@ -1,0 +1,215 @@
+// The cross-key rules of the configuration: what no single knob's type and range can say.
+// Each knob's own value is already checked and stored (config.cpp); here the keys meet.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "runtime/config/config_json.h"
+#include "runtime/config/config_schema.h"
+
+namespace ferry::runtime::detail {
+
+using nlohmann::json;
+
+namespace {
+
+bool given(const json& user, const std::string& path) {
+  const json* v = get_path(user, path);
+  return v && !v->is_null();
+}
+
+void model_rules(json& resolved, Config& c, const std::string& source) {
+  if (c.bf16 && c.fp16) fail(source, "bf16.enabled and fp16.enabled are both true; choose one");
+  c.zero.compute = c.bf16 ? nn::DType::bf16 : c.fp16 ? nn::DType::f16 : nn::DType::f32;
+  if (c.model.n_embd % c.model.n_head != 0) {
+    fail(source, "model.n_embd (" + std::to_string(c.model.n_embd) +
+                     ") must be a multiple of model.n_head (" + std::to_string(c.model.n_head) +
+                     ")");
+  }
+  if (c.data.path.empty()) fail(source, "key 'data.path' is required (the training corpus)");
+  if (c.data.format == "text" && c.model.vocab_size < 256) {
+    fail(source, "data.format 'text' is byte-level and needs model.vocab_size >= 256, got " +
+                     std::to_string(c.model.vocab_size));
+  }
+  if (c.data.format == "uint16" && c.model.vocab_size > 65536) {
+    fail(source, "data.format 'uint16' holds token ids below 65536 but model.vocab_size is " +
+                     std::to_string(c.model.vocab_size));
+  }
+  const bool kv_given = !get_path(resolved, "model.n_kv_head")->is_null();
+  const bool inter_given = !get_path(resolved, "model.intermediate_size")->is_null();
+  if (c.model_arch != "llama") {
+    if (kv_given) fail(source, "model.n_kv_head applies to model.arch 'llama' only");
+    if (inter_given) fail(source, "model.intermediate_size applies to model.arch 'llama' only");
+    resolved["model"].erase("rope_theta");
+    resolved["model"].erase("norm_eps");
+    return;
+  }
+  // Llama takes the common dimensions from model.*; its own keys are stored by their knobs.
+  nn::LlamaConfig& l = c.llama;
+  l.n_layer = c.model.n_layer;
+  l.n_head = c.model.n_head;
+  l.n_embd = c.model.n_embd;
+  l.vocab_size = c.model.vocab_size;
+  l.block_size = c.model.block_size;
+  if (!kv_given) l.n_kv_head = l.n_head;
+  if (!inter_given) l.intermediate = (8 * l.n_embd / 3 + 63) / 64 * 64;
+  if (l.n_head % l.n_kv_head != 0) {
+    fail(source, "model.n_head (" + std::to_string(l.n_head) +
+                     ") must be a multiple of model.n_kv_head (" + std::to_string(l.n_kv_head) +
+                     ")");
+  }
+  if (l.head_dim() % 2 != 0) {
+    fail(
+        source,
+        "model.arch 'llama' needs an even head size (n_embd / n_head) for rotary embeddings, got " +
+            std::to_string(l.head_dim()));
+  }
+  resolved["model"]["n_kv_head"] = l.n_kv_head;
+  resolved["model"]["intermediate_size"] = l.intermediate;
+}
+
+void checkpoint_rules(const Config& c, const std::string& source) {
+  if (c.checkpoint.dir.empty() && (c.checkpoint.every_steps > 0 || c.checkpoint.resume == "auto")) {
+    fail(source, std::string(c.checkpoint.every_steps > 0 ? "checkpoint.every_steps"
+                                                          : "checkpoint.resume 'auto'") +
+                     " needs checkpoint.dir (where checkpoints are written)");
+  }
+}
+
+// DeepSpeed's placement rules: parameters move off the device only at stage 3 (they are
+// sharded only there); the optimizer state from stage 1 on; nvme needs a folder.
+void offload_rules(const Config& c, const std::string& source) {
+  const OffloadConfig& o = c.offload;
+  if (o.aio.block_size % 4096 != 0)
+    fail(source, "key 'aio.block_size' must be a multiple of 4096 (O_DIRECT)");
+  const int stage = c.zero.stage;
+  if (o.param_device != "none" && stage != 3) {
+    fail(source,
+         "zero_optimization.offload_param.device '" + o.param_device +
+             "' needs zero_optimization.stage 3 (parameters are sharded only there), got stage " +
+             std::to_string(stage));
+  }
+  if (o.optimizer_device != "none" && stage == 0) {
+    fail(source, "zero_optimization.offload_optimizer.device '" + o.optimizer_device +
+                     "' needs zero_optimization.stage 1, 2 or 3 (the optimizer state is sharded "
+                     "from stage 1)");
+  }
+  if (o.optimizer_device == "nvme" && o.optimizer_paths.empty()) {
+    fail(source,
+         "zero_optimization.offload_optimizer.device 'nvme' needs "
+         "zero_optimization.offload_optimizer.nvme_path");
+  }
+  if (o.param_device == "nvme" && o.param_paths.empty()) {
+    fail(source,
+         "zero_optimization.offload_param.device 'nvme' needs "
+         "zero_optimization.offload_param.nvme_path");
+  }
+}
+
+// DeepSpeed's _set_batch_related_parameters: with train_batch_size given, a micro batch
+// or accumulation count the configuration leaves out is derived from it (accumulation 1
+// when both are out); then the three must multiply out exactly.
+void batch_rules(json& resolved, const json& user, Config& c, const std::string& source) {
+  const json& tbs = *get_path(resolved, "train_batch_size");
+  if (!tbs.is_null()) {
+    const int64_t total = tbs.get<int64_t>(), world = c.world_size;
+    const bool micro = given(user, "train_micro_batch_size_per_gpu"),
+               accum = given(user, "gradient_accumulation_steps");
+    if (!micro && !accum) c.grad_accum = 1;
+    if (!micro) c.micro_batch = total / world / c.grad_accum;
+    if (micro && !accum) c.grad_accum = total / c.micro_batch / world;
+    if (c.micro_batch < 1 || c.grad_accum < 1) {
+      fail(source,
+           "train_batch_size (" + tbs.dump() + ") is too small for world size " +
+               std::to_string(world) +
+               (micro ? " and train_micro_batch_size_per_gpu " + std::to_string(c.micro_batch)
+                      : std::string()) +
+               (accum ? " and gradient_accumulation_steps " + std::to_string(c.grad_accum)
+                      : std::string()));
+    }
+    resolved["train_micro_batch_size_per_gpu"] = c.micro_batch;
+    resolved["gradient_accumulation_steps"] = c.grad_accum;
+    if (total != c.global_batch()) {
+      fail(source, "train_batch_size (" + tbs.dump() +
+                       ") must equal train_micro_batch_size_per_gpu (" +
+                       std::to_string(c.micro_batch) + ") x gradient_accumulation_steps (" +
+                       std::to_string(c.grad_accum) + ") x world size (" + std::to_string(world) +
+                       ") = " + std::to_string(c.global_batch()));
+    }
+  }
+  resolved["train_batch_size"] = c.global_batch();
+}
+
+// DeepSpeed's schedulers take different parameters; a parameter of another schedule is an
+// error rather than silently ignored (DeepSpeed's constructors refuse unknown arguments too).
+void scheduler_rules(json& resolved, const json& user, Config& c, const std::string& source) {
+  const json* params = get_path(user, "scheduler.params");
+  std::vector<std::string> given_params;
+  if (params) {
+    for (const auto& [key, value] : params->items())
+      if (!value.is_null()) given_params.push_back(key);
+  }
+  SchedulerConfig& s = c.scheduler;
+  if (s.type.empty()) {
+    if (!given_params.empty()) {
+      fail(source,
+           "scheduler.params given without scheduler.type (one of WarmupLR, WarmupDecayLR, "
+           "WarmupCosineLR)");
+    }
+    resolved.erase("scheduler");  // its parameters' defaults mean nothing without a type
+    return;
+  }
+  std::vector<std::string> allowed = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                      "warmup_type"};
+  if (s.type == "WarmupDecayLR") allowed.push_back("total_num_steps");
+  if (s.type == "WarmupCosineLR") {
+    allowed = {"warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type",
+               "total_num_steps"};
+  }
+  for (const std::string& key : given_params) {
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      fail(source, "key 'scheduler.params." + key + "' is not a parameter of " + s.type +
+                       " (it takes " + list + ")");
+    }
+  }
+  if (get_path(resolved, "scheduler.params.total_num_steps")->is_null())
+    s.total_num_steps = c.train.steps;
+  // total_num_steps below the warmup is DeepSpeed's warning, not an error: the trainer
+  // prints schedule_warning() (runtime/train/lr_schedule.h).
+  json filled = json::object();
+  for (const std::string& a : allowed) filled[a] = find_knob("scheduler.params." + a)->bind.read(c);
+  resolved["scheduler"]["params"] = filled;
+}
+
+}  // namespace
+
+void apply_rules(json& resolved, const json& user, Config& c, const std::string& source) {
+  model_rules(resolved, c, source);
+  checkpoint_rules(c, source);
+  offload_rules(c, source);
+  batch_rules(resolved, user, c, source);
+  scheduler_rules(resolved, user, c, source);
+}
+
+// Published shapes (Llama 3.x: Meta's model cards; GPT-2 small: OpenAI's). The context is
+// a training choice, 2048 here for the Llama presets; set model.block_size to change it.
+json model_preset(const std::string& name) {
+  auto llama = [](int64_t layers, int64_t heads, int64_t kv, int64_t embd, int64_t inter,
+                  int64_t vocab, int64_t ctx, double theta) {
+    return json{{"arch", "llama"},     {"n_layer", layers}, {"n_head", heads},
+                {"n_kv_head", kv},     {"n_embd", embd},    {"intermediate_size", inter},
+                {"vocab_size", vocab}, {"block_size", ctx}, {"rope_theta", theta}};
+  };
+  if (name == "llama-tiny") return llama(4, 4, 2, 128, 384, 256, 128, 10000.0);
+  if (name == "llama-1b") return llama(16, 32, 8, 2048, 8192, 128256, 2048, 500000.0);
+  if (name == "llama-8b") return llama(32, 32, 8, 4096, 14336, 128256, 2048, 500000.0);
+  if (name == "llama-70b") return llama(80, 64, 8, 8192, 28672, 128256, 2048, 500000.0);
+  if (name == "llama-405b") return llama(126, 128, 8, 16384, 53248, 128256, 2048, 500000.0);
+  return json{
+      {"arch", "gpt2"},      {"n_layer", 12},     {"n_head", 12}, {"n_embd", 768},
+      {"vocab_size", 50257}, {"block_size", 1024}};  // gpt2-small (the schema admits no other name)
+}
+
+}  // namespace ferry::runtime::detail
