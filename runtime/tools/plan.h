@@ -31,6 +31,18 @@ struct Rates {
   std::vector<std::string> sources;  // where each rate came from
 };
 
+// Per-rank rates of one GPU model on an NVLink node: "h100" (H100 SXM), "h200" (H200
+// SXM), "a100" (A100 80GB SXM); `compute` picks the dense bf16/f16 or fp32 peak. The
+// FLOP rate is the datasheet's dense peak times kGpuAchievable; comm is an NCCL
+// reduce-scatter/all-gather rate per rank over NVLink; nvme and adam keep `host`'s (they
+// run on the host). Sources: docs/design.md ("ferry plan"). Throws std::invalid_argument
+// naming the known models for another name.
+constexpr double kGpuAchievable = 0.4;
+Rates gpu_rates(const std::string& gpu, nn::DType compute, Rates host = {});
+// The rates plan_all and format_plan use: `r` as given, except that a device.type cuda
+// configuration given only the built-in CPU defaults (no sources) gets gpu_rates("h100").
+Rates effective_rates(const Config& c, const Rates& r);
+
 // Rates from ferry-bench JSON results in `dir` (bench-model.json, bench-io.json,
 // bench-comm.json, bench-adam.json), each file optional; throws naming a file it cannot read.
 Rates rates_from_bench(const std::string& dir, Rates defaults = {});
@@ -39,7 +51,8 @@ struct MemoryPlan {
   size_t device_states = 0;       // weights, gradients, optimizer state kept in the arena
   size_t device_activations = 0;  // peak of one micro-batch's activations (forward or backward)
   size_t device_transient = 0;    // gathered units and gradient buffers in flight (stages 2-3)
-  size_t device_peak = 0;         // the sum: the arena's predicted peak
+  size_t device_peak = 0;         // the sum: the arena's peak in a training step
+  size_t device_construction_peak = 0;  // the arena's peak while the states are built
   size_t host_states = 0;         // gradient shards, optimizer state, parameters in host memory
   size_t host_pinned = 0;         // the pinned staging pool
   size_t nvme = 0;                // nvme file bytes
