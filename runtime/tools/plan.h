@@ -1,15 +1,19 @@
 // ferry plan: what a configuration needs per rank in every memory tier, for every ZeRO
 // stage and offload choice, whether it fits, and a step-time estimate from measured rates.
 //
-// Memory: the same arithmetic the runtime allocates by (units padded for sharding; shard
-// store regions; the pinned pool's sizing; the GPT's activation tensors, forward and
-// backward), so host, pinned and nvme figures equal what a run reports and the device
-// arena's peak is predicted within the transient buffers' slack (tests/test_plan.cpp
-// compares them with real runs).
+// Memory: a dry run of the engine (plan_dry_run.cpp): the model, ShardedUnits and
+// OptimizerState built as the trainer builds them, and two training steps, as rank 0 of
+// `ranks`, on counting stand-ins (nn::CountingDevice for the arena and host memory,
+// comm::CountingCommunicator, a counting pinned pool and nvme storage): nothing computed,
+// nothing allocated, so a 70B model plans in well under a second. The figures are the
+// engine's own allocations, equal to a real run's (tests/test_plan.cpp checks them to the
+// byte against training runs). Rank 0's: other ranks differ by at most shard padding.
 // Time: compute = model FLOPs / the FLOP rate; nvme = bytes moved / bandwidth; comm =
 // whole-model collective buffers / the measured collective rate; adam = parameters
-// updated on the CPU / Adam's rate. Rates default to round figures of a small server and
-// are better read from ferry-bench results (--bench DIR).
+// updated on the CPU / Adam's rate. Rates default to round figures of a small server
+// (device.type cuda: a GPU preset, gpu_rates) and are better read from ferry-bench results
+// (--bench DIR). Errors: std::invalid_argument / std::runtime_error naming the file or
+// key; OutOfDeviceMemory never (the counting devices have no cap; plan_all judges fit).
 // The overlapped estimate is the largest of them (what "The overlapped step" aims at), the
 // sequential one their sum.
 #pragma once
