@@ -76,6 +76,13 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options) : options_(options) {
   }
   options_.buffer_size = (options_.buffer_size + 4095) / 4096 * 4096;
   bytes_ = options_.buffer_size * static_cast<size_t>(options_.buffer_count);
+  if (options_.count_only) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    slab_ = static_cast<char*>(p);
+    for (int i = options_.buffer_count - 1; i >= 0; --i) free_.push_back(slab_ + static_cast<size_t>(i) * options_.buffer_size);
+    return;
+  }
   if (options_.pin) {
     struct rlimit rl{};
     getrlimit(RLIMIT_MEMLOCK, &rl);
@@ -111,6 +118,10 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options) : options_(options) {
 PinnedPool::~PinnedPool() {
   if (cuda_registered_) cuda_runtime()->host_unregister(slab_);
   if (pinned_) munlock(slab_, bytes_);
+  if (options_.count_only) {
+    munmap(slab_, bytes_);
+    return;
+  }
   std::free(slab_);
 }
 

@@ -34,6 +34,9 @@ struct PinnedPoolOptions {
   int buffer_count = 4;
   bool pin = true;             // DeepSpeed's pin_memory
   bool allow_unpinned = false; // continue unpinned when the limit is too low
+  // ferry plan: the slab is address space only (MAP_NORESERVE, never touched, pinned or
+  // registered with CUDA); bytes() and the buffers are as a real pool's.
+  bool count_only = false;
 };
 
 // The problem with pinning `bytes` under soft limit `limit` ("" if none); `privileged`:

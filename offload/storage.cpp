@@ -34,7 +34,14 @@ void Storage::read(uint64_t offset, void* buf, size_t len) {
   transfer(false, offset, static_cast<char*>(buf), len);
 }
 
+CountingStorage::CountingStorage(std::string name, uint64_t capacity)
+    : name_(std::move(name)), capacity_((capacity + 4095) / 4096 * 4096) {}
+
 std::unique_ptr<Storage> make_storage(const StorageOptions& o, std::string* warning) {
+  if (o.aio.count_only) {
+    if (warning) warning->clear();
+    return std::make_unique<CountingStorage>(o.name, o.capacity);
+  }
   std::string why;
   bool direct = o.allow_direct;
   const uint64_t stripe = std::max<uint64_t>(4096, (o.aio.block_size + 4095) / 4096 * 4096);

@@ -41,6 +41,9 @@ struct AioConfig {
   int intra_op_parallelism = 1; // threads splitting one large request (posix path)
   bool single_submit = false;   // submit requests one by one instead of in batches
   bool overlap_events = true;   // refill the queue as completions arrive instead of per batch
+  // ferry plan: make_storage returns a CountingStorage (no files, no I/O; requests are
+  // still checked). Never set by a configuration.
+  bool count_only = false;
 };
 
 // Test hooks: called with each completed system request (write or read, path, offset,
@@ -78,8 +81,29 @@ struct StorageOptions {
   FaultHook fault;                 // tests only
 };
 
+// A Storage without files: `capacity` bytes (rounded up to 4096) that accepts every
+// checked request and transfers nothing (reads leave the buffer as it was). What `ferry
+// plan` runs the engine's nvme tier on: the bytes it is asked to hold are capacity().
+class CountingStorage final : public Storage {
+ public:
+  CountingStorage(std::string name, uint64_t capacity);
+  std::string describe() const override { return "counting storage " + name_; }
+  uint64_t capacity() const override { return capacity_; }
+  size_t alignment() const override { return 4096; }
+  void sync() override {}
+  uint64_t transferred() const { return transferred_; }  // bytes written and read so far
+
+ protected:
+  void transfer(bool, uint64_t, char*, size_t len) override { transferred_ += len; }
+
+ private:
+  std::string name_;
+  uint64_t capacity_;
+  uint64_t transferred_ = 0;
+};
+
 // Creates the files and the best storage the system allows: io_uring with O_DIRECT, else
-// pread/pwrite (O_DIRECT if possible). `warning` receives why a fallback was taken ("" if
+// pread/pwrite (O_DIRECT if possible); with aio.count_only, a CountingStorage instead. `warning` receives why a fallback was taken ("" if
 // none). Throws StorageError naming the path when a folder is missing, not writable or too
 // small for its share of `capacity`.
 std::unique_ptr<Storage> make_storage(const StorageOptions& options, std::string* warning);

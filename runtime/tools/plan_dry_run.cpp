@@ -1,0 +1,138 @@
+// plan_memory: the engine's construction and two training steps on counting devices
+// (nn/counting_device.h), a counting communicator (comm/counting_communicator.h), a
+// counting pinned pool and counting nvme storage (offload/), as rank 0 of `ranks`.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+
+#include "comm/counting_communicator.h"
+#include "nn/counting_device.h"
+#include "nn/gpt.h"
+#include "nn/llama.h"
+#include "offload/cpu_adam.h"
+#include "runtime/tools/plan.h"
+#include "runtime/zero/optimizer_state.h"
+#include "runtime/zero/partition.h"
+#include "runtime/zero/sharded_units.h"
+
+namespace ferry::runtime {
+
+namespace {
+
+using nn::DType;
+using nn::Tensor;
+
+std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& dev) {
+  std::unique_ptr<nn::Model> m;
+  if (c.model_arch == "llama") {
+    m = std::make_unique<nn::Llama>(c.llama, dev, c.zero.compute);
+  } else {
+    m = std::make_unique<nn::GPT>(c.model, dev, c.zero.compute);
+  }
+  m->set_activation_checkpointing(c.activation_checkpointing);
+  return m;
+}
+
+// One micro-batch as Trainer::train_step runs it: new token and target tensors, forward,
+// backward.
+void micro_batch(const Config& c, nn::Device& dev, nn::Model& model, nn::UnitAccess& units) {
+  const int64_t B = c.micro_batch, T = c.model.block_size;
+  const Tensor tokens = Tensor::empty(dev, DType::i32, {B * T});
+  const Tensor targets = Tensor::empty(dev, DType::i32, {B * T});
+  model.forward(units, tokens, targets, B, T);
+  model.backward(units);
+}
+
+// The activations alone: the model over resident weights kept on another device.
+size_t activation_peak(const Config& c) {
+  nn::CountingDevice acts("activations", SIZE_MAX, true), weights("weights", SIZE_MAX, true);
+  std::unique_ptr<nn::Model> model = make_model(c, acts);
+  nn::ResidentUnits units(weights, c.zero.compute, model->units());
+  micro_batch(c, acts, *model, units);
+  return acts.memory().peak;
+}
+
+}  // namespace
+
+// Mirrors Trainer's constructor (runtime/train/trainer.cpp) for device.type cpu, and for
+// cuda without offload (the states on the GPU: the same allocations on another arena).
+// With offload on a GPU the trainer's state arena is host memory and the GPU holds the
+// staged copies; the figures here are then those of a cpu run of the same configuration.
+MemoryPlan plan_memory(const Config& config, int ranks) {
+  Config c = config;
+  c.offload.aio.count_only = true;
+  const OffloadConfig& off = c.offload;
+  const offload::Tier opt_tier = offload::parse_tier(off.optimizer_device);
+  const offload::Tier param_tier = c.zero.stage == 3 ? offload::parse_tier(off.param_device) : offload::Tier::device;
+  // No cap: the plan reports what a configuration needs, and plan_all judges the fit.
+  nn::CountingDevice dev("device", SIZE_MAX, true), host("host memory", SIZE_MAX, true);
+  comm::CountingCommunicator comm(0, ranks);
+  std::unique_ptr<nn::Model> model = make_model(c, dev);
+  const std::vector<nn::UnitSpec> layout = model->units();
+
+  std::unique_ptr<offload::PinnedPool> pool;
+  if (opt_tier == offload::Tier::nvme || param_tier == offload::Tier::nvme) {
+    int64_t largest = 0;
+    for (const auto& u : layout) largest = std::max(largest, partition(u.numel, ranks, 0).shard);
+    const int64_t elems =
+        std::min<int64_t>(off.param_buffer_size, (largest + offload::kNvmeQuantum - 1) / offload::kNvmeQuantum * offload::kNvmeQuantum);
+    offload::PinnedPoolOptions po;
+    po.buffer_size = static_cast<size_t>(std::max<int64_t>(elems, offload::kNvmeQuantum)) * 4;
+    po.buffer_count = (opt_tier == offload::Tier::nvme ? off.optimizer_buffers : 0) +
+                      (param_tier == offload::Tier::nvme ? off.param_buffers + 1 : 0);
+    po.pin = false;
+    po.count_only = true;
+    pool = std::make_unique<offload::PinnedPool>(po);
+  }
+  Placement place;
+  place.params = param_tier;
+  place.grads_on_host = opt_tier != offload::Tier::device;
+  place.host = &host;
+  place.param_paths = off.param_paths;
+  place.aio = off.aio;
+  place.pool = pool.get();
+  place.max_in_cpu = off.max_in_cpu;
+  place.prefetch_depth = c.schedule.prefetch_depth;
+  if (param_tier == offload::Tier::nvme) place.prefetch_depth = std::min(place.prefetch_depth, off.param_buffers - 1);
+  place.overlap_io = c.schedule.overlap_offload;
+  // The initial weights' values do not matter here: nothing is initialised.
+  ShardedUnits units(dev, comm, layout, c.zero, [](int, const Tensor&) {}, place);
+  offload::CpuAdam adam(c.optimizer);
+  OptimizerState opt(opt_tier, units, dev, host, adam, off, pool.get(), 0, nullptr);
+
+  MemoryPlan m;
+  m.device_construction_peak = dev.memory().peak;
+  m.device_states = dev.memory().in_use;
+  m.host_states = host.memory().in_use;
+  m.host_pinned = pool ? pool->bytes() : 0;
+  const StateBytes sb = units.state_bytes();
+  m.nvme_params = sb.weights_nvme;
+  m.nvme = sb.weights_nvme + (opt.tier() == offload::Tier::nvme ? opt.bytes() : 0);
+
+  // Two steps: the first records the unit order, the second prefetches by it (the steady
+  // state). The optimizer's arithmetic is not run: it allocates nothing (states are
+  // updated in place, nvme tiles pass through the pool), but its effect on the schedule
+  // is: updated units are gathered again (stages 1-2) before their next use.
+  const bool update_at_once = c.grad_clip <= 0 && !c.fp16;
+  if (update_at_once) units.on_gradients_ready([&](int u) { units.mark_updating(u); });
+  for (int64_t step = 0; step < 2; ++step) {
+    units.begin_step(step + 1);
+    dev.reset_peak();
+    for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
+      units.set_micro_batch(micro == c.grad_accum - 1);
+      micro_batch(c, dev, *model, units);
+    }
+    units.finish_gradients();
+    units.end_step();
+    if (!update_at_once) {
+      for (int u = 0; u < units.num_units(); ++u) units.mark_updating(u);
+    }
+    m.device_peak = std::max(m.device_peak, dev.memory().peak);
+  }
+  m.device_activations = activation_peak(c);
+  const size_t beyond_states = m.device_peak - m.device_states;
+  m.device_transient = beyond_states > m.device_activations ? beyond_states - m.device_activations : 0;
+  return m;
+}
+
+}  // namespace ferry::runtime
