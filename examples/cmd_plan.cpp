@@ -1,5 +1,5 @@
 // ferry plan --config FILE --ranks N [--deepspeed DS.json] [--set key=value ...]
-//            [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--json FILE]
+//            [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--gpu h100|h200|a100] [--json FILE]
 // Bytes per rank in every tier for every stage and offload choice, whether they fit, and a
 // step-time estimate (runtime/tools/plan.h); --bench reads `ferry bench`'s JSON results.
 // Exit status: 0 printed; 1 an input (bench results, the JSON output) was refused;
@@ -20,7 +20,7 @@ namespace {
 
 struct PlanArgs {
   RunOptions run;
-  std::string device_memory, host_memory, nvme_bandwidth, bench, json_out;
+  std::string device_memory, host_memory, nvme_bandwidth, bench, json_out, gpu;
 };
 
 int plan(const PlanArgs& a) {
@@ -39,6 +39,9 @@ int plan(const PlanArgs& a) {
     const Config base = load_config(a.run.config, a.run.sets, a.run.ranks, a.run.deepspeed);
     const int ranks = a.run.ranks;
     Rates rates = a.bench.empty() ? Rates{} : rates_from_bench(a.bench);
+    // --gpu names the GPU the run will have: its compute and NCCL rates replace whatever
+    // --bench measured for those (a bench folder is usually from the planning machine).
+    if (!a.gpu.empty()) rates = gpu_rates(a.gpu, base.zero.compute, rates);
     if (nvme_bw > 0) {
       rates.nvme_bytes_per_s = nvme_bw;
       rates.sources.push_back("nvme bandwidth from --nvme-bandwidth");
@@ -74,6 +77,10 @@ Run plan_command(CLI::App& cmd) {
   cmd.add_option("--nvme-bandwidth", a->nvme_bandwidth, "NVMe bytes per second per rank (e.g. 3GB)");
   cmd.add_option("--bench", a->bench, "a folder of `ferry bench` JSON results to take the rates from");
   cmd.add_option("--json", a->json_out, "also write the table as JSON to this file");
+  cmd.add_option("--gpu", a->gpu,
+                 "the GPU model the run will have, for the step time: its compute and NCCL rates "
+                 "(device.type cuda without --gpu or --bench: h100)")
+      ->check(CLI::IsMember({"h100", "h200", "a100"}));
   return [a] { return plan(*a); };
 }
 
