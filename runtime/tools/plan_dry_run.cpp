@@ -11,8 +11,8 @@
 #include "nn/llama.h"
 #include "offload/cpu_adam.h"
 #include "runtime/tools/plan.h"
+#include "runtime/train/state_layout.h"
 #include "runtime/zero/optimizer_state.h"
-#include "runtime/zero/partition.h"
 #include "runtime/zero/sharded_units.h"
 
 namespace ferry::runtime {
@@ -62,39 +62,23 @@ MemoryPlan plan_memory(const Config& config, int ranks) {
   Config c = config;
   c.offload.aio.count_only = true;
   const OffloadConfig& off = c.offload;
-  const offload::Tier opt_tier = offload::parse_tier(off.optimizer_device);
-  const offload::Tier param_tier = c.zero.stage == 3 ? offload::parse_tier(off.param_device) : offload::Tier::device;
+  Tiers tiers = state_tiers(off);
+  if (c.zero.stage != 3) tiers.params = offload::Tier::device;
+  const offload::Tier opt_tier = tiers.optimizer;
   // No cap: the plan reports what a configuration needs, and plan_all judges the fit.
   nn::CountingDevice dev("device", SIZE_MAX, true), host("host memory", SIZE_MAX, true);
   comm::CountingCommunicator comm(0, ranks);
   std::unique_ptr<nn::Model> model = make_model(c, dev);
   const std::vector<nn::UnitSpec> layout = model->units();
 
+  // The trainer's own layout (runtime/train/state_layout.h), on a pool that only counts.
   std::unique_ptr<offload::PinnedPool> pool;
-  if (opt_tier == offload::Tier::nvme || param_tier == offload::Tier::nvme) {
-    int64_t largest = 0;
-    for (const auto& u : layout) largest = std::max(largest, partition(u.numel, ranks, 0).shard);
-    const int64_t elems =
-        std::min<int64_t>(off.param_buffer_size, (largest + offload::kNvmeQuantum - 1) / offload::kNvmeQuantum * offload::kNvmeQuantum);
-    offload::PinnedPoolOptions po;
-    po.buffer_size = static_cast<size_t>(std::max<int64_t>(elems, offload::kNvmeQuantum)) * 4;
-    po.buffer_count = (opt_tier == offload::Tier::nvme ? off.optimizer_buffers : 0) +
-                      (param_tier == offload::Tier::nvme ? off.param_buffers + 1 : 0);
-    po.pin = false;
-    po.count_only = true;
-    pool = std::make_unique<offload::PinnedPool>(po);
+  if (auto po = staging_pool_options(off, tiers, layout, ranks, 0)) {
+    po->pin = false;
+    po->count_only = true;
+    pool = std::make_unique<offload::PinnedPool>(*po);
   }
-  Placement place;
-  place.params = param_tier;
-  place.grads_on_host = opt_tier != offload::Tier::device;
-  place.host = &host;
-  place.param_paths = off.param_paths;
-  place.aio = off.aio;
-  place.pool = pool.get();
-  place.max_in_cpu = off.max_in_cpu;
-  place.prefetch_depth = c.schedule.prefetch_depth;
-  if (param_tier == offload::Tier::nvme) place.prefetch_depth = std::min(place.prefetch_depth, off.param_buffers - 1);
-  place.overlap_io = c.schedule.overlap_offload;
+  Placement place = state_placement(c, tiers, &host, pool.get());
   // The initial weights' values do not matter here: nothing is initialised.
   ShardedUnits units(dev, comm, layout, c.zero, [](int, const Tensor&) {}, place);
   offload::CpuAdam adam(c.optimizer);

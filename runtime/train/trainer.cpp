@@ -19,7 +19,7 @@
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/progress.h"
-#include "runtime/zero/partition.h"
+#include "runtime/train/state_layout.h"
 
 namespace ferry::runtime {
 
@@ -102,45 +102,21 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
                                 " but the communicator has " + std::to_string(comm_.size()) + " ranks");
   }
   const OffloadConfig& off = cfg_.offload;
-  const offload::Tier opt_tier = offload::parse_tier(off.optimizer_device), param_tier = offload::parse_tier(off.param_device);
+  const Tiers tiers = state_tiers(off);
+  const offload::Tier opt_tier = tiers.optimizer, param_tier = tiers.params;
   host_ = std::make_unique<nn::CpuDevice>(SIZE_MAX, device_->threads());
   const auto layout = model_->units();
-  if (opt_tier == offload::Tier::nvme || param_tier == offload::Tier::nvme) {
-    // Pinned staging: no larger than the largest shard or offload_param.buffer_size.
-    int64_t largest = 0;
-    for (const auto& u : layout) largest = std::max(largest, partition(u.numel, comm_.size(), comm_.rank()).shard);
-    const int64_t elems = std::min<int64_t>(off.param_buffer_size, (largest + offload::kNvmeQuantum - 1) / offload::kNvmeQuantum * offload::kNvmeQuantum);
-    offload::PinnedPoolOptions po;
-    po.buffer_size = static_cast<size_t>(std::max<int64_t>(elems, offload::kNvmeQuantum)) * 4;
-    // Separate budgets: the optimizer's tiles (3 buffers each, more for reading ahead)
-    // and the parameter shards in flight; one more for the optimizer's write-through of nvme
-    // parameters, so that neither side can take the buffers the other waits for.
-    po.buffer_count =
-        (opt_tier == offload::Tier::nvme ? off.optimizer_buffers : 0) + (param_tier == offload::Tier::nvme ? off.param_buffers + 1 : 0);
-    po.pin = off.optimizer_pin && off.param_pin;
-    pool_ = std::make_unique<offload::PinnedPool>(po);
+  if (const auto po = staging_pool_options(off, tiers, layout, comm_.size(), comm_.rank())) {
+    pool_ = std::make_unique<offload::PinnedPool>(*po);
   }
-  Placement place;
-  place.params = param_tier;
-  place.grads_on_host = opt_tier != offload::Tier::device;
-  place.host = host_.get();
-  place.param_paths = off.param_paths;
-  place.aio = off.aio;
-  place.pool = pool_.get();
-  place.fault = off.fault;
-  place.max_in_cpu = off.max_in_cpu;
-  place.prefetch_depth = cfg_.schedule.prefetch_depth;
-  if (param_tier == offload::Tier::nvme && place.prefetch_depth > off.param_buffers - 1) {
-    // One buffer stays for reads on demand.
-    place.prefetch_depth = off.param_buffers - 1;
-    if (comm_.rank() == 0) {
-      log::warn(log::Subsys::sched, "schedule.prefetch_depth " + std::to_string(cfg_.schedule.prefetch_depth) +
-                                        " needs offload_param.buffer_count >= " +
-                                        std::to_string(cfg_.schedule.prefetch_depth + 1) + "; prefetching " +
-                                        std::to_string(place.prefetch_depth) + " units ahead");
-    }
+  bool clamped = false;
+  Placement place = state_placement(cfg_, tiers, host_.get(), pool_.get(), &clamped);
+  if (clamped && comm_.rank() == 0) {
+    log::warn(log::Subsys::sched, "schedule.prefetch_depth " + std::to_string(cfg_.schedule.prefetch_depth) +
+                                      " needs offload_param.buffer_count >= " +
+                                      std::to_string(cfg_.schedule.prefetch_depth + 1) + "; prefetching " +
+                                      std::to_string(place.prefetch_depth) + " units ahead");
   }
-  place.overlap_io = cfg_.schedule.overlap_offload;
   // Where DeepSpeed's scheduler warns as it is built, so does this one (once).
   if (const std::string w = schedule_warning(cfg_.scheduler); !w.empty() && comm_.rank() == 0) {
     log::warn(log::Subsys::optim, w);
