@@ -14,6 +14,8 @@
 // in use, which bounds the transfers in flight.
 #pragma once
 
+#include <cstring>
+
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -58,6 +60,12 @@ class PinnedPool {
   size_t buffer_size() const { return options_.buffer_size; }
   int buffer_count() const { return options_.buffer_count; }
   size_t bytes() const { return bytes_; }
+  // memcpy to or from one of this pool's buffers. A count_only pool (ferry plan's dry run:
+  // its storage reads and writes nothing) moves no bytes, so a plan of a model of any size
+  // neither faults in nor copies its terabytes. Thread safe (touches no pool state).
+  void copy(void* dst, const void* src, size_t bytes) const {
+    if (!options_.count_only) std::memcpy(dst, src, bytes);
+  }
   std::vector<std::pair<void*, size_t>> regions() const { return {{slab_, bytes_}}; }
 
   // A buffer of buffer_size() bytes, 4 KiB aligned; blocks until one is free.

@@ -14,7 +14,7 @@ void write_staged(ShardStore& store, int region, const float* src, int64_t n, Pi
   const int64_t piece = staging.elements();
   for (int64_t k = 0; k < n; k += piece) {
     const int64_t len = std::min(piece, n - k);
-    std::memcpy(staging.get(), src + k, static_cast<size_t>(len) * 4);
+    pool->copy(staging.get(), src + k, static_cast<size_t>(len) * 4);
     store.write(region, k, len, staging.get());
   }
 }
@@ -25,7 +25,7 @@ void read_staged(ShardStore& store, int region, float* dst, int64_t n, PinnedPoo
   for (int64_t k = 0; k < n; k += piece) {
     const int64_t len = std::min(piece, n - k);
     store.read(region, k, len, staging.get());
-    std::memcpy(dst + k, staging.get(), static_cast<size_t>(len) * 4);
+    pool.copy(dst + k, staging.get(), static_cast<size_t>(len) * 4);
   }
 }
 

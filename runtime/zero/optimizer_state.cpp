@@ -93,7 +93,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     float* buf = static_cast<float*>(pool_->acquire());
     for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
       const int64_t n = std::min(tile, o.length - t0);
-      std::memcpy(buf, p + t0, static_cast<size_t>(n) * 4);
+      pool_->copy(buf, p + t0, static_cast<size_t>(n) * 4);
       units_.write_owned_weights(unit, t0, n, buf);
     }
     pool_->release(buf);
@@ -172,7 +172,7 @@ void OptimizerState::read_state(int unit, Array array, int64_t offset, int64_t n
       const int64_t len = std::min(tile, o.length - t0);
       store_->read(region(unit, array, current_), t0, len, buf);
       const int64_t lo = std::max(t0, offset), hi = std::min(t0 + len, offset + n);
-      std::memcpy(dst + (lo - offset), buf + (lo - t0), static_cast<size_t>(hi - lo) * 4);
+      pool_->copy(dst + (lo - offset), buf + (lo - t0), static_cast<size_t>(hi - lo) * 4);
     }
     pool_->release(buf);
   }
@@ -194,11 +194,11 @@ void OptimizerState::write_state(int unit, Array array, const float* src) {
   try {
     for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
       const int64_t len = std::min(tile, o.length - t0);
-      std::memcpy(buf, src + t0, bytes(len));
+      pool_->copy(buf, src + t0, bytes(len));
       if (tier_ == offload::Tier::nvme) {
         store_->write(region(unit, array, current_), t0, len, buf);
       } else if (!(array == kMaster && alias_)) {
-        std::memcpy(store_->tensor(region(unit, array)).data_as<float>() + t0, buf, bytes(len));
+        pool_->copy(store_->tensor(region(unit, array)).data_as<float>() + t0, buf, bytes(len));
       }
       if (array == kMaster) units_.write_owned_weights(unit, t0, len, buf);
     }

@@ -108,7 +108,7 @@ Tensor Prefetcher::take_read(Flight& f) {
   void* buf = swapper_->wait(f.read);
   f.read = 0;
   f.shard = Tensor::empty(dev_, DType::f32, {n});
-  std::memcpy(f.shard.data(), buf, static_cast<size_t>(n) * 4);
+  pool_->copy(f.shard.data(), buf, static_cast<size_t>(n) * 4);
   swapper_->release(buf);
   return f.shard;
 }
