@@ -6,10 +6,11 @@
 // devices do (in_use, peak, the cap; OutOfDeviceMemory past it), so a peak read here is
 // the peak a real run of the same sequence reports. The addresses handed out are lazily
 // mapped anonymous memory (MAP_NORESERVE): no page exists until something writes to it.
-// Nothing in nn/ reads them, since every op here is a no-op; they are real addresses only because
-// the engine's host-side staging (nvme shards through the pinned pool, runtime/zero)
-// memcpy's through tensors of a host-accessible device, and a page written there is
-// released again when its tensor is freed. Reading untouched pages costs no memory.
+// Nothing in nn/ reads them, since every op here is a no-op; they are real addresses only so
+// that host-side engine code writing through a host-accessible device's tensors stays
+// harmless (a page written is released again when its tensor is freed). The nvme staging
+// through a count_only pinned pool moves no bytes at all (offload::PinnedPool::copy), so a
+// dry run of any model size touches almost no memory.
 // Ops: every copy, GEMM and kernel checks its operands' shapes (nn/op_checks.h) and does
 // nothing else: no FLOPs, no data. sum_squares returns 0. Values in tensors are garbage;
 // only the allocation sequence is meaningful.
