@@ -28,7 +28,7 @@ json doc(int64_t steps) {
           {"device", {{"memory", "64MiB"}, {"threads", 1}}},
           {"train_micro_batch_size_per_gpu", 4},
           {"gradient_accumulation_steps", 1},
-          {"optimizer", {{"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
+          {"optimizer", {{"params", {{"lr", 0.001}, {"weight_decay", 0.1}}}}},
           {"train", {{"steps", steps}, {"eval_every", 0}, {"eval_batches", 2}, {"sample_tokens", 0}}}};
 }
 
@@ -70,9 +70,13 @@ double window_mean(const Run& r, size_t begin, size_t n) {
 
 // The stated tolerance: over 200 steps the bf16 loss, averaged over each window of 20
 // steps, stays within 0.1 nats of the fp32 run's, and the final validation loss within
-// 0.05. bf16 keeps 8 significant bits: the first 40 steps agree to 1e-5, then the two
-// trajectories drift apart and back (measured: worst window 0.052, validation 0.003). A
-// broken path (weights not refreshed after updates, a gradient in bf16) is off by more.
+// 0.05. bf16 keeps 8 significant bits; at lr 0.001 the two trajectories stay together
+// (measured: worst window 0.0023 in the release build, 0.0020 in the sanitizer build;
+// validation within 0.001). At lr 0.003 this tiny model sits at the edge of stability:
+// a loss spike in one run and not the other made a window differ by 0.17 in the sanitizer
+// build (other rounding, the same code) while the release build measured 0.05, so the
+// statement depended on the compiler. A broken path (weights not refreshed after updates,
+// a gradient in bf16) is off by far more than 0.1.
 BOOST_AUTO_TEST_CASE(bf16_follows_fp32_for_200_steps) {
   const Run fp32 = train(doc(200), {});
   const Run bf16 = train(doc(200), {"bf16.enabled=true"});
