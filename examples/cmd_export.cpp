@@ -1,6 +1,8 @@
+// ferry export --checkpoint DIR --hf OUTDIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
 // ferry export --checkpoint DIR --out model.safetensors [--dtype fp32|bf16]
-// Consolidated weights from a sharded checkpoint (a step directory, or a checkpoint.dir
-// whose `latest` is taken), with GPT-2 tensor names, streamed unit by unit
+// A sharded checkpoint (a step directory, or a checkpoint.dir whose `latest` is taken),
+// streamed unit by unit, as a Hugging Face model folder that transformers loads
+// (runtime/hf/hf_export.h), or as one safetensors file with ferry's tensor names
 // (runtime/ckpt/export.h). Exit status: 0 written; 1 the checkpoint was refused or the
 // output could not be written; 2 the command line is wrong.
 #include <iostream>
@@ -11,21 +13,37 @@
 #include "nn/device.h"
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/ckpt/export.h"
+#include "runtime/config/config.h"
+#include "runtime/hf/hf_export.h"
 
 namespace ferry::cli {
 
 namespace {
 
 struct ExportArgs {
-  std::string checkpoint, out, dtype = "fp32";
+  std::string checkpoint, out, hf, dtype = "fp32", max_shard = "5GB";
 };
 
 int export_weights(const ExportArgs& a) {
   try {
+    if (!a.hf.empty()) {
+      const uint64_t limit = runtime::parse_bytes(nlohmann::json(a.max_shard), "--max-shard-size");
+      const runtime::HfExportReport r = runtime::export_hf(a.checkpoint, a.hf, a.dtype, limit);
+      std::cout << "exported " << r.checkpoint << " (step " << r.step << ") as " << r.architecture << ": " << r.tensors
+                << " tensors, " << r.parameters << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes)
+                << " in " << r.files << " safetensors file" << (r.files == 1 ? "" : "s") << ", " << r.carried
+                << " tokenizer/generation file(s) carried -> " << a.hf
+                << " (largest unit buffered: " << nn::format_bytes(r.largest_unit_bytes) << ")\n";
+      return 0;
+    }
+    if (a.dtype == "fp16") throw std::runtime_error("--dtype fp16 is for --hf folders; --out takes fp32 or bf16");
     const runtime::ExportReport r = runtime::export_safetensors(a.checkpoint, a.out, a.dtype);
     std::cout << "exported " << r.checkpoint << " (step " << r.step << "): " << r.tensors << " tensors, "
               << r.parameters << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes) << " -> " << a.out
               << " (largest unit buffered: " << nn::format_bytes(r.largest_unit_bytes) << ")\n";
+  } catch (const runtime::ConfigError& e) {
+    std::cerr << "ferry export: " << e.what() << "\n";
+    return 2;
   } catch (const runtime::CheckpointError& e) {
     std::cerr << "ferry export: checkpoint refused: " << e.what() << "\n";
     return 1;
@@ -40,11 +58,18 @@ int export_weights(const ExportArgs& a) {
 
 Run export_command(CLI::App& cmd) {
   auto a = std::make_shared<ExportArgs>();
-  cmd.description("write a checkpoint's consolidated weights as one safetensors file (GPT-2 tensor names)");
+  cmd.description("write a checkpoint as a Hugging Face model folder (--hf) or one safetensors file (--out)");
   cmd.add_option("--checkpoint", a->checkpoint, "a step directory, or a checkpoint.dir (its `latest` is taken)")
       ->required();
-  cmd.add_option("--out", a->out, "the .safetensors file to write")->required();
-  cmd.add_option("--dtype", a->dtype, "fp32 | bf16 (default fp32)")->check(CLI::IsMember({"fp32", "bf16"}));
+  auto* hf = cmd.add_option("--hf", a->hf, "the folder to write: config.json, *.safetensors (+ index), tokenizer files");
+  auto* out = cmd.add_option("--out", a->out, "one .safetensors file with ferry's tensor names");
+  hf->excludes(out);
+  cmd.add_option("--dtype", a->dtype, "fp32 | bf16 | fp16 (default fp32; fp16 with --hf only)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd.add_option("--max-shard-size", a->max_shard, "--hf: the largest safetensors file (default 5GB)");
+  cmd.callback([hf, out] {
+    if (hf->count() == 0 && out->count() == 0) throw CLI::RequiredError("--hf or --out");
+  });
   return [a] { return export_weights(*a); };
 }
 

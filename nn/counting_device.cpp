@@ -177,12 +177,12 @@ void CountingDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_
 }
 
 void CountingDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
-                                  double) {
+                                  const Rope&) {
   checks::rope(kDev, "rope_forward", out, inp, T, heads, head_dim);
 }
 
 void CountingDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
-                                   double) {
+                                   const Rope&) {
   checks::rope(kDev, "rope_backward", dinp, dout, T, heads, head_dim);
 }
 

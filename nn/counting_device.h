@@ -75,9 +75,9 @@ class CountingDevice final : public Device {
   void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
   void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) override;
   void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
-                    double theta) override;
+                    const Rope& rope) override;
   void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
-                     double theta) override;
+                     const Rope& rope) override;
   void gelu_forward(const Tensor& out, const Tensor& inp) override;
   void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) override;
   void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits,

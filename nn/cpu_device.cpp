@@ -536,30 +536,30 @@ void CpuDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, c
 
 
 void CpuDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
-                             double theta) {
+                             const Rope& rope) {
   if (any_low(out, inp)) {
     Widen w(*this);
-    rope_forward(w.out(out, false), w.in(inp), T, heads, head_dim, theta);
+    rope_forward(w.out(out, false), w.in(inp), T, heads, head_dim, rope);
     return w.store();
   }
   checks::rope("cpu", "rope_forward", out, inp, T, heads, head_dim);
   dispatch("rope_forward", inp.dtype(), [&](auto tag) {
     using U = decltype(tag);
-    cpu::rope_apply<U>(ptr<U>(out), ptr<U>(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), theta, false, false);
+    cpu::rope_apply<U>(ptr<U>(out), ptr<U>(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), rope, false, false);
   });
 }
 
 void CpuDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
-                              double theta) {
+                              const Rope& rope) {
   if (any_low(dinp, dout)) {
     Widen w(*this);
-    rope_backward(w.out(dinp, true), w.in(dout), T, heads, head_dim, theta);
+    rope_backward(w.out(dinp, true), w.in(dout), T, heads, head_dim, rope);
     return w.store();
   }
   checks::rope("cpu", "rope_backward", dinp, dout, T, heads, head_dim);
   dispatch("rope_backward", dout.dtype(), [&](auto tag) {
     using U = decltype(tag);
-    cpu::rope_apply<U>(ptr<U>(dinp), ptr<U>(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), theta, true, true);
+    cpu::rope_apply<U>(ptr<U>(dinp), ptr<U>(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), rope, true, true);
   });
 }
 

@@ -162,9 +162,9 @@ class CudaDevice final : public Device {
   void swiglu_forward(const Tensor& out, const Tensor& gate_up) override;
   void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) override;
   void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads,
-                    int64_t head_dim, double theta) override;
+                    int64_t head_dim, const Rope& rope) override;
   void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads,
-                     int64_t head_dim, double theta) override;
+                     int64_t head_dim, const Rope& rope) override;
   void gelu_forward(const Tensor& out, const Tensor& inp) override;
   void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) override;
   void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
@@ -628,16 +628,16 @@ void CudaDevice::swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up,
 }
 
 void CudaDevice::rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads,
-                              int64_t head_dim, double theta) {
+                              int64_t head_dim, const Rope& rope) {
   checks::rope(kDev, "rope_forward", out, inp, T, heads, head_dim);
-  cuda::rope(st(), arr(out), arr(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), theta, false,
+  cuda::rope(st(), arr(out), arr(inp), rows_of(inp), T, heads, head_dim, inp.dim(-1), rope, false,
              false);
 }
 
 void CudaDevice::rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads,
-                               int64_t head_dim, double theta) {
+                               int64_t head_dim, const Rope& rope) {
   checks::rope(kDev, "rope_backward", dinp, dout, T, heads, head_dim);
-  cuda::rope(st(), arr(dinp), arr(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), theta,
+  cuda::rope(st(), arr(dinp), arr(dout), rows_of(dout), T, heads, head_dim, dout.dim(-1), rope,
              true, true);
 }
 

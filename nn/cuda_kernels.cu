@@ -532,7 +532,7 @@ __global__ void swiglu_backward_kernel(Arr dgate_up, Arr gate_up, Arr dout, int6
 // both (in place is safe: it reads both before writing), the second half's does nothing.
 template <class A>
 __global__ void rope_kernel(Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,
-                            int64_t width, double theta, bool inverse, bool accumulate) {
+                            int64_t width, Rope rope, bool inverse, bool accumulate) {
   const int64_t half = hd / 2;
   FERRY_FOR_EACH(e, N * width) {
     const int64_t n = e / width, c = e % width;
@@ -548,7 +548,7 @@ __global__ void rope_kernel(Arr out, Arr inp, int64_t N, int64_t T, int64_t head
     if (i >= half) continue;
     // The angle in double, cos/sin rounded to A: the CPU kernel's table, entry by entry.
     const double a = static_cast<double>(n % T) *
-                     pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+                     rope.inv_freq(i, hd);
     const A cs = static_cast<A>(cos(a));
     const A sn = static_cast<A>(inverse ? -sin(a) : sin(a));
     const A x1 = ld<A>(inp, e), x2 = ld<A>(inp, e + half);
@@ -835,11 +835,11 @@ void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, i
 }
 
 void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,
-          int64_t width, double theta, bool inverse, bool accumulate) {
+          int64_t width, const Rope& rope, bool inverse, bool accumulate) {
   if (N * width == 0) return;
   by_acc(wide(out, inp), [&](auto a) {
     FERRY_LAUNCH(rope_kernel<decltype(a)>, grid_for(N * width), kThreads, 0, as_stream(s), out, inp,
-                 N, T, heads, hd, width, theta, inverse, accumulate);
+                 N, T, heads, hd, width, rope, inverse, accumulate);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }

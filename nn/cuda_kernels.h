@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "nn/adamw_formula.h"
+#include "nn/rope.h"
 #include "nn/cuda_abi.h"
 #include "nn/dtype.h"
 
@@ -58,7 +59,7 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t 
 void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H);
 void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, int64_t H);
 void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,
-          int64_t width, double theta, bool inverse, bool accumulate);
+          int64_t width, const Rope& rope, bool inverse, bool accumulate);
 void gelu_forward(Stream s, Arr out, Arr inp, int64_t n);
 void gelu_backward(Stream s, Arr dinp, Arr inp, Arr dout, int64_t n);
 void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits,

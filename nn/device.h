@@ -25,6 +25,7 @@
 #include <string>
 
 #include "nn/adamw_formula.h"
+#include "nn/rope.h"
 #include "nn/tensor.h"
 
 namespace ferry::nn {
@@ -112,13 +113,13 @@ class Device {
   virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
   virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) = 0;
   // Rotary position embeddings on the first heads*head_dim columns of x[B*T, width]
-  // (position = row % T, base theta), the halves of each head rotated together (Hugging
+  // (position = row % T, frequencies Rope::inv_freq), the halves of each head rotated together (Hugging
   // Face's Llama); later columns pass through. out may be inp. rope_backward adds the
   // transposed map of dout into dinp (inverse rotation; identity past the rotated heads).
   virtual void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
-                            double theta) = 0;
+                            const Rope& rope) = 0;
   virtual void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
-                             double theta) = 0;
+                             const Rope& rope) = 0;
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(const Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;

@@ -24,7 +24,7 @@ std::vector<UnitSpec> GPT::layout(const GPTConfig& c) {
   std::vector<UnitSpec> units;
   UnitSpec emb{"embedding", {}, 0};
   emb.add("wte", {c.vocab_size, C}, true);
-  emb.add("wpe", {c.block_size, C}, true);
+  emb.add("wpe", {c.positions(), C}, true);
   units.push_back(emb);
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
@@ -59,6 +59,10 @@ GPT::GPT(const GPTConfig& config, Device& device, DType dtype)
   if (cfg_.n_embd % cfg_.n_head != 0) {
     throw std::invalid_argument("GPT: n_embd (" + std::to_string(cfg_.n_embd) +
                                 ") must be a multiple of n_head (" + std::to_string(cfg_.n_head) + ")");
+  }
+  if (cfg_.positions() < cfg_.block_size) {
+    throw std::invalid_argument("GPT: block_size (" + std::to_string(cfg_.block_size) + ") exceeds the " +
+                                std::to_string(cfg_.positions()) + " positions of the model's wpe");
   }
   check_dtype("GPT", dtype);
 }

@@ -1,6 +1,6 @@
 // GPT-2-style decoder, forward and backward written by hand, computed unit by unit.
 //
-// Units: 0 = embedding (wte [V,C], wpe [block_size,C]); 1..n_layer = blocks (pre-LayerNorm,
+// Units: 0 = embedding (wte [V,C], wpe [positions(),C]); 1..n_layer = blocks (pre-LayerNorm,
 // causal multi-head self-attention, GELU MLP); n_layer+1 = final LayerNorm. The LM head is
 // tied to wte, so the head reads unit 0's weights and adds to its gradient too.
 // Linear weights are stored [out, in] (y = x W^T + b).
@@ -29,6 +29,10 @@ struct GPTConfig {
   int64_t n_embd = 128;
   int64_t vocab_size = 256;
   int64_t block_size = 128;
+  // Rows of the position table wpe; 0 = block_size. A pretrained GPT-2 brings n_positions
+  // (1024) and may be fine-tuned at a shorter context.
+  int64_t n_positions = 0;
+  int64_t positions() const { return n_positions > 0 ? n_positions : block_size; }
 };
 
 class GPT final : public Model {

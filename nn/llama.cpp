@@ -10,9 +10,14 @@ namespace ferry::nn {
 
 namespace {
 
+// With qkv_bias the bias sits right after wqkv: block tensor indices shift by one from kWo.
 enum BlockTensor : size_t { kAttnNorm, kWqkv, kWo, kFfnNorm, kWGateUp, kWDown };
 enum FinalTensor : size_t { kNorm, kOutput };
 constexpr size_t kTok = 0;
+constexpr size_t kBqkv = kWqkv + 1;  // present only with qkv_bias
+
+// The index in a block's UnitSpec of BlockTensor i.
+size_t slot(const LlamaConfig& c, size_t i) { return c.qkv_bias && i >= kWo ? i + 1 : i; }
 
 }  // namespace
 
@@ -28,6 +33,7 @@ std::vector<UnitSpec> Llama::layout(const LlamaConfig& c) {
     const std::string p = "layers." + std::to_string(l) + ".";
     b.add(p + "attention_norm.weight", {c.n_embd}, false);
     b.add(p + "attention.wqkv.weight", {c.qkv_width(), c.n_embd}, true);
+    if (c.qkv_bias) b.add(p + "attention.bqkv.bias", {c.qkv_width()}, false);
     b.add(p + "attention.wo.weight", {c.n_embd, c.n_embd}, true);
     b.add(p + "ffn_norm.weight", {c.n_embd}, false);
     b.add(p + "feed_forward.w_gate_up.weight", {2 * c.intermediate, c.n_embd}, true);
@@ -37,7 +43,7 @@ std::vector<UnitSpec> Llama::layout(const LlamaConfig& c) {
   UnitSpec fin;
   fin.name = "final";
   fin.add("norm.weight", {c.n_embd}, false);
-  fin.add("output.weight", {c.vocab_size, c.n_embd}, true);
+  if (!c.tie_embeddings) fin.add("output.weight", {c.vocab_size, c.n_embd}, true);
   units.push_back(fin);
   return units;
 }
@@ -57,6 +63,11 @@ Llama::Llama(const LlamaConfig& config, Device& device, DType dtype)
     throw std::invalid_argument("Llama: n_head (" + std::to_string(c.n_head) + ") must be a multiple of n_kv_head (" +
                                 std::to_string(c.n_kv_head) + ")");
   }
+  if (c.rope_factor > 0.0 && !(c.rope_high_freq_factor > c.rope_low_freq_factor && c.rope_low_freq_factor > 0.0 &&
+                              c.rope_original_max_positions > 0)) {
+    throw std::invalid_argument("Llama: llama3 rope scaling needs high_freq_factor > low_freq_factor > 0 and "
+                                "original_max_position_embeddings > 0");
+  }
   check_dtype("Llama", dtype);
 }
 
@@ -66,7 +77,9 @@ std::string Llama::describe() const {
   return "Llama style, " + std::to_string(cfg_.n_layer) + " layers, " + std::to_string(cfg_.n_head) + " heads (" +
          std::to_string(cfg_.n_kv_head) + " key/value), " + std::to_string(cfg_.n_embd) + " channels, SwiGLU " +
          std::to_string(cfg_.intermediate) + ", context " + std::to_string(cfg_.block_size) + ", vocab " +
-         std::to_string(cfg_.vocab_size);
+         std::to_string(cfg_.vocab_size) + (cfg_.qkv_bias ? ", q/k/v biases" : "") +
+         (cfg_.tie_embeddings ? ", tied head" : "") +
+         (cfg_.rope_factor > 0.0 ? ", llama3 rope scaling x" + std::to_string(cfg_.rope_factor).substr(0, 4) : "");
 }
 
 double Llama::flops_per_token(const LlamaConfig& c, int64_t T) {
@@ -84,7 +97,9 @@ void Llama::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
   for (size_t i = 0; i < u.tensors.size(); ++i) {
     const TensorSpec& t = u.tensors[i];
     host.assign(static_cast<size_t>(t.numel()), 0.0);
-    if (!t.decay) {
+    if (t.name.ends_with(".bias")) {
+      // zero, as nn::GPT's biases
+    } else if (!t.decay) {
       host.assign(host.size(), 1.0);  // the norms' gains
     } else {
       const bool into_residual = t.name.ends_with("wo.weight") || t.name.ends_with("w_down.weight");
@@ -101,7 +116,7 @@ void Llama::free_activations() { acts_ = Activations{}; }
 void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   const int64_t N = B * T, C = cfg_.n_embd, W = cfg_.qkv_width(), I = cfg_.intermediate;
   const UnitSpec& u = units_[static_cast<size_t>(1 + l)];
-  auto Wt = [&](size_t i) { return u.view(w, i); };
+  auto Wt = [&](size_t i) { return u.view(w, slot(cfg_, i)); };
   BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
   const Tensor& x = acts_.residual[static_cast<size_t>(l)];
   a.xn = act({N, C});
@@ -109,8 +124,9 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   dev_.rmsnorm_forward(a.xn, a.rstd1, x, Wt(kAttnNorm), cfg_.norm_eps);
   a.qkv = act({N, W});
   dev_.gemm(a.qkv, a.xn, false, Wt(kWqkv), true, 1.0, 0.0);
+  if (cfg_.qkv_bias) dev_.add_bias(a.qkv, u.view(w, kBqkv));
   // q and k rotated in place; backward's attention reads the rotated values.
-  dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope_theta);
+  dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
   a.atty = act({N, C});
   a.att = act({B, cfg_.n_head, T, T});
   dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head);
@@ -165,7 +181,13 @@ double Llama::forward(UnitAccess& units, const Tensor& tokens, const Tensor& tar
   acts_.rstdf = stat({N});
   dev_.rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.residual.back(), uf.view(wf, kNorm), cfg_.norm_eps);
   acts_.logits = act({N, V});
-  dev_.gemm(acts_.logits, acts_.xf, false, uf.view(wf, kOutput), true, 1.0, 0.0);
+  if (cfg_.tie_embeddings) {
+    const Tensor wt = units.acquire_weights(emb);
+    dev_.gemm(acts_.logits, acts_.xf, false, units_[0].view(wt, kTok), true, 1.0, 0.0);
+    units.release_weights(emb);
+  } else {
+    dev_.gemm(acts_.logits, acts_.xf, false, uf.view(wf, kOutput), true, 1.0, 0.0);
+  }
   units.release_weights(fin);
   if (!targets.defined()) return 0.0;
 
@@ -189,8 +211,16 @@ void Llama::backward(UnitAccess& units) {
     dev_.fill(dlogits, 0.0);
     dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets, loss_scale_ / static_cast<double>(N));
     const Tensor dxf = act({N, C});
-    dev_.gemm(dxf, dlogits, false, uf.view(wf, kOutput), false, 1.0, 0.0);
-    dev_.gemm(uf.view(gf, kOutput), dlogits, true, acts_.xf, false, 1.0, 1.0);
+    if (cfg_.tie_embeddings) {
+      const Tensor wt = units.acquire_weights(emb), gt = units.acquire_grads(emb);
+      dev_.gemm(dxf, dlogits, false, units_[0].view(wt, kTok), false, 1.0, 0.0);
+      dev_.gemm(units_[0].view(gt, kTok), dlogits, true, acts_.xf, false, 1.0, 1.0);
+      units.release_grads(emb, false);
+      units.release_weights(emb);
+    } else {
+      dev_.gemm(dxf, dlogits, false, uf.view(wf, kOutput), false, 1.0, 0.0);
+      dev_.gemm(uf.view(gf, kOutput), dlogits, true, acts_.xf, false, 1.0, 1.0);
+    }
     dev_.fill(dx, 0.0);
     dev_.rmsnorm_backward(dx, uf.view(gf, kNorm), dxf, acts_.residual.back(), uf.view(wf, kNorm), acts_.rstdf);
     units.release_grads(fin, true);
@@ -209,8 +239,8 @@ void Llama::backward(UnitAccess& units) {
       acts_.residual[static_cast<size_t>(l + 1)] = Tensor{};
     }
     const Tensor g = units.acquire_grads(unit);
-    auto Wt = [&](size_t i) { return u.view(w, i); };
-    auto G = [&](size_t i) { return u.view(g, i); };
+    auto Wt = [&](size_t i) { return u.view(w, slot(cfg_, i)); };
+    auto G = [&](size_t i) { return u.view(g, slot(cfg_, i)); };
     BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
     const Tensor& x = acts_.residual[static_cast<size_t>(l)];
 
@@ -232,7 +262,8 @@ void Llama::backward(UnitAccess& units) {
     dev_.attention_backward(dqkv.reshape({B, T, W}), datty, a.qkv.reshape({B, T, W}), a.att, cfg_.n_head,
                             cfg_.n_kv_head);
     dev_.fill(dpre, 0.0);
-    dev_.rope_backward(dpre, dqkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope_theta);
+    dev_.rope_backward(dpre, dqkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
+    if (cfg_.qkv_bias) dev_.bias_backward(u.view(g, kBqkv), dpre);
     dev_.gemm(dnorm, dpre, false, Wt(kWqkv), false, 1.0, 0.0);
     dev_.gemm(G(kWqkv), dpre, true, a.xn, false, 1.0, 1.0);
     dev_.rmsnorm_backward(dxin, G(kAttnNorm), dnorm, x, Wt(kAttnNorm), a.rstd1);

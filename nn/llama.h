@@ -5,7 +5,9 @@
 //
 // Units: 0 = embedding (tok_embeddings [V,C]); 1..n_layer = blocks (attention_norm [C],
 // wqkv [(NH+2KVH)*hd, C] = q | k | v rows, wo [C,C], ffn_norm [C], w_gate_up [2I, C] =
-// gate | up rows, w_down [C, I]); n_layer+1 = final (norm [C], output [V,C]). Linear
+// gate | up rows, w_down [C, I]; with qkv_bias, attention.bqkv.bias [(NH+2KVH)*hd] after
+// wqkv); n_layer+1 = final (norm [C], output [V,C]; without output when the head is tied
+// to tok_embeddings, which then reads and accumulates into unit 0 as nn::GPT). Linear
 // weights are stored [out, in] (y = x W^T). Tensor names follow Meta's checkpoints with
 // the q/k/v and gate/up matrices fused.
 //
@@ -17,6 +19,7 @@
 
 #include "nn/device.h"
 #include "nn/model.h"
+#include "nn/rope.h"
 #include "nn/unit.h"
 
 namespace ferry::nn {
@@ -30,7 +33,17 @@ struct LlamaConfig {
   int64_t vocab_size = 256;
   int64_t block_size = 128;
   double rope_theta = 10000.0;
+  // Llama 3's rope scaling (rope_type "llama3"); rope_factor 0 = none. See nn/rope.h.
+  double rope_factor = 0.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_positions = 8192;
   double norm_eps = 1e-5;
+  bool qkv_bias = false;        // biases on q, k and v (Qwen2): "attention.bqkv.bias" [qkv_width]
+  bool tie_embeddings = false;  // the output head is tok_embeddings (Llama 3.2 1B/3B, small Qwen2.5)
+  Rope rope() const {
+    return rope_factor > 0.0 ? Rope::llama3(rope_theta, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+                                            static_cast<double>(rope_original_max_positions))
+                             : Rope(rope_theta);
+  }
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
 };

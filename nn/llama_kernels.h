@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/cpu_kernels.h"
+#include "nn/rope.h"
 
 namespace ferry::nn::cpu {
 
@@ -87,12 +88,12 @@ void swiglu_backward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, in
 
 // Rotary position embedding (the Hugging Face Llama convention: the two halves of each
 // head are rotated together): for row n (position n % T), head h, i < hd/2, angle
-// a = pos * theta^(-2i/hd): out[i] = x[i] cos a - x[i+hd/2] sin a,
+// a = pos * rope.inv_freq(i, hd) (theta^(-2i/hd) unless scaled): out[i] = x[i] cos a - x[i+hd/2] sin a,
 // out[i+hd/2] = x[i+hd/2] cos a + x[i] sin a. Rows of `width` >= heads * hd elements:
 // the columns past the rotated heads (v in a qkv row) pass through unchanged. In place is
 // allowed. inverse = true rotates by -a: the backward pass (dinp += R^T dout).
 template <class T>
-void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int64_t hd, int64_t width, double theta,
+void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int64_t hd, int64_t width, const Rope& rope,
                 bool inverse, bool accumulate) {
   const int64_t half = hd / 2;
   // The angles depend only on (position, i): computed once per call for the T positions,
@@ -101,7 +102,7 @@ void rope_apply(T* out, const T* inp, int64_t N, int64_t T_, int64_t heads, int6
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T_; ++t) {
     for (int64_t i = 0; i < half; ++i) {
-      const double a = static_cast<double>(t) * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+      const double a = static_cast<double>(t) * rope.inv_freq(i, hd);
       cos_t[static_cast<size_t>(t * half + i)] = static_cast<T>(std::cos(a));
       sin_t[static_cast<size_t>(t * half + i)] = static_cast<T>(inverse ? -std::sin(a) : std::sin(a));
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The arrows of docs/design.md ("Map"), checked on every #include "..." of ferry's sources:
 # a file may include headers of its own folder and of the folders below it, never above.
-#   tools -> train -> ckpt -> zero -> config -> offload -> nn -> base
+#   tools -> train -> hf -> ckpt -> zero -> config -> offload -> nn -> base
 #                                               comm --------------> base
 # testing/ (emulations, fakes) is for tests only: no library includes it. Foreign APIs stay
 # in their room: <mpi.h> in comm (and the doctor and benchmarks, which probe MPI itself),
@@ -19,8 +19,9 @@ declare -A allowed=(
   [runtime/config]="runtime/config offload comm nn base"
   [runtime/zero]="runtime/zero runtime/config offload comm nn base"
   [runtime/ckpt]="runtime/ckpt runtime/zero runtime/config offload comm nn base"
-  [runtime/train]="runtime/train runtime/ckpt runtime/zero runtime/config offload comm nn base"
-  [runtime/tools]="runtime/tools runtime/train runtime/ckpt runtime/zero runtime/config offload comm nn base"
+  [runtime/hf]="runtime/hf runtime/ckpt runtime/zero runtime/config offload comm nn base"
+  [runtime/train]="runtime/train runtime/hf runtime/ckpt runtime/zero runtime/config offload comm nn base"
+  [runtime/tools]="runtime/tools runtime/train runtime/hf runtime/ckpt runtime/zero runtime/config offload comm nn base"
   [testing]="testing comm nn base"
   [examples]="examples benchmarks runtime offload comm nn base"
   [benchmarks]="benchmarks runtime offload comm nn base"

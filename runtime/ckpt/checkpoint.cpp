@@ -130,6 +130,11 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
                              {"model", req.model},
                              {"trainer", req.meta},
                              {"units", layout_json(layout)}};
+      for (const std::string& f : req.carry_files) {
+        if (!fs::exists(f)) continue;
+        fs::create_directories(fs::path(tmp) / "hf");
+        fs::copy_file(f, fs::path(tmp) / "hf" / fs::path(f).filename(), fs::copy_options::overwrite_existing);
+      }
       write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
       if (fs::exists(final_dir)) {  // the same step saved before (a resume from an older one)
         const std::string aside = (fs::path(req.dir) / (".tmp-old-" + name)).string();

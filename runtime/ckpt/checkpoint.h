@@ -3,6 +3,7 @@
 // Layout of one checkpoint, DIR/step-00000100/:
 //   rank-00003.bin   saving rank 3's slice of every unit's fp32 master weights, Adam m and v
 //   rank-00003.json  its index: per (unit, array) the element range, byte offset, CRC-32C
+//   hf/              the source model folder's config and tokenizer files (model.init_from)
 //   manifest.json    written by rank 0 after every rank's files are synced: format version,
 //                    ferry version, step, world size, stage, model shape, unit layout, and
 //                    the trainer's state (data position, scheduler, seeds)
@@ -124,6 +125,9 @@ struct SaveRequest {
   nlohmann::json meta;  // the trainer's state, stored in the manifest under "trainer"
   nlohmann::json model; // the model's shape, stored under "model"
   int stage = 0;
+  // Files rank 0 copies into the checkpoint's hf/ folder (those that exist): a Hugging Face
+  // model's config and tokenizer files, which `ferry export --hf` carries along.
+  std::vector<std::string> carry_files;
 };
 
 // Collective. Returns the checkpoint's directory. A rank that fails (disk full, I/O

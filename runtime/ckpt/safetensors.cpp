@@ -12,14 +12,21 @@ using nlohmann::json;
 size_t safetensors_dtype_size(const std::string& dtype) {
   if (dtype == "F32" || dtype == "I32") return 4;
   if (dtype == "BF16" || dtype == "F16") return 2;
-  if (dtype == "F64") return 8;
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "U32") return 4;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2") return 1;
   throw std::runtime_error("safetensors: unknown dtype '" + dtype + "'");
 }
 
 namespace {
+// UINT64_MAX for a shape no file can hold (a negative or overflowing dimension).
 uint64_t expected_bytes(const SafetensorsEntry& e) {
   uint64_t n = safetensors_dtype_size(e.dtype);
-  for (int64_t d : e.shape) n *= static_cast<uint64_t>(d);
+  for (int64_t d : e.shape) {
+    if (d < 0 || (d > 0 && n > (uint64_t{1} << 62) / static_cast<uint64_t>(d))) return UINT64_MAX;
+    n *= static_cast<uint64_t>(d);
+  }
   return n;
 }
 }  // namespace
@@ -56,7 +63,7 @@ void SafetensorsWriter::finish() {
   file_.close();
 }
 
-SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File::read) {
+SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File::read), path_(path) {
   const uint64_t size = file_.size();
   if (size < 8) throw std::runtime_error(path + ": too short for a safetensors file");
   unsigned char len[8];
@@ -72,7 +79,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File
     header = json::parse(text);
     for (const auto& [name, v] : header.items()) {
       if (name == "__metadata__") {
-        metadata_ = v.get<std::map<std::string, std::string>>();
+        if (v.is_object()) {
+        for (const auto& [k, mv] : v.items())
+          if (mv.is_string()) metadata_[k] = mv.get<std::string>();
+      }
         continue;
       }
       SafetensorsEntry e{name, v.at("dtype").get<std::string>(), v.at("shape").get<std::vector<int64_t>>(),
@@ -98,6 +108,17 @@ std::vector<char> SafetensorsReader::read(const SafetensorsEntry& e) {
   std::vector<char> out(e.end - e.begin);
   file_.read_at(data_start_ + e.begin, out.data(), out.size());
   return out;
+}
+
+}  // namespace ferry::runtime
+
+namespace ferry::runtime {
+
+void SafetensorsReader::read_range(const SafetensorsEntry& e, uint64_t offset, size_t bytes, void* dst) {
+  if (offset > e.end - e.begin || bytes > e.end - e.begin - offset) {
+    throw std::logic_error("safetensors: range past the end of " + e.name);
+  }
+  file_.read_at(data_start_ + e.begin + offset, dst, bytes);
 }
 
 }  // namespace ferry::runtime

@@ -47,9 +47,13 @@ class SafetensorsReader {
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   std::vector<char> read(const SafetensorsEntry& e);
+  // Bytes [offset, offset + bytes) of one tensor's data (pread: only those bytes are read).
+  void read_range(const SafetensorsEntry& e, uint64_t offset, size_t bytes, void* dst);
+  const std::string& path() const { return path_; }
 
  private:
   File file_;
+  std::string path_;
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
   uint64_t data_start_ = 0;

@@ -7,6 +7,7 @@
 
 #include "runtime/config/config_json.h"
 #include "runtime/config/config_schema.h"
+#include "runtime/config/hf_config.h"
 #include "runtime/config/deepspeed_config.h"
 
 namespace ferry::runtime {
@@ -198,6 +199,21 @@ const json* get_path(const json& root, const std::string& path) {
 
 }  // namespace detail
 
+std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& device) {
+  std::unique_ptr<nn::Model> m;
+  if (c.llama_family()) {
+    m = std::make_unique<nn::Llama>(c.llama, device, c.zero.compute);
+  } else {
+    m = std::make_unique<nn::GPT>(c.model, device, c.zero.compute);
+  }
+  m->set_activation_checkpointing(c.activation_checkpointing);
+  return m;
+}
+
+std::vector<nn::UnitSpec> model_layout(const Config& c) {
+  return c.llama_family() ? nn::Llama::layout(c.llama) : nn::GPT::layout(c.model);
+}
+
 size_t parse_bytes(const json& value, const std::string& what) {
   if (value.is_number_integer()) {
     if (value.get<int64_t>() < 0) throw ConfigError(what + " must not be negative, got " + value.dump());
@@ -229,6 +245,41 @@ size_t parse_bytes(const json& value, const std::string& what) {
   throw ConfigError(what + ": unknown unit \"" + unit + "\" in \"" + s + "\" (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
 }
 
+// model.init_from: the folder's config.json gives the shape, as a preset would; a key the
+// user also set must agree with it. block_size, a training choice, defaults to the model's
+// context up to 2048.
+static void apply_hf_model(json& resolved, const json& user, const std::string& dir, const std::string& source) {
+  if (const json* p = get_path(user, "model.preset"); p && !p->is_null()) {
+    fail(source, "model.preset and model.init_from both set the model's shape; keep one");
+  }
+  const HfModelConfig hf = read_hf_model_config(dir);
+  const std::string hf_path = dir + "/config.json";
+  std::vector<std::pair<std::string, json>> leaves;
+  for (const auto& [key, value] : hf.keys.items()) {
+    if (value.is_object()) {
+      for (const auto& [sub, v] : value.items()) leaves.emplace_back(key + "." + sub, v);
+    } else {
+      leaves.emplace_back(key, value);
+    }
+  }
+  for (const auto& [key, value] : leaves) {
+    const json* mine = get_path(user, "model." + key);
+    if (mine && !mine->is_null() && *mine != value) {
+      fail(source, "model." + key + " is " + mine->dump() + " here but " + value.dump() + " in " + hf_path +
+                       " (model.init_from); remove the key or make the two agree");
+    }
+    set_path(resolved, "model." + key, value);
+  }
+  const json* block = get_path(user, "model.block_size");
+  const int64_t block_size = block && block->is_number_integer() ? block->get<int64_t>() : std::min<int64_t>(hf.max_positions, 2048);
+  set_path(resolved, "model.block_size", block_size);
+  if (hf.sliding_window > 0 && block_size > hf.sliding_window) {
+    fail(source, hf_path + " has sliding_window " + std::to_string(hf.sliding_window) + ", below model.block_size " +
+                     std::to_string(block_size) + ": sliding-window attention would be in use, which ferry does not " +
+                     "compute; set model.block_size <= " + std::to_string(hf.sliding_window));
+  }
+}
+
 Config config_from_json(const json& doc, const std::string& source, const std::string& base_dir,
                         const std::vector<std::string>& overrides, int world_size) {
   if (!doc.is_object()) fail(source, "the configuration must be a JSON object");
@@ -243,6 +294,9 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
     for (const auto& [key, value] : shape.items()) set_path(resolved, "model." + key, value);
   }
   overlay(resolved, user);
+  if (const json* from = get_path(user, "model.init_from"); from && from->is_string() && !from->get<std::string>().empty()) {
+    apply_hf_model(resolved, user, from->get<std::string>(), source);
+  }
 
   // Every knob's value (the default, the preset's or the user's) into its field; the
   // rules then check the keys against each other and derive what several keys decide.

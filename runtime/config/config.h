@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -32,8 +33,11 @@ class ConfigError : public std::runtime_error {
 // initialisers equal the table's defaults, checked by test_config.
 struct Config {
   nn::GPTConfig model;           // the dimensions every architecture has
-  std::string model_arch = "gpt2";  // gpt2 | llama
-  nn::LlamaConfig llama;         // with model_arch llama: the whole shape
+  std::string model_arch = "gpt2";  // gpt2 | llama | mistral | qwen2 (the last three: nn::Llama)
+  nn::LlamaConfig llama;         // with a Llama-family arch: the whole shape
+  std::string init_from;         // a Hugging Face model folder whose weights start the run ("" = none)
+  int64_t max_positions = 0;     // llama family: max_position_embeddings (0 = block_size), for export
+  bool llama_family() const { return model_arch != "gpt2"; }
   uint64_t model_seed = 1337;
   bool activation_checkpointing = false;
   // Mixed precision: zero.compute is bf16 (bf16.enabled) or f16 (fp16.enabled), else f32.
@@ -106,6 +110,11 @@ Config config_from_json(const nlohmann::json& doc, const std::string& source,
                         int world_size = 1);
 
 // "512MiB", "2GiB", "1.5GB", "1000" -> bytes. Throws ConfigError naming `what`.
+// The model the configuration describes (nn::GPT or nn::Llama), on `device`, computing in
+// zero.compute, with activation checkpointing as configured; and its unit layout.
+std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& device);
+std::vector<nn::UnitSpec> model_layout(const Config& c);
+
 size_t parse_bytes(const nlohmann::json& value, const std::string& what);
 
 // Markdown table of every knob (path, type, default, description), for the docs and --help-config.

@@ -37,12 +37,32 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
   }
   const bool kv_given = !get_path(resolved, "model.n_kv_head")->is_null();
   const bool inter_given = !get_path(resolved, "model.intermediate_size")->is_null();
-  if (c.model_arch != "llama") {
-    if (kv_given) fail(source, "model.n_kv_head applies to model.arch 'llama' only");
-    if (inter_given) fail(source, "model.intermediate_size applies to model.arch 'llama' only");
+  auto llama_only = [&](const char* key) {
+    if (!get_path(resolved, std::string("model.") + key)->is_null()) {
+      fail(source, std::string("model.") + key + " applies to the llama family (llama, mistral, qwen2) only");
+    }
+  };
+  if (!c.llama_family()) {
+    llama_only("n_kv_head");
+    llama_only("intermediate_size");
+    llama_only("tie_word_embeddings");
+    llama_only("rope_scaling.factor");
+    llama_only("rope_scaling.low_freq_factor");
+    llama_only("rope_scaling.high_freq_factor");
+    llama_only("rope_scaling.original_max_position_embeddings");
+    llama_only("max_position_embeddings");
     resolved["model"].erase("rope_theta");
     resolved["model"].erase("norm_eps");
+    if (c.model.positions() < c.model.block_size) {
+      fail(source, "model.block_size (" + std::to_string(c.model.block_size) + ") exceeds model.n_positions (" +
+                       std::to_string(c.model.positions()) + ")");
+    }
     return;
+  }
+  if (given(resolved, "model.n_positions")) fail(source, "model.n_positions applies to model.arch 'gpt2' only");
+  if (c.max_positions > 0 && c.model.block_size > c.max_positions) {
+    fail(source, "model.block_size (" + std::to_string(c.model.block_size) + ") exceeds model.max_position_embeddings (" +
+                     std::to_string(c.max_positions) + ")");
   }
   // Llama takes the common dimensions from model.*; its own keys are stored by their knobs.
   nn::LlamaConfig& l = c.llama;
@@ -51,6 +71,15 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
   l.n_embd = c.model.n_embd;
   l.vocab_size = c.model.vocab_size;
   l.block_size = c.model.block_size;
+  l.qkv_bias = c.model_arch == "qwen2";
+  if ((given(resolved, "model.rope_scaling.low_freq_factor") || given(resolved, "model.rope_scaling.high_freq_factor") ||
+       given(resolved, "model.rope_scaling.original_max_position_embeddings")) &&
+      !(l.rope_factor > 0)) {
+    fail(source, "model.rope_scaling needs model.rope_scaling.factor");
+  }
+  if (l.rope_factor > 0 && !(l.rope_high_freq_factor > l.rope_low_freq_factor)) {
+    fail(source, "model.rope_scaling.high_freq_factor must exceed low_freq_factor");
+  }
   if (!kv_given) l.n_kv_head = l.n_head;
   if (!inter_given) l.intermediate = (8 * l.n_embd / 3 + 63) / 64 * 64;
   if (l.n_head % l.n_kv_head != 0) {

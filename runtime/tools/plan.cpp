@@ -16,14 +16,6 @@ namespace ferry::runtime {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-namespace {
-
-std::vector<nn::UnitSpec> model_layout(const Config& c) {
-  return c.model_arch == "llama" ? nn::Llama::layout(c.llama) : nn::GPT::layout(c.model);
-}
-
-}  // namespace
-
 double TimePlan::overlapped_s() const { return std::max({compute_s, nvme_s, comm_s, adam_s}); }
 double TimePlan::sequential_s() const { return compute_s + nvme_s + comm_s + adam_s; }
 
@@ -37,7 +29,7 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   const std::string par = stage == 3 ? c.offload.param_device : "none";
   TimePlan t;
   const double tokens = static_cast<double>(c.micro_batch * c.grad_accum * c.model.block_size);  // per rank
-  const double flops = c.model_arch == "llama" ? nn::Llama::flops_per_token(c.llama, c.model.block_size)
+  const double flops = c.llama_family() ? nn::Llama::flops_per_token(c.llama, c.model.block_size)
                                               : nn::GPT::flops_per_token(c.model, c.model.block_size);
   t.compute_s = flops * tokens / r.flops;
   // Whole-buffer collectives of the fp32 model (4P bytes each), the unit ferry bench comm's

@@ -22,17 +22,6 @@ namespace {
 using nn::DType;
 using nn::Tensor;
 
-std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& dev) {
-  std::unique_ptr<nn::Model> m;
-  if (c.model_arch == "llama") {
-    m = std::make_unique<nn::Llama>(c.llama, dev, c.zero.compute);
-  } else {
-    m = std::make_unique<nn::GPT>(c.model, dev, c.zero.compute);
-  }
-  m->set_activation_checkpointing(c.activation_checkpointing);
-  return m;
-}
-
 // One micro-batch as Trainer::train_step runs it: new token and target tensors, forward,
 // backward.
 void micro_batch(const Config& c, nn::Device& dev, nn::Model& model, nn::UnitAccess& units) {

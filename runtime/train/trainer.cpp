@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <iostream>
 #include <stdexcept>
@@ -82,16 +83,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
                                               compute_threads(config, comm))),
       gpu_(config.device.type == "cuda" ? make_gpu(config, comm) : nullptr),
       compute_(gpu_ ? gpu_.get() : device_.get()),
-      model_([&]() -> std::unique_ptr<nn::Model> {
-        std::unique_ptr<nn::Model> m;
-        if (config.model_arch == "llama") {
-          m = std::make_unique<nn::Llama>(config.llama, *compute_, config.zero.compute);
-        } else {
-          m = std::make_unique<nn::GPT>(config.model, *compute_, config.zero.compute);
-        }
-        m->set_activation_checkpointing(config.activation_checkpointing);
-        return m;
-      }()),
+      model_(make_model(config, *compute_)),
       adam_(config.optimizer),
       data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,
                             config.data.val_fraction)),
@@ -133,6 +125,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     nccl_ = comm::NcclCommunicator::create(*mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
     shard_comm = nccl_.get();
   }
+  if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), layout);
   units_ = std::make_unique<ShardedUnits>(state, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
   std::string warning;
@@ -196,6 +189,22 @@ nlohmann::json TierMemory::to_json() const {
 }
 
 void Trainer::init_unit(int unit, const Tensor& full) {
+  if (hf_) {
+    // Only the range this rank keeps is read: its shard at stage 3, else the whole unit
+    // (stages 0-2 keep full weights on every rank).
+    const Partition p = partition(full.numel(), comm_.size(), comm_.rank());
+    const bool sharded = StagePolicy::of(cfg_.zero.stage, cfg_.zero.compute).sharded_weights;
+    const int64_t begin = sharded ? std::min(p.begin(), p.numel) : 0;
+    const int64_t n = sharded ? p.owned_real() : p.numel;
+    if (full.device().host_accessible()) {
+      hf_->fill(unit, begin, n, full.data_as<float>() + begin);
+    } else {
+      std::vector<float> host(static_cast<size_t>(n));
+      hf_->fill(unit, begin, n, host.data());
+      if (n > 0) full.device().copy_from_host(full.view(begin, {n}), host.data());
+    }
+    return;
+  }
   if (!gpu_ || &full.device() == gpu_.get()) return model_->init_unit(unit, full, cfg_.model_seed);
   // The model writes through its own device: initialise on the GPU, then bring the values
   // to the state tensor (the same values: init draws them on the host in f64).
@@ -238,6 +247,10 @@ void Trainer::describe_placement() {
   const std::string opt_at = staged_ && opt_->tier() == offload::Tier::device ? arena : opt_->where();
   out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
        << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
+  if (hf_) {
+    out_ << "weights: from " << hf_->describe() << ", converted to fp32; this rank read "
+         << nn::format_bytes(hf_->bytes_read()) << " of them\n";
+  }
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
        << "; per rank (device: " << compute_->name() << "):\n"
        << "  fp32 weights                 " << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
@@ -458,11 +471,22 @@ nlohmann::json Trainer::model_shape() const {
                           {"n_embd", cfg_.model.n_embd},
                           {"vocab_size", cfg_.model.vocab_size},
                           {"block_size", cfg_.model.block_size}};
-  if (cfg_.model_arch == "llama") {
+  // Keys at their defaults stay out, so checkpoints of earlier versions still match.
+  if (cfg_.llama_family()) {
     shape["n_kv_head"] = cfg_.llama.n_kv_head;
     shape["intermediate_size"] = cfg_.llama.intermediate;
     shape["rope_theta"] = cfg_.llama.rope_theta;
     shape["norm_eps"] = cfg_.llama.norm_eps;
+    if (cfg_.llama.tie_embeddings) shape["tie_word_embeddings"] = true;
+    if (cfg_.llama.rope_factor > 0) {
+      shape["rope_scaling"] = {{"factor", cfg_.llama.rope_factor},
+                               {"low_freq_factor", cfg_.llama.rope_low_freq_factor},
+                               {"high_freq_factor", cfg_.llama.rope_high_freq_factor},
+                               {"original_max_position_embeddings", cfg_.llama.rope_original_max_positions}};
+    }
+    if (cfg_.max_positions > 0) shape["max_position_embeddings"] = cfg_.max_positions;
+  } else if (cfg_.model.n_positions > 0) {
+    shape["n_positions"] = cfg_.model.n_positions;
   }
   return shape;
 }
@@ -475,6 +499,9 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
   req.keep_last = cfg_.checkpoint.keep_last;
   req.stage = cfg_.zero.stage;
   req.model = model_shape();
+  if (!cfg_.init_from.empty()) {
+    for (const char* f : kHfSideFiles) req.carry_files.push_back((std::filesystem::path(cfg_.init_from) / f).string());
+  }
   // Everything else the run's future depends on is a function of these: batches of
   // (data.seed, step, global sequence), the learning rate of (scheduler, step), Adam's
   // bias correction of the step; nothing else draws random numbers during training.
@@ -547,6 +574,12 @@ TrainReport Trainer::run() {
     if (metrics_.enabled()) metrics_ = MetricsWriter(cfg_.log.metrics, /*append=*/false);
   }
   const auto& ck = cfg_.checkpoint;
+  if (cfg_.train.steps == 0 && !ck.dir.empty() && report.resumed_from == 0) {
+    // No training: the initial (or imported) weights as a checkpoint of step 0, e.g. to
+    // export a Hugging Face folder from it or to start several runs from it.
+    report.last_checkpoint = save_checkpoint(0, 0.0);
+    say("checkpoint: step 0 saved to " + report.last_checkpoint + "\n");
+  }
   for (int64_t step = report.resumed_from; step < cfg_.train.steps; ++step) {
     const StepStats s = train_step(step);
     report.steps.push_back(s);

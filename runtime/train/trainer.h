@@ -40,6 +40,7 @@
 #include "nn/staged_units.h"
 #include "offload/cpu_adam.h"
 #include "runtime/config/config.h"
+#include "runtime/hf/hf_weights.h"
 #include "runtime/train/data.h"
 #include "runtime/train/loss_scaler.h"
 #include "runtime/train/metrics.h"
@@ -137,6 +138,7 @@ class Trainer {
   std::unique_ptr<offload::PinnedPool> pool_;
   // device.type cuda without offload: the states live on the GPU and NCCL moves them.
   std::unique_ptr<comm::NcclCommunicator> nccl_;
+  std::unique_ptr<HfWeights> hf_;  // model.init_from: the folder the weights are read from
   std::unique_ptr<ShardedUnits> units_;
   std::unique_ptr<TracedUnits> traced_;      // units_ with the model's compute spans traced
   std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: traced_ copied to and from the GPU

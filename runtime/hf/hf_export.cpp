@@ -1,0 +1,175 @@
+#include "runtime/hf/hf_export.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/posix_file.h"
+#include "base/version.h"
+#include "nn/dtype.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/ckpt/safetensors.h"
+#include "runtime/config/hf_config.h"
+#include "runtime/hf/hf_tensors.h"
+#include "runtime/hf/hf_weights.h"
+
+namespace ferry::runtime {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct OutTensor {
+  size_t map = 0, piece = 0;  // HfLayout::tensors[map].pieces[piece]
+  int file = 0;
+  size_t index = 0;           // in its file's entries
+};
+
+std::string torch_dtype(const std::string& d) { return d == "fp32" ? "float32" : d == "bf16" ? "bfloat16" : "float16"; }
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) throw std::runtime_error(p.string() + ": not a JSON object");
+  return j;
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  File f(p.string(), File::create);
+  f.write_at(0, text.data(), text.size());
+  f.sync();
+  f.close();
+}
+
+}  // namespace
+
+HfExportReport export_hf(const std::string& checkpoint, const std::string& out, const std::string& dtype,
+                         uint64_t max_shard_bytes) {
+  if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
+    throw std::runtime_error("--dtype must be fp32, bf16 or fp16, got '" + dtype + "'");
+  }
+  if (max_shard_bytes == 0) throw std::runtime_error("--max-shard-size must be positive");
+  HfExportReport rep;
+  rep.checkpoint = fs::exists(fs::path(checkpoint) / "latest") ? resolve_resume("auto", checkpoint) : checkpoint;
+  CheckpointReader reader(rep.checkpoint);
+  rep.step = reader.step();
+  const std::vector<nn::UnitSpec> layout = reader.layout();
+  const json& model = reader.manifest().at("model");
+  const HfLayout hfl = hf_layout(model, layout);
+  rep.architecture = hf_architecture(hfl.arch);
+  if (fs::exists(fs::path(out) / "model.safetensors") || fs::exists(fs::path(out) / "model.safetensors.index.json")) {
+    throw std::runtime_error(out + ": already holds a model; choose an empty folder");
+  }
+  fs::create_directories(out);
+
+  // Which file each tensor goes to: in order, a new shard when the next tensor would pass
+  // the limit (a tensor larger than the limit gets a shard of its own, as transformers does).
+  const size_t esize = dtype == "fp32" ? 4 : 2;
+  const std::string st_dtype = dtype == "fp32" ? "F32" : dtype == "bf16" ? "BF16" : "F16";
+  std::vector<OutTensor> order;
+  std::vector<std::vector<SafetensorsEntry>> files(1);
+  uint64_t in_file = 0;
+  for (size_t m = 0; m < hfl.tensors.size(); ++m) {
+    const HfTensorMap& tm = hfl.tensors[m];
+    for (size_t p = 0; p < tm.pieces.size(); ++p) {
+      const std::vector<int64_t> shape = tm.piece_shape(tm.pieces[p]);
+      uint64_t bytes = esize;
+      for (int64_t d : shape) bytes *= static_cast<uint64_t>(d);
+      if (in_file > 0 && in_file + bytes > max_shard_bytes) {
+        files.emplace_back();
+        in_file = 0;
+      }
+      in_file += bytes;
+      files.back().push_back({tm.pieces[p].name, st_dtype, shape});
+      order.push_back({m, p, static_cast<int>(files.size() - 1), files.back().size() - 1});
+    }
+  }
+  const int nfiles = static_cast<int>(files.size());
+  auto file_name = [&](int f) {
+    if (nfiles == 1) return std::string("model.safetensors");
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", f + 1, nfiles);
+    return std::string(buf);
+  };
+  const std::map<std::string, std::string> meta = {{"format", "pt"},
+                                                   {"producer", std::string("ferry ") + kVersion},
+                                                   {"ferry_step", std::to_string(rep.step)}};
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers;
+  for (int f = 0; f < nfiles; ++f) {
+    writers.push_back(std::make_unique<SafetensorsWriter>((fs::path(out) / file_name(f)).string(),
+                                                          files[static_cast<size_t>(f)], meta));
+  }
+
+  std::vector<CheckpointReader::Read> reads;
+  for (int u = 0; u < static_cast<int>(layout.size()); ++u) reads.push_back({u, /*master*/ 0, 0, layout[static_cast<size_t>(u)].numel});
+  reader.plan(reads);
+  std::vector<float> unit_w, piece_w;
+  std::vector<uint16_t> half;
+  size_t next = 0;  // order is unit-major, as the layout
+  for (int u = 0; u < static_cast<int>(layout.size()); ++u) {
+    const nn::UnitSpec& spec = layout[static_cast<size_t>(u)];
+    unit_w.resize(static_cast<size_t>(spec.numel));
+    rep.largest_unit_bytes = std::max<uint64_t>(rep.largest_unit_bytes, unit_w.size() * 4);
+    reader.read(u, /*master*/ 0, 0, spec.numel, unit_w.data());
+    for (; next < order.size() && hfl.tensors[order[next].map].unit == u; ++next) {
+      const OutTensor& o = order[next];
+      const HfTensorMap& tm = hfl.tensors[o.map];
+      const HfPiece& p = tm.pieces[o.piece];
+      const float* src = unit_w.data() + spec.tensors[tm.tensor].offset + p.row_begin * tm.cols;
+      const int64_t n = p.rows * tm.cols;
+      if (p.transposed) {  // ferry [rows, cols] -> stored [cols, rows]
+        piece_w.resize(static_cast<size_t>(n));
+        for (int64_t r = 0; r < tm.rows; ++r)
+          for (int64_t c = 0; c < tm.cols; ++c) piece_w[static_cast<size_t>(c * tm.rows + r)] = src[r * tm.cols + c];
+        src = piece_w.data();
+      }
+      SafetensorsWriter& w = *writers[static_cast<size_t>(o.file)];
+      if (dtype == "fp32") {
+        w.write(o.index, src, static_cast<size_t>(n) * 4);
+      } else {
+        half.resize(static_cast<size_t>(n));
+        for (int64_t i = 0; i < n; ++i)
+          half[static_cast<size_t>(i)] = dtype == "bf16" ? nn::f32_to_bf16(src[i]) : nn::f32_to_f16(src[i]);
+        w.write(o.index, half.data(), half.size() * 2);
+      }
+      rep.parameters += n;
+      rep.bytes += static_cast<uint64_t>(n) * esize;
+      ++rep.tensors;
+    }
+  }
+  for (auto& w : writers) w->finish();
+  rep.files = nfiles;
+  if (nfiles > 1) {
+    json index = {{"metadata", {{"total_size", rep.bytes}}}, {"weight_map", json::object()}};
+    for (const OutTensor& o : order) {
+      index["weight_map"][hfl.tensors[o.map].pieces[o.piece].name] = file_name(o.file);
+    }
+    write_text(fs::path(out) / "model.safetensors.index.json", index.dump(2) + "\n");
+  }
+
+  // config.json: the source's, with ferry's shape keys written over it, or ferry's alone.
+  const fs::path carried = fs::path(rep.checkpoint) / "hf";
+  json config = hf_config_json(model, torch_dtype(dtype));
+  if (fs::exists(carried / "config.json")) {
+    json source = read_json(carried / "config.json");
+    source.erase("rope_parameters");  // 5.x spelling: the 4.x keys below say the same
+    if (source.contains("dtype")) source["dtype"] = torch_dtype(dtype);
+    source.update(config);
+    config = source;
+  }
+  write_text(fs::path(out) / "config.json", config.dump(2) + "\n");
+  for (const char* f : kHfSideFiles) {
+    if (std::string(f) == "config.json" || !fs::exists(carried / f)) continue;
+    fs::copy_file(carried / f, fs::path(out) / f, fs::copy_options::overwrite_existing);
+    ++rep.carried;
+  }
+  return rep;
+}
+
+}  // namespace ferry::runtime

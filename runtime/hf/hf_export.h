@@ -1,0 +1,34 @@
+// ferry export --hf: a checkpoint as a Hugging Face model folder that transformers'
+// AutoModelForCausalLM.from_pretrained loads with no conversion: config.json for the
+// architecture (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM),
+// Hugging Face's tensor names and layouts (q/k/v and gate/up split, GPT-2's Conv1D weights
+// transposed), model.safetensors or shards of at most max_shard_bytes with
+// model.safetensors.index.json, in fp32, bf16 or fp16, and the source folder's tokenizer
+// and generation files when the run started from one (the checkpoint's hf/ folder).
+// When the checkpoint carries the source config.json, its other keys (token ids, ...) are
+// kept and the shape keys are written over them.
+// Memory: one unit's master weights plus one tensor's converted copy, whatever the model.
+// Errors: CheckpointError for a refused checkpoint, std::runtime_error for the output.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ferry::runtime {
+
+struct HfExportReport {
+  int tensors = 0, files = 0;
+  int64_t parameters = 0;
+  uint64_t bytes = 0;               // of tensor data written
+  uint64_t largest_unit_bytes = 0;  // the buffer that bounded memory
+  int64_t step = 0;
+  std::string checkpoint, architecture;
+  int carried = 0;                  // side files copied from the checkpoint's hf/
+};
+
+// `checkpoint`: a step directory or a checkpoint.dir (its latest); dtype fp32|bf16|fp16;
+// `out` is created (it must not hold a model already).
+HfExportReport export_hf(const std::string& checkpoint, const std::string& out, const std::string& dtype,
+                         uint64_t max_shard_bytes);
+
+}  // namespace ferry::runtime

@@ -1,0 +1,183 @@
+#include "runtime/hf/hf_weights.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+
+#include "nn/dtype.h"
+
+namespace ferry::runtime {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* const kHfSideFiles[5] = {"config.json", "tokenizer.json", "tokenizer_config.json",
+                                     "special_tokens_map.json", "generation_config.json"};
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// The weight files of the folder: the index's files in name order, or model.safetensors.
+std::vector<std::string> weight_files(const std::string& dir) {
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    std::ifstream in(index);
+    const json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded() || !doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object()) {
+      throw std::runtime_error(index.string() + ": not a safetensors index (no weight_map object)");
+    }
+    std::set<std::string> files;
+    for (const auto& [name, file] : doc["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos) {
+        throw std::runtime_error(index.string() + ": weight_map['" + name + "'] must name a file in the folder");
+      }
+      files.insert(file.get<std::string>());
+    }
+    if (files.empty()) throw std::runtime_error(index.string() + ": weight_map is empty");
+    std::vector<std::string> out;
+    for (const std::string& f : files) out.push_back((fs::path(dir) / f).string());
+    return out;
+  }
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  if (!fs::exists(single)) {
+    const bool torch_bin = fs::exists(fs::path(dir) / "pytorch_model.bin") ||
+                           fs::exists(fs::path(dir) / "pytorch_model.bin.index.json");
+    throw std::runtime_error(dir + ": no model.safetensors or model.safetensors.index.json" +
+                             std::string(torch_bin ? " (only pytorch_model.bin: convert it to safetensors first, "
+                                                     "e.g. save_pretrained(..., safe_serialization=True))"
+                                                   : ""));
+  }
+  return {single.string()};
+}
+
+}  // namespace
+
+HfWeights::HfWeights(const std::string& dir, const json& model, const std::vector<nn::UnitSpec>& layout)
+    : dir_(dir), hf_(hf_layout(model, layout)), layout_(layout) {
+  std::map<std::string, std::pair<SafetensorsReader*, const SafetensorsEntry*>> found;
+  std::set<std::string> dtypes;
+  for (const std::string& f : weight_files(dir)) {
+    readers_.push_back(std::make_unique<SafetensorsReader>(f));
+    SafetensorsReader* r = readers_.back().get();
+    for (const SafetensorsEntry& e : r->entries()) {
+      if (!found.emplace(e.name, std::make_pair(r, &e)).second) {
+        throw std::runtime_error(f + ": tensor '" + e.name + "' is also in " + found[e.name].first->path());
+      }
+    }
+  }
+  std::set<std::string> used;
+  unit_tensors_.resize(layout.size());
+  for (size_t i = 0; i < hf_.tensors.size(); ++i) {
+    const HfTensorMap& m = hf_.tensors[i];
+    unit_tensors_[static_cast<size_t>(m.unit)].push_back(i);
+    const std::string& ferry_name = layout[static_cast<size_t>(m.unit)].tensors[m.tensor].name;
+    for (const HfPiece& p : m.pieces) {
+      const SafetensorsEntry* e = nullptr;
+      SafetensorsReader* r = nullptr;
+      for (const std::string& spelling : hf_.spellings(p.name)) {
+        if (const auto it = found.find(spelling); it != found.end()) {
+          r = it->second.first;
+          e = it->second.second;
+          break;
+        }
+      }
+      if (!e) {
+        throw std::runtime_error(dir + ": tensor '" + p.name + "' is missing (ferry's " + ferry_name + " needs it; " +
+                                 std::to_string(found.size()) + " tensors in " + std::to_string(readers_.size()) +
+                                 " file(s))");
+      }
+      if (e->shape != m.piece_shape(p)) {
+        throw std::runtime_error(r->path() + ": tensor '" + e->name + "' has shape " + shape_text(e->shape) +
+                                 " but the model of config.json needs " + shape_text(m.piece_shape(p)));
+      }
+      if (e->dtype != "F32" && e->dtype != "BF16" && e->dtype != "F16") {
+        throw std::runtime_error(r->path() + ": tensor '" + e->name + "' is " + e->dtype +
+                                 "; ferry loads F32, BF16 and F16 weights");
+      }
+      dtypes.insert(e->dtype);
+      used.insert(e->name);
+      sources_[p.name] = Source{r, e, safetensors_dtype_size(e->dtype)};
+    }
+  }
+  for (const auto& [name, where] : found) {
+    if (used.count(name) || hf_.ignorable(name)) continue;
+    throw std::runtime_error(where.first->path() + ": tensor '" + name + "' has no place in ferry's " + hf_.arch +
+                             " model (an architecture variant ferry does not compute?)");
+  }
+  for (const std::string& d : dtypes) dtypes_ += (dtypes_.empty() ? "" : ", ") + d;
+}
+
+HfWeights::~HfWeights() = default;
+
+std::string HfWeights::describe() const {
+  return dir_ + " (" + std::to_string(readers_.size()) + " safetensors file" + (readers_.size() == 1 ? "" : "s") +
+         ", " + dtypes_ + ")";
+}
+
+void HfWeights::convert(const Source& src, const void* bytes, int64_t n, float* out) const {
+  const std::string& dt = src.entry->dtype;
+  if (dt == "F32") {
+    std::memcpy(out, bytes, static_cast<size_t>(n) * 4);
+    return;
+  }
+  const auto* h = static_cast<const uint16_t*>(bytes);
+  if (dt == "BF16") {
+    for (int64_t i = 0; i < n; ++i) out[i] = nn::bf16_to_f32(h[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = nn::f16_to_f32(h[i]);
+  }
+}
+
+// Ferry elements [a, b) of tensor m (tensor-relative, inside piece p) into dst[0, b - a).
+void HfWeights::read_piece(const HfTensorMap& m, const HfPiece& p, const Source& src, int64_t a, int64_t b, float* dst) {
+  const size_t ds = src.dsize;
+  if (!p.transposed) {
+    const int64_t first = a - p.row_begin * m.cols, n = b - a;
+    bytes_.resize(static_cast<size_t>(n) * ds);
+    src.reader->read_range(*src.entry, static_cast<uint64_t>(first) * ds, bytes_.size(), bytes_.data());
+    bytes_read_ += bytes_.size();
+    convert(src, bytes_.data(), n, dst);
+    return;
+  }
+  // Stored [cols, rows]: ferry element r * cols + c is stored at c * rows + r. The ferry
+  // rows r0..r1 touched are a contiguous run in each stored row c.
+  const int64_t r0 = a / m.cols, r1 = (b - 1) / m.cols, run = r1 - r0 + 1;
+  bytes_.resize(static_cast<size_t>(run) * ds);
+  std::vector<float> vals(static_cast<size_t>(run));
+  for (int64_t c = 0; c < m.cols; ++c) {
+    src.reader->read_range(*src.entry, static_cast<uint64_t>(c * m.rows + r0) * ds, bytes_.size(), bytes_.data());
+    bytes_read_ += bytes_.size();
+    convert(src, bytes_.data(), run, vals.data());
+    for (int64_t r = r0; r <= r1; ++r) {
+      const int64_t e = r * m.cols + c;
+      if (e >= a && e < b) dst[e - a] = vals[static_cast<size_t>(r - r0)];
+    }
+  }
+}
+
+void HfWeights::fill(int unit, int64_t begin, int64_t n, float* dst) {
+  std::fill(dst, dst + n, 0.0f);
+  const nn::UnitSpec& spec = layout_.at(static_cast<size_t>(unit));
+  for (const size_t i : unit_tensors_.at(static_cast<size_t>(unit))) {
+    const HfTensorMap& m = hf_.tensors[i];
+    const nn::TensorSpec& t = spec.tensors[m.tensor];
+    const int64_t lo = std::max(begin, t.offset), hi = std::min(begin + n, t.offset + t.numel());
+    if (lo >= hi) continue;
+    for (const HfPiece& p : m.pieces) {
+      const int64_t pa = std::max(lo - t.offset, p.row_begin * m.cols);
+      const int64_t pb = std::min(hi - t.offset, (p.row_begin + p.rows) * m.cols);
+      if (pa >= pb) continue;
+      read_piece(m, p, sources_.at(p.name), pa, pb, dst + (t.offset + pa - begin));
+    }
+  }
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,69 @@
+// A Hugging Face model folder opened for streamed, sharded loading (model.init_from).
+//
+// The constructor reads config.json's companions: model.safetensors, or the shards named by
+// model.safetensors.index.json's weight_map, each file's header only. It checks, before
+// anything trains, that every tensor ferry's model needs is there with the shape the model
+// has, in F32, BF16 or F16, and that no file holds a tensor ferry would drop (tied heads'
+// copies and buffers excepted: HfLayout::ignorable). fill() copies any element range of a
+// unit's flat buffer from the files, converted to f32, reading only the bytes of that range
+// (pread; GPT-2's transposed Conv1D weights: one contiguous run per stored row), so a rank
+// that keeps a shard reads only its shard's bytes and holds nothing beyond the range.
+//
+// Errors: std::runtime_error naming the folder or file and the tensor. Threads: one thread
+// per object (fill() seeks nothing shared, but counts bytes).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "nn/unit.h"
+#include "runtime/ckpt/safetensors.h"
+#include "runtime/hf/hf_tensors.h"
+
+namespace ferry::runtime {
+
+// The files besides the weights that an export carries along.
+extern const char* const kHfSideFiles[5];  // config.json, tokenizer.json, tokenizer_config.json, ...
+
+class HfWeights {
+ public:
+  // `model`: the resolved model.* keys; `layout`: the model's units.
+  HfWeights(const std::string& dir, const nlohmann::json& model, const std::vector<nn::UnitSpec>& layout);
+  ~HfWeights();
+
+  // Writes elements [begin, begin + n) of `unit`'s flat buffer (f32) into dst; alignment
+  // padding between tensors becomes 0.
+  void fill(int unit, int64_t begin, int64_t n, float* dst);
+
+  uint64_t bytes_read() const { return bytes_read_; }
+  int files() const { return static_cast<int>(readers_.size()); }
+  // "3 files (BF16), 124439808 parameters": for the run's header.
+  std::string describe() const;
+  const std::string& dir() const { return dir_; }
+
+ private:
+  struct Source {
+    SafetensorsReader* reader = nullptr;
+    const SafetensorsEntry* entry = nullptr;
+    size_t dsize = 4;
+  };
+  void read_piece(const HfTensorMap& m, const HfPiece& p, const Source& src, int64_t a, int64_t b, float* dst);
+  void convert(const Source& src, const void* bytes, int64_t n, float* out) const;
+
+  std::string dir_;
+  HfLayout hf_;
+  std::vector<std::unique_ptr<SafetensorsReader>> readers_;
+  std::map<std::string, Source> sources_;            // by piece name
+  std::vector<std::vector<size_t>> unit_tensors_;    // per unit: indices into hf_.tensors
+  std::vector<nn::UnitSpec> layout_;
+  std::vector<char> bytes_;                          // one run's bytes, reused
+  uint64_t bytes_read_ = 0;
+  std::string dtypes_;
+};
+
+}  // namespace ferry::runtime
