@@ -360,7 +360,16 @@ BOOST_AUTO_TEST_CASE(llama_keys) {
   e = error_of([] { from(kMinimal, {"model.arch=llama", "model.n_head=128", "model.n_embd=128"}); });
   BOOST_TEST(has(e, "even head size"), e);
   e = error_of([] { from(kMinimal, {"model.n_kv_head=2"}); });
-  BOOST_TEST(has(e, "model.n_kv_head applies to model.arch 'llama' only"), e);
+  BOOST_TEST(has(e, "model.n_kv_head applies to the llama family (llama, mistral, qwen2) only"), e);
+  e = error_of([] { from(kMinimal, {"model.rope_scaling.factor=8"}); });
+  BOOST_TEST(has(e, "model.rope_scaling.factor applies to the llama family"), e);
+  e = error_of([] { from(kMinimal, {"model.arch=llama", "model.rope_scaling.low_freq_factor=2"}); });
+  BOOST_TEST(has(e, "model.rope_scaling needs model.rope_scaling.factor"), e);
+  e = error_of([] { from(kMinimal, {"model.n_positions=64", "model.block_size=128"}); });
+  BOOST_TEST(has(e, "model.block_size (128) exceeds model.n_positions (64)"), e);
+  const auto q = from(kMinimal, {"model.arch=qwen2", "model.tie_word_embeddings=true"});
+  BOOST_TEST(q.llama.qkv_bias);
+  BOOST_TEST(q.llama.tie_embeddings);
   e = error_of([] { from(kMinimal, {"model.preset=llama-8b", "data.format=uint16"}); });
   BOOST_TEST(has(e, "data.format 'uint16' holds token ids below 65536 but model.vocab_size is 128256"), e);
 }
