@@ -162,6 +162,11 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
     if (source.contains("dtype")) source["dtype"] = torch_dtype(dtype);
     source.update(config);
     config = source;
+  } else {
+    // No tokenizer came with the run: no token ids to claim (GPT2Config would default to
+    // 50256, outside a byte-level vocabulary).
+    config["bos_token_id"] = nullptr;
+    config["eos_token_id"] = nullptr;
   }
   write_text(fs::path(out) / "config.json", config.dump(2) + "\n");
   for (const char* f : kHfSideFiles) {

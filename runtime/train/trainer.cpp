@@ -128,6 +128,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), layout);
   units_ = std::make_unique<ShardedUnits>(state, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
+  loaded_rss_ = peak_resident_bytes();
   std::string warning;
   opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, state, *host_, adam_, off, pool_.get(), comm_.rank(),
                                           &warning);
@@ -249,7 +250,8 @@ void Trainer::describe_placement() {
        << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
   if (hf_) {
     out_ << "weights: from " << hf_->describe() << ", converted to fp32; this rank read "
-         << nn::format_bytes(hf_->bytes_read()) << " of them\n";
+         << nn::format_bytes(hf_->bytes_read()) << " of them; peak resident once loaded "
+         << nn::format_bytes(loaded_rss_) << "\n";
   }
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
        << "; per rank (device: " << compute_->name() << "):\n"

@@ -139,6 +139,7 @@ class Trainer {
   // device.type cuda without offload: the states live on the GPU and NCCL moves them.
   std::unique_ptr<comm::NcclCommunicator> nccl_;
   std::unique_ptr<HfWeights> hf_;  // model.init_from: the folder the weights are read from
+  size_t loaded_rss_ = 0;           // peak resident bytes once the weights were in place
   std::unique_ptr<ShardedUnits> units_;
   std::unique_ptr<TracedUnits> traced_;      // units_ with the model's compute spans traced
   std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: traced_ copied to and from the GPU
