@@ -236,8 +236,13 @@ BOOST_AUTO_TEST_CASE(loading_gives_the_same_weights_at_every_world_size_stage_an
       int world, stage;
       std::string params;
     };
-    for (const Case& k : {Case{2, 0, "none"}, Case{3, 1, "none"}, Case{2, 2, "none"}, Case{3, 3, "none"},
-                          Case{2, 3, "cpu"}, Case{3, 3, "nvme"}}) {
+    std::vector<Case> cases;
+    for (int world = 1; world <= 3; ++world) {
+      for (int stage = 0; stage <= 3; ++stage) cases.push_back({world, stage, "none"});
+      cases.push_back({world, 3, "cpu"});
+      cases.push_back({world, 3, "nvme"});
+    }
+    for (const Case& k : cases) {
       BOOST_TEST_CONTEXT(name << " at " << k.world << " ranks, stage " << k.stage << ", params " << k.params) {
         std::vector<std::string> sets = {"zero_optimization.stage=" + std::to_string(k.stage)};
         if (k.params != "none") {
