@@ -11,6 +11,7 @@
 #include "benchmarks/bench_model.h"
 #include "benchmarks/bench_report.h"
 #include "benchmarks/bench_step.h"
+#include "benchmarks/bench_tokenize.h"
 
 namespace ferry::bench {
 
@@ -25,7 +26,7 @@ const CLI::Validator kPositive(
     ">=1");
 
 struct BenchArgs {
-  std::string json_path, path, trace_path;
+  std::string json_path, path, trace_path, tokenizer, python;
   ModelBenchOptions opt;  // threads, quick, only, device, bf16 (model); threads, quick elsewhere
 };
 
@@ -42,6 +43,8 @@ int run(const std::string& name, const BenchArgs& a) {
       rc = run_step_bench(StepBenchOptions{a.path, a.opt.quick, a.trace_path}, report);
     } else if (name == "ckpt") {
       rc = run_ckpt_bench(CkptBenchOptions{a.path, a.opt.quick}, report);
+    } else if (name == "tokenize") {
+      rc = run_tokenize_bench(TokenizeBenchOptions{a.tokenizer, a.path, a.python, a.opt.threads, a.opt.quick}, report);
     } else if (name == "adam") {
       rc = run_adam_bench(AdamBenchOptions{a.opt.threads, 100'000'000, a.opt.quick}, report);
     } else {
@@ -64,7 +67,7 @@ int run(const std::string& name, const BenchArgs& a) {
 
 std::function<int()> bench_command(CLI::App& cmd) {
   auto a = std::make_shared<BenchArgs>();
-  cmd.description("measure ferry against references taken in the same run (model, comm, adam, io, ckpt, step)");
+  cmd.description("measure ferry against references taken in the same run (model, comm, adam, io, ckpt, step, tokenize)");
   cmd.require_subcommand(1);
   const auto add = [&](const char* name, const char* what) {
     CLI::App* b = cmd.add_subcommand(name, what);
@@ -93,6 +96,13 @@ std::function<int()> bench_command(CLI::App& cmd) {
   add("ckpt", "checkpoint write and read GB/s of a GPT with 1 GB of state against fio's sequential write and read")
       ->add_option("--path", a->path, "a folder on the disk to measure")
       ->required();
+  CLI::App* tokenize = add("tokenize",
+                           "encoding MB/s of a tokenizer.json on the bundled corpus at 1 and all threads; with --python, "
+                           "against Hugging Face tokenizers in the same run");
+  threads(tokenize);
+  tokenize->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: tests/data/tokenizers/llama3)");
+  tokenize->add_option("--corpus", a->path, "UTF-8 text (default: examples/data/kjv.txt)");
+  tokenize->add_option("--python", a->python, "a Python with the tokenizers package: the reference");
   CLI::App* step = add("step",
                        "a step with parameters and optimizer state on NVMe: overlapped vs sequential, and vs the "
                        "longest of its resources measured alone");

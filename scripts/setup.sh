@@ -14,6 +14,8 @@ packages=(
   libboost-test-dev
   nlohmann-json3-dev
   libcli11-dev
+  libpcre2-dev
+  libutf8proc-dev
   fio
   gnuplot-nox
 )
