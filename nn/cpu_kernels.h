@@ -12,6 +12,8 @@
 
 #include <Eigen/Core>
 
+#include "nn/dtype.h"
+
 namespace ferry::nn::cpu {
 
 template <class T>
@@ -269,7 +271,7 @@ template <class T>
 void softmax_cross_entropy_forward(T* losses, T* probs, const T* logits, const int32_t* targets,
                                    int64_t N, int64_t V) {
   for (int64_t n = 0; n < N; ++n) {
-    if (targets[n] < 0 || targets[n] >= V) {
+    if (targets[n] != kIgnoreTarget && (targets[n] < 0 || targets[n] >= V)) {
       throw std::out_of_range("softmax_cross_entropy: target " + std::to_string(targets[n]) +
                               " at row " + std::to_string(n) + " is outside [0, " +
                               std::to_string(V) + ")");
@@ -287,7 +289,7 @@ void softmax_cross_entropy_forward(T* losses, T* probs, const T* logits, const i
     const T sum = pr.sum();
     pr /= sum;
     // log-sum-exp form: exact even where probs[target] underflows.
-    losses[n] = std::log(sum) - (l[targets[n]] - mx);
+    losses[n] = targets[n] == kIgnoreTarget ? T(0) : std::log(sum) - (l[targets[n]] - mx);
   }
 }
 
@@ -296,6 +298,7 @@ void softmax_cross_entropy_backward(T* dlogits, const T* probs, const int32_t* t
                                     int64_t N, int64_t V, T dloss) {
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    if (targets[n] == kIgnoreTarget) continue;
     T* d = dlogits + n * V;
     const T* p = probs + n * V;
     for (int64_t v = 0; v < V; ++v) d[v] += dloss * p[v];

@@ -603,7 +603,9 @@ __global__ void softmax_xent_forward_kernel(Arr losses, Arr probs, Arr logits,
     st<A>(probs, row + v, exp(ld<A>(logits, row + v) - mx) / sum);
   if (threadIdx.x == 0) {
     const int32_t t = targets[n];
-    if (t < 0 || t >= V) {
+    if (t == kIgnoreTarget) {
+      st<A>(losses, n, A(0));
+    } else if (t < 0 || t >= V) {
       report(err, n, t);
     } else {
       st<A>(losses, n,
@@ -617,6 +619,7 @@ __global__ void softmax_xent_backward_kernel(Arr dlogits, Arr probs, const int32
                                              int64_t N, int64_t V, A dloss) {
   FERRY_FOR_EACH(i, N * V) {
     const int64_t n = i / V, v = i % V;
+    if (targets[n] == kIgnoreTarget) continue;
     const A onehot = v == targets[n] ? A(1) : A(0);
     st<A>(dlogits, i, ld<A>(dlogits, i) + dloss * (ld<A>(probs, i) - onehot));
   }

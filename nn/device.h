@@ -123,10 +123,12 @@ class Device {
   // GELU, tanh approximation (GPT-2).
   virtual void gelu_forward(const Tensor& out, const Tensor& inp) = 0;
   virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
-  // probs[N,V] = softmax(logits); losses[N] = -log probs[target]. targets i32[N].
+  // probs[N,V] = softmax(logits); losses[N] = -log probs[target]. targets i32[N]; a target of
+  // kIgnoreTarget (-1: a prompt or padding position) gives loss 0 and no gradient.
   virtual void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
                                              const Tensor& logits, const Tensor& targets) = 0;
-  // dlogits += dloss * (probs - onehot(target)), the same dloss for every row.
+  // dlogits += dloss * (probs - onehot(target)), the same dloss for every row; ignored rows
+  // are left as they are.
   virtual void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
                                               const Tensor& targets, double dloss) = 0;
 

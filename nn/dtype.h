@@ -64,6 +64,10 @@ inline float f16_to_f32(uint16_t u) {
 
 constexpr bool is_low_precision(DType t) { return t == DType::bf16 || t == DType::f16; }
 
+// A target id that takes no part in the loss (prompt tokens, padding): Hugging Face's -100,
+// written -1 here (ids are never negative).
+constexpr int32_t kIgnoreTarget = -1;
+
 inline float bf16_to_f32(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;

@@ -186,7 +186,7 @@ double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targe
   acts_.probs = stat({N, V});
   acts_.losses = stat({N});
   dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
-  return mean_loss(dev_, acts_.losses);
+  return mean_loss(dev_, acts_.losses, targets);
 }
 
 void GPT::backward(UnitAccess& units) {
@@ -205,7 +205,7 @@ void GPT::backward(UnitAccess& units) {
     const Tensor dlogits = act({N, V});
     dev_.fill(dlogits, 0.0);
     dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets,
-                                        loss_scale_ / static_cast<double>(N));
+                                        loss_scale_ / static_cast<double>(loss_tokens_));
     const Tensor dlnf = act({N, C});
     dev_.gemm(dlnf, dlogits, false, ue.view(wt, kWte), false, 1.0, 0.0);
     dev_.gemm(ue.view(gt, kWte), dlogits, true, acts_.lnf, false, 1.0, 1.0);

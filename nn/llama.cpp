@@ -194,7 +194,7 @@ double Llama::forward(UnitAccess& units, const Tensor& tokens, const Tensor& tar
   acts_.probs = stat({N, V});
   acts_.losses = stat({N});
   dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
-  return mean_loss(dev_, acts_.losses);
+  return mean_loss(dev_, acts_.losses, targets);
 }
 
 void Llama::backward(UnitAccess& units) {
@@ -209,7 +209,7 @@ void Llama::backward(UnitAccess& units) {
     const UnitSpec& uf = units_.back();
     const Tensor dlogits = act({N, V});
     dev_.fill(dlogits, 0.0);
-    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets, loss_scale_ / static_cast<double>(N));
+    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets, loss_scale_ / static_cast<double>(loss_tokens_));
     const Tensor dxf = act({N, C});
     if (cfg_.tie_embeddings) {
       const Tensor wt = units.acquire_weights(emb), gt = units.acquire_grads(emb);

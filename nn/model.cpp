@@ -1,5 +1,7 @@
 #include "nn/model.h"
 
+#include <algorithm>
+
 #include <stdexcept>
 
 namespace ferry::nn {
@@ -28,15 +30,22 @@ void Model::check_dtype(const char* model, DType dtype) {
   }
 }
 
-double Model::mean_loss(Device& dev, const Tensor& losses) {
+double Model::mean_loss(Device& dev, const Tensor& losses, const Tensor& targets) {
   const int64_t N = losses.numel();
   std::vector<double> host(static_cast<size_t>(N));
   const Tensor losses64 = Tensor::empty(dev, DType::f64, {N});
   dev.cast(losses64, losses);
   dev.copy_to_host(host.data(), losses64);
+  std::vector<int32_t> ids(static_cast<size_t>(N));
+  dev.copy_to_host(ids.data(), targets);
   double sum = 0;
-  for (double v : host) sum += v;
-  return sum / static_cast<double>(N);
+  int64_t counted = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    sum += host[static_cast<size_t>(i)];  // ignored rows hold 0
+    counted += ids[static_cast<size_t>(i)] != kIgnoreTarget;
+  }
+  loss_tokens_ = std::max<int64_t>(1, counted);
+  return sum / static_cast<double>(loss_tokens_);
 }
 
 void Model::write_values(Device& dev, const Tensor& view, const std::vector<double>& host) {

@@ -45,8 +45,11 @@ class Model {
   // tokens (and targets, when given) hold B*T ids.
   static void check_batch(const char* model, int64_t block_size, const Tensor& tokens, const Tensor& targets,
                           int64_t B, int64_t T);
-  // The mean of losses[N], summed in double on the host in row order.
-  static double mean_loss(Device& dev, const Tensor& losses);
+  // The mean of losses[N] over the rows whose target is not kIgnoreTarget (at least one
+  // row counts, so a batch of only ignored targets gives 0), summed in double on the host in
+  // row order; sets loss_tokens_, which backward divides by.
+  double mean_loss(Device& dev, const Tensor& losses, const Tensor& targets);
+  int64_t loss_tokens_ = 1;
   // Writes `host` (f64, view.numel() values) into `view`, cast to its dtype.
   static void write_values(Device& dev, const Tensor& view, const std::vector<double>& host);
 };

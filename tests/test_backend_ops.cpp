@@ -192,7 +192,8 @@ void check_case(nn::Device& dev, const OpCase& c, bool low, uint64_t seed) {
     const DType t = dtype_for(b.role, low, false);
     std::vector<double> v(static_cast<size_t>(nn::shape_numel(b.shape)));
     for (double& x : v) {
-      x = b.role == Role::ids ? static_cast<double>(rng.below(static_cast<uint64_t>(b.hi)))
+      // ids in [lo, hi): lo -1 mixes in kIgnoreTarget
+      x = b.role == Role::ids ? static_cast<double>(rng.below(static_cast<uint64_t>(b.hi - b.lo))) + b.lo
                               : round_to(t, b.lo + (b.hi - b.lo) * rng.uniform());
     }
     values.push_back(std::move(v));
@@ -434,6 +435,24 @@ std::vector<OpCase> all_cases() {
                 {{Role::act, {N, V}, true, true},
                  {Role::stat, {N, V}, false, false, 0, 0.1},
                  {Role::ids, {N}, false, false, 0, V}},
+                [](D& d, const Ts& t) {
+                  d.softmax_cross_entropy_backward(t[0], t[1], t[2], 1.0 / N);
+                  return NAN;
+                }});
+  // Targets kIgnoreTarget (-1) among the others: loss 0 and no gradient on those rows.
+  cs.push_back({"softmax_cross_entropy_forward (ignored targets)",
+                {{Role::stat, {N}, true},
+                 {Role::stat, {N, V}, true},
+                 {Role::act, {N, V}, false, false, -6, 6},
+                 {Role::ids, {N}, false, false, -1, V}},
+                [](D& d, const Ts& t) {
+                  d.softmax_cross_entropy_forward(t[0], t[1], t[2], t[3]);
+                  return NAN;
+                }});
+  cs.push_back({"softmax_cross_entropy_backward (ignored targets)",
+                {{Role::act, {N, V}, true, true},
+                 {Role::stat, {N, V}, false, false, 0, 0.1},
+                 {Role::ids, {N}, false, false, -1, 4}},  // most rows ignored
                 [](D& d, const Ts& t) {
                   d.softmax_cross_entropy_backward(t[0], t[1], t[2], 1.0 / N);
                   return NAN;

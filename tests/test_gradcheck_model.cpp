@@ -4,6 +4,8 @@
 #define BOOST_TEST_MODULE gradcheck_model
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
+
 #include "nn/cpu_device.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
@@ -132,5 +134,59 @@ BOOST_AUTO_TEST_CASE(llama_gradient_matches_finite_differences) {
   for (size_t u = 0; u < units.grads.size(); ++u) {
     const std::vector<double> ck(units.grads[u].data_as<double>(), units.grads[u].data_as<double>() + units.grads[u].numel());
     BOOST_TEST(ck == plain[u], boost::test_tools::per_element());
+  }
+}
+
+// The Llama variants a Hugging Face folder brings: Qwen2's q/k/v biases, a head tied to the
+// token embedding (it gets gradient from the head and the input), Llama 3's rope scaling;
+// and a loss over only some positions (targets kIgnoreTarget are prompt or padding: the
+// loss is the mean over the others, and the ignored ones give no gradient). GPT-2 too.
+BOOST_AUTO_TEST_CASE(llama_variants_and_ignored_targets) {
+  nn::CpuDevice dev(1 << 28);
+  nn::LlamaConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_kv_head = 1;
+  cfg.n_embd = 12;
+  cfg.intermediate = 10;
+  cfg.vocab_size = 11;
+  cfg.block_size = 7;
+  cfg.qkv_bias = true;
+  cfg.tie_embeddings = true;
+  cfg.rope_theta = 500.0;
+  cfg.rope_factor = 4.0;
+  cfg.rope_original_max_positions = 4;
+  nn::Llama llama(cfg, dev, DType::f64);
+  nn::GPT gpt(nn::GPTConfig{1, 2, 8, 11, 7}, dev, DType::f64);
+  for (nn::Model* model : {static_cast<nn::Model*>(&llama), static_cast<nn::Model*>(&gpt)}) {
+    nn::ResidentUnits units(dev, DType::f64, model->units());
+    for (int u = 0; u < model->num_units(); ++u) model->init_unit(u, units.weights[static_cast<size_t>(u)], 7);
+    for (Tensor& w : units.weights) dev.accumulate(w, test::random_tensor(dev, DType::f64, w.shape(), 97, 0.3));
+    const int64_t B = 2, T = 5;
+    Tensor tokens = Tensor::empty(dev, DType::i32, {B * T}), targets = Tensor::empty(dev, DType::i32, {B * T});
+    nn::Rng rng(5);
+    for (int64_t i = 0; i < B * T; ++i) {
+      tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+      // The first 3 positions of each row are "prompt".
+      targets.data_as<int32_t>()[i] = i % T < 3 ? nn::kIgnoreTarget : static_cast<int32_t>(rng.below(11));
+    }
+    auto loss = [&] { return model->forward(units, tokens, targets, B, T); };
+    const double l0 = loss();
+    // The mean over the 4 counted positions: their losses from the kernel, summed here.
+    const Tensor& logits = model->logits();
+    double sum = 0;
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int32_t t = targets.data_as<int32_t>()[i];
+      if (t == nn::kIgnoreTarget) continue;
+      const double* row = logits.data_as<double>() + i * 11;
+      double mx = row[0], z = 0;
+      for (int v = 0; v < 11; ++v) mx = std::max(mx, row[v]);
+      for (int v = 0; v < 11; ++v) z += std::exp(row[v] - mx);
+      sum += std::log(z) + mx - row[t];
+    }
+    BOOST_TEST(l0 == sum / 4.0, boost::test_tools::tolerance(1e-12));
+    model->backward(units);
+    const double worst = check_every_tensor(*model, units, loss);
+    BOOST_TEST_MESSAGE(model->describe() << ": worst relative error " << worst);
   }
 }
