@@ -7,6 +7,8 @@
 #include <fstream>
 #include <set>
 
+#include "nn/dtype.h"
+#include "runtime/text/tokenizer.h"
 #include "runtime/train/data.h"
 
 using namespace ferry::runtime;
@@ -14,10 +16,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<uint16_t> counting(size_t n, uint16_t mod) {
-  std::vector<uint16_t> t(n);
-  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>(i % mod);
+std::vector<uint32_t> counting(size_t n, uint32_t mod) {
+  std::vector<uint32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint32_t>(i % mod);
   return t;
+}
+
+DataOptions opts(const fs::path& path, const std::string& format, int64_t vocab, double val = 0.0) {
+  DataOptions o;
+  o.path = path.string();
+  o.format = format;
+  o.vocab_size = vocab;
+  o.val_fraction = val;
+  return o;
 }
 
 struct TempDir {
@@ -36,7 +47,7 @@ BOOST_AUTO_TEST_CASE(byte_tokenizer_round_trips) {
   BOOST_TEST(tokens[17] == 0xc3);
   BOOST_TEST(ByteTokenizer::decode(tokens) == text);
   // A lone continuation byte is not valid UTF-8: replaced, not passed through.
-  BOOST_TEST(ByteTokenizer::decode(std::vector<uint16_t>{'a', 0x80, 'b'}) == "a\xef\xbf\xbd" "b");
+  BOOST_TEST(ByteTokenizer::decode(std::vector<uint32_t>{'a', 0x80, 'b'}) == "a\xef\xbf\xbd" "b");
 }
 
 BOOST_AUTO_TEST_CASE(token_files_load_and_errors_name_the_path) {
@@ -49,13 +60,13 @@ BOOST_AUTO_TEST_CASE(token_files_load_and_errors_name_the_path) {
     out.write(reinterpret_cast<const char*>(bytes), sizeof bytes);
     std::ofstream(odd, std::ios::binary) << "abc";
   }
-  TokenData t = TokenData::load(text.string(), "text", 256, 0.0);
+  TokenData t = TokenData::load(opts(text, "text", 256));
   BOOST_TEST(t.train().size() == 11u);
-  TokenData u = TokenData::load(u16.string(), "uint16", 0x2000, 0.0);
+  TokenData u = TokenData::load(opts(u16, "uint16", 0x2000));
   BOOST_TEST(u.train().size() == 3u);
   BOOST_TEST(u.train()[1] == 0x1234);
   try {
-    TokenData::load(u16.string(), "uint16", 256, 0.0);
+    TokenData::load(opts(u16, "uint16", 256));
     BOOST_FAIL("token above the vocabulary accepted");
   } catch (const std::runtime_error& e) {
     const std::string m = e.what();
@@ -63,12 +74,12 @@ BOOST_AUTO_TEST_CASE(token_files_load_and_errors_name_the_path) {
     BOOST_TEST(m.find("token 4660 at index 1") != std::string::npos, m);
   }
   try {
-    TokenData::load(odd.string(), "uint16", 256, 0.0);
+    TokenData::load(opts(odd, "uint16", 256));
     BOOST_FAIL("odd-sized uint16 file accepted");
   } catch (const std::runtime_error& e) {
     BOOST_TEST(std::string(e.what()).find("even size") != std::string::npos);
   }
-  BOOST_CHECK_THROW(TokenData::load((dir.path / "missing").string(), "text", 256, 0.0), std::runtime_error);
+  BOOST_CHECK_THROW(TokenData::load(opts(dir.path / "missing", "text", 256)), std::runtime_error);
 }
 
 BOOST_AUTO_TEST_CASE(split_and_sampler) {
@@ -116,8 +127,107 @@ BOOST_AUTO_TEST_CASE(short_corpus_is_refused) {
 
 BOOST_AUTO_TEST_CASE(unigram_baseline_is_the_cross_entropy_of_frequencies) {
   // Train: 'a' x 6, 'b' x 2; validation: "ab". Add-one over vocab 4: p(a) = 7/12, p(b) = 3/12.
-  std::vector<uint16_t> t = {0, 0, 0, 1, 0, 1, 0, 0, 0, 1};
+  std::vector<uint32_t> t = {0, 0, 0, 1, 0, 1, 0, 0, 0, 1};
   TokenData data(t, 0.2, "mem");
   const double want = -(std::log(7.0 / 12) + std::log(3.0 / 12)) / 2;
   BOOST_TEST(unigram_baseline(data, 4) == want, boost::test_tools::tolerance(1e-12));
+}
+
+// JSONL records: prompt/completion and text, the prompt masked, EOS appended, one record
+// per row padded with ignored targets, epochs that visit every record once, the same
+// global batch at any world size; bad lines named.
+BOOST_AUTO_TEST_CASE(jsonl_records_masks_and_epochs) {
+  TempDir dir;
+  const fs::path f = dir.path / "ft.jsonl";
+  {
+    std::ofstream out(f);
+    out << R"({"prompt": "Q: 1+1?", "completion": " A: 2"})" << "\n\n";  // a blank line is skipped
+    for (int i = 0; i < 9; ++i) out << R"({"text": "rec )" << i << R"("})" << "\n";
+    out << R"({"prompt": "last ", "completion": "one"})";  // no final newline
+  }
+  DataOptions o = opts(f, "jsonl", 300, 0.1);
+  o.eos = 299;
+  const TokenData d = TokenData::load(o);
+  BOOST_TEST(d.records());
+  BOOST_TEST(d.num_records(false) == 10u);
+  BOOST_TEST(d.num_records(true) == 1u);
+  const TokenData::Record r0 = d.record(false, 0);
+  BOOST_TEST(r0.tokens.size() == 7u + 5u + 1u);  // bytes of the prompt, of the completion, EOS
+  BOOST_TEST(r0.tokens.back() == 299u);
+  for (size_t t = 0; t < r0.tokens.size(); ++t) BOOST_TEST(r0.counted[t] == (t >= 7 ? 1 : 0));
+  // Counted: each completion token and EOS where it is a target: 5 + 1 of record 0, every
+  // token but the first of each text record (9 x (4 + 1 EOS)), 3 + 1 of the last.
+  BOOST_TEST(d.counted_tokens() == 6 + 9 * 5 + 4);
+  BatchSampler s(d, 3, 2, 8);
+  BOOST_TEST(s.truncated_records() == 1);  // record 0's 13 tokens > 9
+  const Batch v = s.val_batch(0);  // the last record, "last one" + EOS: 9 tokens
+  for (int64_t t = 0; t < 8; ++t) {
+    const int32_t want = t < 4 ? ferry::nn::kIgnoreTarget : static_cast<int32_t>(d.record(true, 0).tokens[static_cast<size_t>(t + 1)]);
+    BOOST_TEST(v.targets[static_cast<size_t>(t)] == want);
+  }
+  // A short record: padding after its end has ignored targets.
+  bool padded = false;
+  for (int64_t step = 0; step < 5 && !padded; ++step) {
+    const Batch b = s.train_batch(step, 0, 0, 1, 1);
+    for (int64_t row = 0; row < 2; ++row)
+      padded |= b.targets[static_cast<size_t>(row * 8 + 7)] == ferry::nn::kIgnoreTarget;
+  }
+  BOOST_TEST(padded);
+  // One epoch (10 records, 2 per step x 1 rank) visits every record once.
+  std::multiset<std::vector<int32_t>> epoch, all;
+  for (int64_t step = 0; step < 5; ++step) {
+    const Batch b = s.train_batch(step, 0, 0, 1, 1);
+    for (int64_t row = 0; row < 2; ++row) epoch.insert({b.inputs.begin() + row * 8, b.inputs.begin() + row * 8 + 8});
+  }
+  for (size_t r = 0; r < 10; ++r) {
+    Batch one{1, 8, std::vector<int32_t>(8), std::vector<int32_t>(8)};
+    const TokenData::Record rec = d.record(false, r);
+    for (size_t t = 0; t < 8; ++t) one.inputs[t] = t < rec.tokens.size() ? static_cast<int32_t>(rec.tokens[t]) : 0;
+    all.insert(one.inputs);
+  }
+  BOOST_TEST((epoch == all));
+  // World 2 with 1 micro-batch of 1 reads what world 1 with 2 micro-batches of 1 reads.
+  BatchSampler one(d, 3, 1, 8);
+  std::multiset<std::vector<int32_t>> w1, w2;
+  for (int64_t step = 0; step < 7; ++step) {
+    for (int64_t m = 0; m < 2; ++m) w1.insert(one.train_batch(step, m, 0, 1, 2).inputs);
+    for (int r = 0; r < 2; ++r) w2.insert(one.train_batch(step, 0, r, 2, 1).inputs);
+  }
+  BOOST_TEST((w1 == w2));
+  // mask_prompt off: the prompt counts too.
+  o.mask_prompt = false;
+  BOOST_TEST(TokenData::load(o).counted_tokens() == d.counted_tokens() + 6 + 4);  // the prompts' tokens after their first
+  // Bad lines, named.
+  auto error = [&](const std::string& text) {
+    std::ofstream(f) << text;
+    try {
+      TokenData::load(o);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  BOOST_TEST(error("{\"text\": \"ok\"}\n{broken\n").find("ft.jsonl': line 2: not a JSON object") != std::string::npos);
+  BOOST_TEST(error("{\"prompt\": \"p\"}").find("line 1: \"completion\" must be a string") != std::string::npos);
+  BOOST_TEST(error("{\"x\": 1}").find("line 1: a record needs \"text\"") != std::string::npos);
+  BOOST_TEST(error("{\"messages\": []}").find("line 1: \"messages\" records need the model's chat template") != std::string::npos);
+  BOOST_TEST(error("\n\n").find("no records") != std::string::npos);
+  BOOST_TEST(error("{\"text\": \"\xff\"}").find("line 1: not a JSON object") != std::string::npos);  // not UTF-8
+}
+
+// Text through a Hugging Face tokenizer: the ids the tokenizer gives, decoded back.
+BOOST_AUTO_TEST_CASE(text_through_a_tokenizer) {
+  TempDir dir;
+  const fs::path f = dir.path / "c.txt";
+  std::ofstream(f) << "In the beginning God created the heaven and the earth.\n";
+  DataOptions o = opts(f, "text", 1100);
+  o.tokenizer = std::make_shared<ferry::text::Tokenizer>(
+      ferry::text::Tokenizer::from_file(std::string(FERRY_SOURCE_DIR) + "/tests/data/tokenizers/llama3/tokenizer.json"));
+  const TokenData d = TokenData::load(o);
+  const std::vector<int32_t> want = o.tokenizer->encode("In the beginning God created the heaven and the earth.\n", false);
+  BOOST_TEST(d.train().size() == want.size());
+  BOOST_TEST(d.train().size() < 30u);  // merges, not bytes
+  BOOST_TEST(d.decode(d.train()) == "In the beginning God created the heaven and the earth.\n");
+  o.vocab_size = 500;  // ids above it are refused
+  BOOST_CHECK_THROW(TokenData::load(o), std::runtime_error);
 }

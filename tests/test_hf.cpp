@@ -368,8 +368,7 @@ BOOST_AUTO_TEST_CASE(fine_tuning_starts_at_the_imported_loss_and_falls) {
       // The first step's batch, scored by the imported weights outside the trainer.
       nn::CpuDevice dev(size_t{64} << 20, 1);
       Imported m = import(c, dev);
-      const runtime::TokenData data = runtime::TokenData::load(c.data.path, c.data.format, c.model.vocab_size,
-                                                               c.data.val_fraction);
+      const runtime::TokenData data = runtime::TokenData::load(runtime::data_options(c));
       const runtime::BatchSampler sampler(data, c.data.seed, c.micro_batch, c.model.block_size);
       double first = 0;
       for (int rank = 0; rank < 2; ++rank) {

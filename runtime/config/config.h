@@ -48,6 +48,8 @@ struct Config {
     std::string path, format = "text";
     uint64_t seed = 1234;
     double val_fraction = 0.05;
+    std::string tokenizer = "auto";  // auto | bytes | a tokenizer.json
+    bool mask_prompt = true;
   } data;
   struct {
     std::string type = "cpu";

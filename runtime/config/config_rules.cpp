@@ -27,9 +27,10 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
                      ")");
   }
   if (c.data.path.empty()) fail(source, "key 'data.path' is required (the training corpus)");
-  if (c.data.format == "text" && c.model.vocab_size < 256) {
-    fail(source, "data.format 'text' is byte-level and needs model.vocab_size >= 256, got " +
-                     std::to_string(c.model.vocab_size));
+  const bool bytes = c.data.tokenizer == "bytes" || (c.data.tokenizer == "auto" && c.init_from.empty());
+  if (c.data.format != "uint16" && bytes && c.model.vocab_size < 256) {
+    fail(source, "data.format '" + c.data.format + "' with bytes as tokens (data.tokenizer " + c.data.tokenizer +
+                     ") needs model.vocab_size >= 256, got " + std::to_string(c.model.vocab_size));
   }
   if (c.data.format == "uint16" && c.model.vocab_size > 65536) {
     fail(source, "data.format 'uint16' holds token ids below 65536 but model.vocab_size is " +

@@ -206,7 +206,15 @@ const std::vector<Knob>& config_knobs() {
        "fp16: refill the hysteresis on every step without overflow (else only when the scale doubles)"},
       {"fp16.min_loss_scale", F(loss_scaling.min_scale), KnobType::number, 1.0, "fp16: the scale never goes below this; an overflow there stops the run", 0, {}, true},
       {"data.path", F(data.path), KnobType::path, nullptr, "training corpus (required)"},
-      {"data.format", F(data.format), KnobType::string, "text", "text: bytes are tokens; uint16: little-endian token ids", {}, {}, false, {"text", "uint16"}},
+      {"data.format", F(data.format), KnobType::string, "text",
+       "text: a corpus, through data.tokenizer; uint16: little-endian token ids; jsonl: fine-tuning records, "
+       "{\"text\"} or {\"prompt\", \"completion\"} per line, one record per row of a batch", {}, {}, false,
+       {"text", "uint16", "jsonl"}},
+      {"data.tokenizer", F(data.tokenizer), KnobType::string, "auto",
+       "auto: model.init_from's tokenizer.json when there is one, else bytes; bytes: every byte a token "
+       "(vocabulary 256); or the path of a Hugging Face tokenizer.json"},
+      {"data.mask_prompt", F(data.mask_prompt), KnobType::boolean, true,
+       "jsonl: the loss counts only the completion's tokens (and EOS), not the prompt's"},
       {"data.seed", F(data.seed), KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},
       {"data.val_fraction", F(data.val_fraction), KnobType::number, 0.05, "tail of the corpus held out for validation", 0, 0.5, true},
       {"device.type", F(device.type), KnobType::string, "cpu",

@@ -1,22 +1,26 @@
 #include "runtime/train/data.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
+#include "nn/dtype.h"
 #include "nn/rng.h"
+#include "runtime/text/tokenizer.h"
 
 namespace ferry::runtime {
 
-std::vector<uint16_t> ByteTokenizer::encode(std::string_view text) {
-  std::vector<uint16_t> out(text.size());
+std::vector<uint32_t> ByteTokenizer::encode(std::string_view text) {
+  std::vector<uint32_t> out(text.size());
   for (size_t i = 0; i < text.size(); ++i) out[i] = static_cast<unsigned char>(text[i]);
   return out;
 }
 
-std::string ByteTokenizer::decode(std::span<const uint16_t> tokens) {
+std::string ByteTokenizer::decode(std::span<const uint32_t> tokens) {
   std::string bytes;
-  for (uint16_t t : tokens) bytes.push_back(static_cast<char>(t & 0xff));
+  for (uint32_t t : tokens) bytes.push_back(static_cast<char>(t & 0xff));
   // Keep well-formed UTF-8 sequences, replace anything else.
   std::string out;
   for (size_t i = 0; i < bytes.size();) {
@@ -35,44 +39,105 @@ std::string ByteTokenizer::decode(std::span<const uint16_t> tokens) {
   return out;
 }
 
-TokenData TokenData::load(const std::string& path, const std::string& format, int64_t vocab_size,
-                          double val_fraction) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("data.path: cannot open '" + path + "'");
+// JSONL records: data_jsonl.cpp.
+TokenData load_jsonl(const DataOptions& o, const std::string& bytes);
+
+TokenData TokenData::load(const DataOptions& o) {
+  std::ifstream in(o.path, std::ios::binary);
+  if (!in) throw std::runtime_error("data.path: cannot open '" + o.path + "'");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<uint16_t> tokens;
-  if (format == "text") {
-    tokens = ByteTokenizer::encode(bytes);
-  } else if (format == "uint16") {
+  if (o.format == "jsonl") {
+    TokenData d = load_jsonl(o, bytes);
+    d.tokenizer_ = o.tokenizer;
+    return d;
+  }
+  std::vector<uint32_t> tokens;
+  if (o.format == "text") {
+    if (o.tokenizer) {
+      try {
+        const std::vector<int32_t> ids = o.tokenizer->encode(bytes, /*add_special_tokens=*/false);
+        tokens.assign(ids.begin(), ids.end());
+      } catch (const text::TokenizerError& e) {
+        throw std::runtime_error("data.path '" + o.path + "': " + e.what());
+      }
+    } else {
+      tokens = ByteTokenizer::encode(bytes);
+    }
+  } else if (o.format == "uint16") {
     if (bytes.size() % 2 != 0) {
-      throw std::runtime_error("data.path '" + path + "': a uint16 token file must have an even size, it has " +
+      throw std::runtime_error("data.path '" + o.path + "': a uint16 token file must have an even size, it has " +
                                std::to_string(bytes.size()) + " bytes");
     }
     tokens.resize(bytes.size() / 2);
     for (size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = static_cast<uint16_t>(static_cast<unsigned char>(bytes[2 * i]) |
+      tokens[i] = static_cast<uint32_t>(static_cast<unsigned char>(bytes[2 * i]) |
                                         (static_cast<unsigned char>(bytes[2 * i + 1]) << 8));
     }
   } else {
-    throw std::runtime_error("data.format: unknown format '" + format + "'");
+    throw std::runtime_error("data.format: unknown format '" + o.format + "'");
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= vocab_size) {
-      throw std::runtime_error("data.path '" + path + "': token " + std::to_string(tokens[i]) + " at index " +
-                               std::to_string(i) + " is not below model.vocab_size " + std::to_string(vocab_size));
+    if (tokens[i] >= o.vocab_size) {
+      throw std::runtime_error("data.path '" + o.path + "': token " + std::to_string(tokens[i]) + " at index " +
+                               std::to_string(i) + " is not below model.vocab_size " + std::to_string(o.vocab_size));
     }
   }
-  return TokenData(std::move(tokens), val_fraction, path);
+  TokenData d(std::move(tokens), o.val_fraction, o.path);
+  d.tokenizer_ = o.tokenizer;
+  return d;
 }
 
-TokenData::TokenData(std::vector<uint16_t> tokens, double val_fraction, std::string source)
+TokenData::TokenData(std::vector<uint32_t> tokens, double val_fraction, std::string source)
     : tokens_(std::move(tokens)), source_(std::move(source)) {
   const auto n_val = static_cast<size_t>(std::llround(val_fraction * static_cast<double>(tokens_.size())));
   n_train_ = tokens_.size() - std::min(n_val, tokens_.size());
 }
 
+TokenData::Record TokenData::record(bool val, size_t index) const {
+  const size_t i = (val ? n_train_records_ : 0) + index;
+  const size_t b = starts_.at(i), e = starts_.at(i + 1);
+  return {{tokens_.data() + b, e - b}, {counted_.data() + b, e - b}};
+}
+
+int64_t TokenData::counted_tokens() const {
+  if (!records()) return static_cast<int64_t>(tokens_.size());
+  int64_t n = 0;
+  for (size_t r = 0; r + 1 < starts_.size(); ++r)
+    for (size_t t = starts_[r] + 1; t < starts_[r + 1]; ++t) n += counted_[t];  // a record's first token is no target
+  return n;
+}
+
+std::string TokenData::decode(std::span<const uint32_t> tokens) const {
+  if (!tokenizer_) return ByteTokenizer::decode(tokens);
+  return tokenizer_->decode(std::vector<int32_t>(tokens.begin(), tokens.end()), /*skip_special_tokens=*/false);
+}
+
+std::string TokenData::describe() const {
+  std::ostringstream s;
+  s << source_ << ": ";
+  if (records()) {
+    s << num_records(false) << " training and " << num_records(true) << " validation records, " << tokens_.size()
+      << " tokens of which " << counted_tokens() << " are trained on";
+  } else {
+    s << train().size() << " training and " << val().size() << " validation tokens";
+  }
+  s << (tokenizer_ ? " (the model's tokenizer)" : " (bytes as tokens)");
+  return s.str();
+}
+
 BatchSampler::BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int64_t T)
     : data_(data), seed_(seed), B_(B), T_(T) {
+  if (data.records()) {
+    if (data.num_records(false) == 0 || data.num_records(true) == 0) {
+      throw std::runtime_error("data '" + data.source() + "': " + std::to_string(data.num_records(false)) +
+                               " training and " + std::to_string(data.num_records(true)) +
+                               " validation records; each split needs one at least (data.val_fraction)");
+    }
+    for (bool val : {false, true})
+      for (size_t r = 0; r < data.num_records(val); ++r)
+        truncated_ += static_cast<int64_t>(data.record(val, r).tokens.size()) > T + 1;
+    return;
+  }
   const auto need = static_cast<size_t>(T + 1);
   if (data.train().size() < need || data.val().size() < need) {
     throw std::runtime_error("data '" + data.source() + "': the train split (" + std::to_string(data.train().size()) +
@@ -81,7 +146,7 @@ BatchSampler::BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int6
   }
 }
 
-Batch BatchSampler::make(std::span<const uint16_t> split, uint64_t stream, uint64_t a, uint64_t first_seq) const {
+Batch BatchSampler::make(std::span<const uint32_t> split, uint64_t stream, uint64_t a, uint64_t first_seq) const {
   Batch batch;
   batch.B = B_;
   batch.T = T_;
@@ -92,29 +157,64 @@ Batch BatchSampler::make(std::span<const uint16_t> split, uint64_t stream, uint6
     nn::Rng rng = nn::Rng::derive({seed_, stream, a, first_seq + static_cast<uint64_t>(b)});
     const uint64_t off = rng.below(starts);
     for (int64_t t = 0; t < T_; ++t) {
-      batch.inputs[static_cast<size_t>(b * T_ + t)] = split[off + static_cast<uint64_t>(t)];
-      batch.targets[static_cast<size_t>(b * T_ + t)] = split[off + static_cast<uint64_t>(t) + 1];
+      batch.inputs[static_cast<size_t>(b * T_ + t)] = static_cast<int32_t>(split[off + static_cast<uint64_t>(t)]);
+      batch.targets[static_cast<size_t>(b * T_ + t)] = static_cast<int32_t>(split[off + static_cast<uint64_t>(t) + 1]);
     }
   }
   return batch;
 }
 
-Batch BatchSampler::train_batch(int64_t step, int64_t micro, int rank, int world) const {
+void BatchSampler::fill_row(Batch& batch, int64_t row, const TokenData::Record& r) const {
+  const auto L = static_cast<int64_t>(r.tokens.size());
+  for (int64_t t = 0; t < T_; ++t) {
+    const auto i = static_cast<size_t>(row * T_ + t);
+    batch.inputs[i] = t < L ? static_cast<int32_t>(r.tokens[static_cast<size_t>(t)]) : 0;  // padding: any id
+    const bool counts = t + 1 < L && r.counted[static_cast<size_t>(t + 1)];
+    batch.targets[i] = counts ? static_cast<int32_t>(r.tokens[static_cast<size_t>(t + 1)]) : nn::kIgnoreTarget;
+  }
+}
+
+const std::vector<uint32_t>& BatchSampler::permutation(uint64_t epoch) const {
+  if (epoch != perm_epoch_) {
+    const size_t n = data_.num_records(false);
+    perm_.resize(n);
+    for (size_t i = 0; i < n; ++i) perm_[i] = static_cast<uint32_t>(i);
+    nn::Rng rng = nn::Rng::derive({seed_, /*stream=*/2, epoch});
+    for (size_t i = n; i > 1; --i) std::swap(perm_[i - 1], perm_[rng.below(i)]);  // Fisher-Yates
+    perm_epoch_ = epoch;
+  }
+  return perm_;
+}
+
+Batch BatchSampler::train_batch(int64_t step, int64_t micro, int rank, int world, int64_t accum) const {
   const auto first = static_cast<uint64_t>((micro * world + rank) * B_);
-  return make(data_.train(), /*stream=*/0, static_cast<uint64_t>(step), first);
+  if (!data_.records()) return make(data_.train(), /*stream=*/0, static_cast<uint64_t>(step), first);
+  Batch batch{B_, T_, std::vector<int32_t>(static_cast<size_t>(B_ * T_)), std::vector<int32_t>(static_cast<size_t>(B_ * T_))};
+  const auto per_step = static_cast<uint64_t>(B_ * world * accum);
+  const uint64_t n = data_.num_records(false);
+  for (int64_t b = 0; b < B_; ++b) {
+    const uint64_t g = static_cast<uint64_t>(step) * per_step + first + static_cast<uint64_t>(b);
+    fill_row(batch, b, data_.record(false, permutation(g / n)[g % n]));
+  }
+  return batch;
 }
 
 Batch BatchSampler::val_batch(int64_t index) const {
-  return make(data_.val(), /*stream=*/1, static_cast<uint64_t>(index), 0);
+  if (!data_.records()) return make(data_.val(), /*stream=*/1, static_cast<uint64_t>(index), 0);
+  Batch batch{B_, T_, std::vector<int32_t>(static_cast<size_t>(B_ * T_)), std::vector<int32_t>(static_cast<size_t>(B_ * T_))};
+  for (int64_t b = 0; b < B_; ++b) {
+    fill_row(batch, b, data_.record(true, static_cast<size_t>(index * B_ + b) % data_.num_records(true)));
+  }
+  return batch;
 }
 
 double unigram_baseline(const TokenData& data, int64_t vocab_size) {
   std::vector<double> counts(static_cast<size_t>(vocab_size), 1.0);
-  for (uint16_t t : data.train()) counts[t] += 1.0;
+  for (uint32_t t : data.train()) counts[t] += 1.0;
   const double total = static_cast<double>(data.train().size()) + static_cast<double>(vocab_size);
   double nll = 0;
-  for (uint16_t t : data.val()) nll -= std::log(counts[t] / total);
-  return nll / static_cast<double>(data.val().size());
+  for (uint32_t t : data.val()) nll -= std::log(counts[t] / total);
+  return nll / static_cast<double>(std::max<size_t>(1, data.val().size()));
 }
 
 }  // namespace ferry::runtime

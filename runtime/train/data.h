@@ -1,68 +1,120 @@
-// Training data: a byte-level tokenizer, token files, a train/validation split and a
-// deterministic batch sampler.
+// Training data: byte-level or Hugging Face tokenizers, token streams, JSONL fine-tuning
+// records with loss masks, a train/validation split and a deterministic batch sampler.
 //
-// Batches are a pure function of (seed, step, sequence index): sequence i of a step starts
-// at an offset drawn from Rng::derive({seed, step, i}). Rank r's micro-batch m holds the
-// global sequence indices (m * world + r) * B + b, so the same global batch is read
-// whatever the world size and the accumulation steps that make it up.
+// Two kinds of data:
+// - a stream (data.format text or uint16): one token sequence; sequence i of a step is a
+//   window of block_size + 1 tokens at an offset drawn from Rng::derive({seed, step, i});
+// - records (data.format jsonl): one line per example, {"text": ...} or {"prompt": ...,
+//   "completion": ...}, each encoded to tokens (plus the tokenizer's EOS when it has one)
+//   with a per-token flag: does the loss count when this token is the target. With
+//   mask_prompt the prompt's tokens do not count (only the completion is learnt). A row of
+//   a batch holds one record, cut at block_size + 1 tokens and padded after its end; padding
+//   and uncounted targets are kIgnoreTarget, so the loss is the mean over counted tokens.
+//   Training records are visited in epochs, each a permutation drawn from (seed, epoch):
+//   global sequence g of the run is record perm(g / n)[g % n].
+// Either way batches are a pure function of (seed, step, global sequence index): rank r's
+// micro-batch m of a step holds the global sequences (m * world + r) * B + b of the step,
+// so the same global batch is read whatever the world size and accumulation split.
+// Errors: std::runtime_error naming the file (and for JSONL the line).
+// Threads: TokenData is immutable; a BatchSampler is used by one thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+namespace ferry::text {
+class Tokenizer;
+}
+
 namespace ferry::runtime {
 
 // Bytes are tokens: vocabulary 256, nothing to download, every input encodes.
 struct ByteTokenizer {
-  static std::vector<uint16_t> encode(std::string_view text);
+  static std::vector<uint32_t> encode(std::string_view text);
   // Printable rendering: bytes that are not valid UTF-8 come out as U+FFFD.
-  static std::string decode(std::span<const uint16_t> tokens);
+  static std::string decode(std::span<const uint32_t> tokens);
+};
+
+struct DataOptions {
+  std::string path;
+  std::string format = "text";  // text | uint16 | jsonl
+  int64_t vocab_size = 256;
+  double val_fraction = 0.05;
+  std::shared_ptr<const text::Tokenizer> tokenizer;  // null: bytes are tokens
+  bool mask_prompt = true;
+  int32_t eos = -1;  // appended to every record when >= 0
 };
 
 class TokenData {
  public:
-  // format "text" (bytes) or "uint16" (little-endian token ids). Errors name the path.
-  static TokenData load(const std::string& path, const std::string& format, int64_t vocab_size,
-                        double val_fraction);
-  // The last val_fraction of `tokens` is the validation split.
-  TokenData(std::vector<uint16_t> tokens, double val_fraction, std::string source);
+  static TokenData load(const DataOptions& options);
+  // A stream whose last val_fraction is the validation split.
+  TokenData(std::vector<uint32_t> tokens, double val_fraction, std::string source);
 
-  std::span<const uint16_t> train() const { return {tokens_.data(), n_train_}; }
-  std::span<const uint16_t> val() const { return {tokens_.data() + n_train_, tokens_.size() - n_train_}; }
+  // Streams: the two splits. Records: the tokens of the training / validation records.
+  std::span<const uint32_t> train() const { return {tokens_.data(), n_train_}; }
+  std::span<const uint32_t> val() const { return {tokens_.data() + n_train_, tokens_.size() - n_train_}; }
   const std::string& source() const { return source_; }
 
+  bool records() const { return !starts_.empty(); }
+  size_t num_records(bool val) const { return val ? starts_.size() - 1 - n_train_records_ : n_train_records_; }
+  struct Record {
+    std::span<const uint32_t> tokens;
+    std::span<const uint8_t> counted;  // counted[t]: the loss counts where tokens[t] is the target
+  };
+  Record record(bool val, size_t index) const;
+  int64_t counted_tokens() const;  // over all records (streams: every token)
+  // The text of tokens, through the tokenizer or as bytes.
+  std::string decode(std::span<const uint32_t> tokens) const;
+  std::string describe() const;  // for the run's header
+
  private:
-  std::vector<uint16_t> tokens_;
-  size_t n_train_ = 0;
+  friend class JsonlLoader;
+  std::vector<uint32_t> tokens_;
+  std::vector<uint8_t> counted_;  // records only
+  std::vector<size_t> starts_;    // records only: record i is [starts_[i], starts_[i + 1])
+  size_t n_train_ = 0, n_train_records_ = 0;
   std::string source_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;
 };
 
 struct Batch {
   int64_t B = 0, T = 0;
-  std::vector<int32_t> inputs, targets;  // [B*T] each; targets are inputs shifted by one
+  // [B*T] each; a stream's targets are the inputs shifted by one; a record's are
+  // kIgnoreTarget where the loss does not count (prompt, padding).
+  std::vector<int32_t> inputs, targets;
 };
 
 class BatchSampler {
  public:
-  // Throws std::runtime_error when a split is shorter than T + 1 tokens.
+  // Throws std::runtime_error when a stream's split is shorter than T + 1 tokens, or a
+  // record split is empty.
   BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int64_t T);
-  Batch train_batch(int64_t step, int64_t micro, int rank = 0, int world = 1) const;
+  // accum: the micro-batches per step (records' epochs count whole steps of sequences).
+  Batch train_batch(int64_t step, int64_t micro, int rank = 0, int world = 1, int64_t accum = 1) const;
   // Validation batch `index`: the same sequences at every evaluation.
   Batch val_batch(int64_t index) const;
+  int64_t truncated_records() const { return truncated_; }  // records longer than T + 1 tokens
 
  private:
-  Batch make(std::span<const uint16_t> split, uint64_t stream, uint64_t a, uint64_t first_seq) const;
+  Batch make(std::span<const uint32_t> split, uint64_t stream, uint64_t a, uint64_t first_seq) const;
+  void fill_row(Batch& batch, int64_t row, const TokenData::Record& r) const;
+  const std::vector<uint32_t>& permutation(uint64_t epoch) const;
   const TokenData& data_;
   uint64_t seed_;
   int64_t B_, T_;
+  int64_t truncated_ = 0;
+  mutable uint64_t perm_epoch_ = UINT64_MAX;
+  mutable std::vector<uint32_t> perm_;
 };
 
 // Cross-entropy (nats per token) of the validation split under the training split's
 // token frequencies (add-one smoothed): the score of a model that learnt only how often
-// each byte occurs. A model that learnt anything about context beats it.
+// each token occurs. A model that learnt anything about context beats it.
 double unigram_baseline(const TokenData& data, int64_t vocab_size);
 
 }  // namespace ferry::runtime

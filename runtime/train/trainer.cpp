@@ -2,8 +2,9 @@
 
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "base/version.h"
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
+#include "runtime/text/tokenizer.h"
 #include "nn/llama.h"
 #include "nn/rng.h"
 #include "runtime/ckpt/checkpoint.h"
@@ -75,6 +77,61 @@ std::string describe_breakdown(const StepBreakdown& b) {
   return line + fmt(" (overlap %.2f)", b.overlap());
 }
 
+namespace {
+
+// The EOS id a model folder names, or -1.
+int32_t folder_eos(const std::filesystem::path& dir, const text::Tokenizer& tok) {
+  auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    return in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+  };
+  const nlohmann::json config = read(dir / "config.json");
+  if (config.is_object() && config.contains("eos_token_id")) {
+    const nlohmann::json& e = config["eos_token_id"];
+    if (e.is_number_integer()) return e.get<int32_t>();
+    if (e.is_array() && !e.empty() && e[0].is_number_integer()) return e[0].get<int32_t>();
+  }
+  const nlohmann::json tc = read(dir / "tokenizer_config.json");
+  if (tc.is_object() && tc.contains("eos_token")) {
+    const nlohmann::json& e = tc["eos_token"];
+    const std::string name = e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
+    if (!name.empty()) return tok.token_id(name);
+  }
+  return -1;
+}
+
+}  // namespace
+
+DataOptions data_options(const Config& c) {
+  DataOptions o;
+  o.path = c.data.path;
+  o.format = c.data.format;
+  o.vocab_size = c.model.vocab_size;
+  o.val_fraction = c.data.val_fraction;
+  o.mask_prompt = c.data.mask_prompt;
+  std::string tok_path;
+  if (c.data.tokenizer == "auto") {
+    const auto p = std::filesystem::path(c.init_from) / "tokenizer.json";
+    if (!c.init_from.empty() && std::filesystem::exists(p)) tok_path = p.string();
+  } else if (c.data.tokenizer != "bytes") {
+    tok_path = c.data.tokenizer;
+  }
+  if (tok_path.empty() || c.data.format == "uint16") return o;
+  try {
+    auto tok = std::make_shared<text::Tokenizer>(text::Tokenizer::from_file(tok_path));
+    if (tok->vocab_size() > c.model.vocab_size) {
+      throw ConfigError(tok_path + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
+                        " ids but model.vocab_size is " + std::to_string(c.model.vocab_size));
+    }
+    o.eos = folder_eos(std::filesystem::path(tok_path).parent_path(), *tok);
+    if (o.eos >= c.model.vocab_size) o.eos = -1;
+    o.tokenizer = std::move(tok);
+  } catch (const text::TokenizerError& e) {
+    throw ConfigError(std::string("data.tokenizer: ") + e.what());
+  }
+  return o;
+}
+
 Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& out)
     : cfg_(config),
       comm_(comm),
@@ -85,8 +142,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
       compute_(gpu_ ? gpu_.get() : device_.get()),
       model_(make_model(config, *compute_)),
       adam_(config.optimizer),
-      data_(TokenData::load(config.data.path, config.data.format, config.model.vocab_size,
-                            config.data.val_fraction)),
+      data_(TokenData::load(data_options(config))),
       sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size) {
   if (cfg_.fp16) scaler_ = std::make_unique<LossScaler>(cfg_.loss_scaling);
   if (cfg_.world_size != comm_.size()) {
@@ -275,8 +331,11 @@ void Trainer::describe_placement() {
          << "\n";
   }
   out_ << "  activations                  allocated per micro-batch in the device arena (see device peak)\n"
-       << "data: " << data_.source() << ": " << data_.train().size() << " training and " << data_.val().size()
-       << " validation tokens; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
+       << "data: " << data_.describe()
+       << (sampler_.truncated_records() > 0
+               ? "; " + std::to_string(sampler_.truncated_records()) + " records longer than block_size + 1 are cut"
+               : std::string())
+       << "; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
        << " tokens (" << cfg_.micro_batch << " per micro-batch x " << cfg_.grad_accum << " accumulation steps x "
        << comm_.size() << " ranks)\n";
 }
@@ -354,7 +413,7 @@ StepStats Trainer::train_step(int64_t step) {
   compute_->reset_peak();
   double loss_sum = 0;
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
-    const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size());
+    const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size(), cfg_.grad_accum);
     // New tensors per micro-batch: the previous one's kernels may still read theirs.
     const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
     const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
@@ -411,7 +470,7 @@ double Trainer::evaluate() {
 std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
   sync_updates();
   // Prompt: the first line's worth of the validation split (up to 32 tokens).
-  std::vector<uint16_t> seq(data_.val().begin(), data_.val().begin() + std::min<size_t>(32, data_.val().size()));
+  std::vector<uint32_t> seq(data_.val().begin(), data_.val().begin() + std::min<size_t>(32, data_.val().size()));
   nn::Rng rng(seed);
   const int64_t V = cfg_.model.vocab_size;
   std::vector<float> logits(static_cast<size_t>(V));
@@ -433,10 +492,10 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
     double r = rng.uniform() * z;
     size_t pick = 0;
     while (pick + 1 < p.size() && r >= p[pick]) r -= p[pick++];
-    seq.push_back(static_cast<uint16_t>(pick));
+    seq.push_back(static_cast<uint32_t>(pick));
   }
   model_->free_activations();
-  return ByteTokenizer::decode(seq);
+  return data_.decode(seq);
 }
 
 nlohmann::json Trainer::step_record(const StepStats& s) const {

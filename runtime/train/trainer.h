@@ -87,6 +87,13 @@ struct TierMemory {
   nlohmann::json to_json() const;
 };
 
+// The data of a run: data.path in data.format through data.tokenizer ("auto": the
+// model.init_from folder's tokenizer.json when there is one), records ending with the EOS
+// that folder names (config.json's eos_token_id, else tokenizer_config.json's eos_token).
+// Throws ConfigError naming the tokenizer file for one that is refused or that makes ids
+// outside model.vocab_size.
+DataOptions data_options(const Config& c);
+
 class Trainer {
  public:
   // Loads the data and allocates every model state on the device: a model that does not
