@@ -140,8 +140,9 @@ void CountingDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweigh
 }
 
 void CountingDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
-                                       int64_t n_kv_head) {
+                                       int64_t n_kv_head, const Tensor& doc_start) {
   checks::attention(kDev, "attention_forward", out, att, qkv, n_head, n_kv_head == 0 ? n_head : n_kv_head);
+  checks::doc_start(kDev, "attention_forward", doc_start, qkv);
 }
 
 void CountingDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,

@@ -432,17 +432,30 @@ void CpuDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight,
 
 
 void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
-                                  int64_t n_kv_head) {
+                                  int64_t n_kv_head, const Tensor& doc_start) {
   if (any_low(out, att, qkv)) {
     Widen w(*this);
-    attention_forward(w.out(out, false), w.out(att, false), w.in(qkv), n_head, n_kv_head);
+    attention_forward(w.out(out, false), w.out(att, false), w.in(qkv), n_head, n_kv_head, doc_start);
     return w.store();
   }
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
   const int64_t C = checks::attention("cpu", "attention_forward", out, att, qkv, n_head, kv);
+  checks::doc_start("cpu", "attention_forward", doc_start, qkv);
+  if (doc_start.defined()) {
+    // Each start must lie in its row's causal prefix: [0, t].
+    const int32_t* d = doc_start.data_as<int32_t>();
+    const int64_t T = qkv.dim(1);
+    for (int64_t n = 0; n < doc_start.numel(); ++n) {
+      if (d[n] < 0 || d[n] > n % T) {
+        throw std::invalid_argument("cpu attention_forward: doc_start[" + std::to_string(n) + "] = " +
+                                    std::to_string(d[n]) + " is outside [0, " + std::to_string(n % T) + "]");
+      }
+    }
+  }
   dispatch("attention_forward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::attention_forward<T>(ptr<T>(out), ptr<T>(att), ptr<T>(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv);
+    cpu::attention_forward<T>(ptr<T>(out), ptr<T>(att), ptr<T>(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv,
+                              doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr);
   });
 }
 

@@ -174,9 +174,10 @@ void bias_backward(T* dbias, const T* dout, int64_t N, int64_t C) {
 // qkv rows hold q (NH heads), then k and v (KVH heads each), hs channels per head; query
 // head h attends with key/value head h / (NH / KVH) (grouped-query attention; KVH = NH is
 // multi-head attention, the GPT-2 layout [q | k | v] of C each).
+// doc_start (nullable, [B*T]): row t of batch b attends to [doc_start[b*T+t], t] only.
 template <class T>
 void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int64_t C, int64_t NH,
-                       int64_t KVH) {
+                       int64_t KVH, const int32_t* doc_start = nullptr) {
   const int64_t hs = C / NH, W = (NH + 2 * KVH) * hs, group = NH / KVH;
   const T scale = T(1) / std::sqrt(static_cast<T>(hs));
 #pragma omp parallel for schedule(static)
@@ -189,10 +190,13 @@ void attention_forward(T* out, T* att, const T* qkv, int64_t B, int64_t T_, int6
     MatMap<T> P(att + bh * T_ * T_, T_, T_, Eigen::OuterStride<>(T_));
     P.noalias() = scale * (Q * K.transpose());
     for (int64_t i = 0; i < T_; ++i) {
-      // Softmax over the causal prefix [0, i]; Eigen's exp is vectorized, std::exp is not.
-      auto prefix = P.row(i).head(i + 1).array();
+      // Softmax over the causal prefix [j0, i] (j0 = 0 without documents); Eigen's exp is
+      // vectorized, std::exp is not.
+      const int64_t j0 = doc_start ? doc_start[b * T_ + i] : 0;
+      auto prefix = P.row(i).segment(j0, i + 1 - j0).array();
       prefix = (prefix - prefix.maxCoeff()).exp();
       prefix /= prefix.sum();
+      P.row(i).head(j0).setZero();
       P.row(i).tail(T_ - i - 1).setZero();
     }
     MatMap<T> O(out + b * T_ * C + h * hs, T_, hs, Eigen::OuterStride<>(C));

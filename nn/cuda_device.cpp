@@ -152,7 +152,7 @@ class CudaDevice final : public Device {
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) override;
   void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
-                         int64_t n_kv_head = 0) override;
+                         int64_t n_kv_head = 0, const Tensor& doc_start = Tensor{}) override;
   void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                           const Tensor& att, int64_t n_head, int64_t n_kv_head = 0) override;
   void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
@@ -563,11 +563,12 @@ void CudaDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight, c
 }
 
 void CudaDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                   int64_t n_head, int64_t n_kv_head) {
+                                   int64_t n_head, int64_t n_kv_head, const Tensor& doc_start) {
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
   const int64_t C = checks::attention(kDev, "attention_forward", out, att, qkv, n_head, kv);
+  checks::doc_start(kDev, "attention_forward", doc_start, qkv);
   cuda::attention_forward(st(), arr(out), arr(att), arr(qkv), qkv.dim(0), qkv.dim(1), C, n_head,
-                          kv);
+                          kv, doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr);
 }
 
 void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,

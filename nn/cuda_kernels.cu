@@ -367,19 +367,20 @@ AttnShape attn_shape(int64_t T, int64_t C, int64_t NH, int64_t KVH) {
 // One block per query row (i, h, b): scores over the causal prefix, softmax, then the
 // weighted sum of values. Dynamic shared memory: T scores and the q row.
 template <class A>
-__global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s) {
+__global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s, const int32_t* doc_start) {
   FERRY_DYNAMIC_SHARED(smem_raw);
   A* score = reinterpret_cast<A*>(smem_raw);
   A* q = score + s.T;
   __shared__ A scratch[32];
   const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kv = h / s.group;
   const int64_t base = b * s.T * s.W;
+  const int64_t j0 = doc_start ? doc_start[b * s.T + i] : 0;  // the first key of this row's document
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
     q[d] = ld<A>(qkv, base + i * s.W + h * s.hs + d);
   __syncthreads();
   A mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
     A dot = 0;
     const int64_t krow = base + j * s.W + (s.NH + kv) * s.hs;
     for (int64_t d = 0; d < s.hs; ++d) dot += q[d] * ld<A>(qkv, krow + d);
@@ -388,20 +389,20 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s)
   }
   mx = block_reduce(mx, scratch, Max{});
   A sum = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
+  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
     score[j] = exp(score[j] - mx);
     sum += score[j];
   }
   sum = block_reduce(sum, scratch, Sum{});
   const int64_t arow = ((b * s.NH + h) * s.T + i) * s.T;
   for (int64_t j = threadIdx.x; j < s.T; j += blockDim.x) {
-    if (j <= i) score[j] /= sum;
-    st<A>(att, arow + j, j <= i ? score[j] : A(0));
+    if (j >= j0 && j <= i) score[j] /= sum;
+    st<A>(att, arow + j, j >= j0 && j <= i ? score[j] : A(0));
   }
   __syncthreads();
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
     A o = 0;
-    for (int64_t j = 0; j <= i; ++j)
+    for (int64_t j = j0; j <= i; ++j)
       o += score[j] * ld<A>(qkv, base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d);
     st<A>(out, (b * s.T + i) * s.C + h * s.hs + d, o);
   }
@@ -781,7 +782,7 @@ void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr 
 }
 
 void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, int64_t KVH) {
+                       int64_t NH, int64_t KVH, const int32_t* doc_start) {
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   by_acc(wide(out, att, qkv), [&](auto a) {
@@ -790,7 +791,7 @@ void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T
     allow_shared(attention_forward_kernel<A>, smem);
     const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B));
     FERRY_LAUNCH(attention_forward_kernel<A>, grid, kAttnThreads, smem, as_stream(s), out, att, qkv,
-                 sh);
+                 sh, doc_start);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }

@@ -51,8 +51,9 @@ void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, A
 void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C, double eps);
 void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N,
                       int64_t C);
+// doc_start: null, or i32 [B*T] on the device (Device::attention_forward).
 void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, int64_t KVH);
+                       int64_t NH, int64_t KVH, const int32_t* doc_start);
 // rowdot: device scratch of B*NH*T elements of the accumulation type (f64 if any operand is).
 void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T,
                         int64_t C, int64_t NH, int64_t KVH, void* rowdot);

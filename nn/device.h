@@ -100,8 +100,11 @@ class Device {
   // (n_kv_head heads each; 0 = n_head: GPT-2's q|k|v of C each); query head h uses key/value
   // head h / (n_head / n_kv_head) (grouped-query attention). att[B,NH,T,T] keeps the
   // softmax probabilities for backward; out[B,T,C], C = NH * hs.
+  // doc_start (optional, i32 [B*T]): packed documents; position t of row b attends only to
+  // positions [doc_start[b*T+t], t] (its own document's prefix), 0 <= doc_start <= t.
+  // Backward needs nothing more: the probabilities it reads are zero outside.
   virtual void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
-                                 int64_t n_head, int64_t n_kv_head = 0) = 0;
+                                 int64_t n_head, int64_t n_kv_head = 0, const Tensor& doc_start = Tensor{}) = 0;
   virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
                                   const Tensor& att, int64_t n_head, int64_t n_kv_head = 0) = 0;
   // RMSNorm over the last dim of inp[N,C] (Llama); rstd [N] is saved for backward.

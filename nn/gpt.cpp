@@ -122,7 +122,7 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   dev_.add_bias(a.qkv, W(kQkvB));
   a.atty = act({N, C});
   a.att = act({B, cfg_.n_head, T, T});
-  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, 3 * C}), cfg_.n_head);
+  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, 3 * C}), cfg_.n_head, 0, doc_start_);
   const Tensor scratch = act({N, C});
   dev_.gemm(scratch, a.atty, false, W(kProjW), true, 1.0, 0.0);
   dev_.add_bias(scratch, W(kProjB));

@@ -129,7 +129,7 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
   a.atty = act({N, C});
   a.att = act({B, cfg_.n_head, T, T});
-  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head);
+  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head, doc_start_);
   const Tensor scratch = act({N, C});
   dev_.gemm(scratch, a.atty, false, Wt(kWo), true, 1.0, 0.0);
   a.res2 = act({N, C});

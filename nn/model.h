@@ -29,6 +29,10 @@ class Model {
   // fp16 loss scaling: backward() differentiates loss_scale x the mean loss, so every
   // gradient comes out multiplied by it (the caller divides it out). 1 by default.
   void set_loss_scale(double scale) { loss_scale_ = scale; }
+  // Packed documents for the next forward (and its backward): i32 [B*T] on the model's
+  // device, each position's first position of its document (Device::attention_forward);
+  // an undefined tensor: one sequence per row.
+  void set_document_starts(const Tensor& doc_start) { doc_start_ = doc_start; }
   double loss_scale() const { return loss_scale_; }
   // "GPT-2 style, 4 layers, 4 heads, 128 channels, ..." for the run's header.
   virtual std::string describe() const = 0;
@@ -40,6 +44,7 @@ class Model {
   // Throws std::invalid_argument naming `model` unless `dtype` is one a model computes in.
   static void check_dtype(const char* model, DType dtype);
   double loss_scale_ = 1.0;
+  Tensor doc_start_;
   // The pieces every model's forward and init_unit share.
   // Throws std::invalid_argument naming `model` unless 1 <= T <= block_size, B >= 1 and
   // tokens (and targets, when given) hold B*T ids.

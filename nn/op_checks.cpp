@@ -63,4 +63,11 @@ void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, 
   }
 }
 
+void doc_start(const char* device, const char* op, const Tensor& doc_start, const Tensor& qkv) {
+  if (!doc_start.defined()) return;
+  if (doc_start.dtype() != DType::i32 || qkv.ndim() != 3 || doc_start.numel() != qkv.dim(0) * qkv.dim(1)) {
+    fail(device, op, "doc_start " + doc_start.describe() + " must be i32 with one entry per row of qkv " + qkv.describe());
+  }
+}
+
 }  // namespace ferry::nn::checks

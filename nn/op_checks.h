@@ -32,6 +32,9 @@ GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool trans_a
 int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att,
                   const Tensor& qkv, int64_t n_head, int64_t n_kv_head);
 
+// An optional document-start tensor of attention_forward: i32, one entry per (batch, position).
+void doc_start(const char* device, const char* op, const Tensor& doc_start, const Tensor& qkv);
+
 void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, int64_t T,
           int64_t heads, int64_t head_dim);
 

@@ -140,7 +140,8 @@ BOOST_AUTO_TEST_CASE(llama_gradient_matches_finite_differences) {
 // The Llama variants a Hugging Face folder brings: Qwen2's q/k/v biases, a head tied to the
 // token embedding (it gets gradient from the head and the input), Llama 3's rope scaling;
 // and a loss over only some positions (targets kIgnoreTarget are prompt or padding: the
-// loss is the mean over the others, and the ignored ones give no gradient). GPT-2 too.
+// loss is the mean over the others, and the ignored ones give no gradient); packed
+// documents (attention within each). GPT-2 too, with ignored targets.
 BOOST_AUTO_TEST_CASE(llama_variants_and_ignored_targets) {
   nn::CpuDevice dev(1 << 28);
   nn::LlamaConfig cfg;
@@ -170,6 +171,11 @@ BOOST_AUTO_TEST_CASE(llama_variants_and_ignored_targets) {
       // The first 3 positions of each row are "prompt".
       targets.data_as<int32_t>()[i] = i % T < 3 ? nn::kIgnoreTarget : static_cast<int32_t>(rng.below(11));
     }
+    // Packed documents in the Llama rows: row 0 holds [0, 3) and [3, 5), row 1 [0, 1) and [1, 5).
+    Tensor starts = Tensor::empty(dev, DType::i32, {B * T});
+    const int32_t s[] = {0, 0, 0, 3, 3, 0, 1, 1, 1, 1};
+    std::copy(s, s + B * T, starts.data_as<int32_t>());
+    model->set_document_starts(model == &llama ? starts : Tensor{});
     auto loss = [&] { return model->forward(units, tokens, targets, B, T); };
     const double l0 = loss();
     // The mean over the 4 counted positions: their losses from the kernel, summed here.
