@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """examples/data/verses.jsonl: a small instruction set made from the bundled corpus, for the
-fine-tuning walk-through (README, "Fine-tuning on JSONL"). Each record asks for the rest of a
-verse: {"prompt": "Continue Genesis 1:4: And God saw the light,", "completion": " that it was
-good: ..."}. Every 10th record is plain {"text": ...} (a whole verse), as mixed sets have.
+fine-tuning walk-through (README, "Fine-tuning on JSONL"). Each record asks for the next
+words of a verse's opening: {"prompt": "Gen 1:3: And God said,", "completion": " Let there
+be light:"} (the first 6 words, split in half); every 10th record is plain {"text": ...}
+(the opening alone), as mixed sets have. Short records, so that several share a row when
+packed.
 Standard library only; deterministic.
 
   python3 scripts/make_verses_jsonl.py > examples/data/verses.jsonl
@@ -22,15 +24,14 @@ for line in lines:
     if not line.strip() or book is None:
         continue
     verse += 1
-    words = line.split(" ")
-    if len(words) < 6 or len(line) > 70:
+    words = line.split(" ")[:6]
+    if len(words) < 6:
         continue
     if len(out) % 10 == 9:
-        out.append({"text": line})
+        out.append({"text": " ".join(words)})
     else:
-        cut = len(words) // 2
-        out.append({"prompt": f"Continue {book} {chapter}:{verse}: " + " ".join(words[:cut]),
-                    "completion": " " + " ".join(words[cut:])})
+        out.append({"prompt": f"{book[:3]} {chapter}:{verse}: " + " ".join(words[:3]),
+                    "completion": " " + " ".join(words[3:])})
     if len(out) == 600:
         break
 for r in out:

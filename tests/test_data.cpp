@@ -180,7 +180,7 @@ BOOST_AUTO_TEST_CASE(jsonl_records_masks_and_epochs) {
     for (int64_t row = 0; row < 2; ++row) epoch.insert({b.inputs.begin() + row * 8, b.inputs.begin() + row * 8 + 8});
   }
   for (size_t r = 0; r < 10; ++r) {
-    Batch one{1, 8, std::vector<int32_t>(8), std::vector<int32_t>(8)};
+    Batch one{1, 8, std::vector<int32_t>(8), std::vector<int32_t>(8), {}};
     const TokenData::Record rec = d.record(false, r);
     for (size_t t = 0; t < 8; ++t) one.inputs[t] = t < rec.tokens.size() ? static_cast<int32_t>(rec.tokens[t]) : 0;
     all.insert(one.inputs);
@@ -230,4 +230,55 @@ BOOST_AUTO_TEST_CASE(text_through_a_tokenizer) {
   BOOST_TEST(d.decode(d.train()) == "In the beginning God created the heaven and the earth.\n");
   o.vocab_size = 500;  // ids above it are refused
   BOOST_CHECK_THROW(TokenData::load(o), std::runtime_error);
+}
+
+// Packed rows: whole records share a row, each position's doc_start is its record's first
+// position, a record's last token and the padding predict nothing, and an epoch's windows
+// hold every training record exactly once; the same global batch at any world size.
+BOOST_AUTO_TEST_CASE(packed_records_share_rows_within_their_documents) {
+  TempDir dir;
+  const fs::path f = dir.path / "p.jsonl";
+  {
+    std::ofstream out(f);
+    for (int i = 0; i < 40; ++i) out << R"({"prompt": "q)" << std::string(static_cast<size_t>(i % 5), 'x') << R"(", "completion": "a)" << i << R"("})" << "\n";
+  }
+  DataOptions o = opts(f, "jsonl", 300, 0.1);
+  const TokenData d = TokenData::load(o);
+  const int64_t T = 16;
+  BatchSampler s(d, 9, 2, T, /*packed=*/true);
+  BOOST_TEST(s.records_per_row() > 1.5);
+  // Walk the first epoch's windows: 36 training records, each seen once.
+  std::multiset<std::vector<int32_t>> seen;
+  const auto n_windows = static_cast<int64_t>(std::llround(36.0 / s.records_per_row()));
+  int64_t windows = 0;
+  for (int64_t step = 0; windows < n_windows; ++step) {
+    const Batch b = s.train_batch(step, 0, 0, 1, 1);
+    BOOST_TEST(b.doc_start.size() == b.inputs.size());
+    for (int64_t row = 0; row < 2 && windows < n_windows; ++row, ++windows) {
+      for (int64_t t = 0; t < T;) {
+        const auto i = static_cast<size_t>(row * T + t);
+        const int32_t start = b.doc_start[i];
+        BOOST_TEST(start == t);
+        int64_t e = t + 1;
+        while (e < T && b.doc_start[static_cast<size_t>(row * T + e)] == start) ++e;
+        BOOST_TEST(b.targets[static_cast<size_t>(row * T + e - 1)] == ferry::nn::kIgnoreTarget);  // the last predicts nothing
+        if (e - t > 1) seen.insert(std::vector<int32_t>(b.inputs.begin() + row * T + t, b.inputs.begin() + row * T + e));
+        t = e;
+      }
+    }
+  }
+  std::multiset<std::vector<int32_t>> records;
+  for (size_t r = 0; r < d.num_records(false); ++r) {
+    const TokenData::Record rec = d.record(false, r);
+    records.insert(std::vector<int32_t>(rec.tokens.begin(), rec.tokens.end()));
+  }
+  BOOST_TEST((seen == records));
+  // Packed, world 2 x 1 micro-batch reads what world 1 x 2 micro-batches reads.
+  BatchSampler one(d, 9, 1, T, true);
+  std::multiset<std::vector<int32_t>> w1, w2;
+  for (int64_t step = 0; step < 12; ++step) {
+    for (int64_t m = 0; m < 2; ++m) w1.insert(one.train_batch(step, m, 0, 1, 2).inputs);
+    for (int r = 0; r < 2; ++r) w2.insert(one.train_batch(step, 0, r, 2, 1).inputs);
+  }
+  BOOST_TEST((w1 == w2));
 }

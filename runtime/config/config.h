@@ -50,6 +50,7 @@ struct Config {
     double val_fraction = 0.05;
     std::string tokenizer = "auto";  // auto | bytes | a tokenizer.json
     bool mask_prompt = true;
+    std::string packing = "padded";  // padded | packed (jsonl)
   } data;
   struct {
     std::string type = "cpu";

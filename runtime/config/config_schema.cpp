@@ -213,6 +213,9 @@ const std::vector<Knob>& config_knobs() {
       {"data.tokenizer", F(data.tokenizer), KnobType::string, "auto",
        "auto: model.init_from's tokenizer.json when there is one, else bytes; bytes: every byte a token "
        "(vocabulary 256); or the path of a Hugging Face tokenizer.json"},
+      {"data.packing", F(data.packing), KnobType::string, "padded",
+       "jsonl: padded: one record per row, padded after its end; packed: as many whole records per row as fit, "
+       "each attending only within itself (llama family: rotary positions)", {}, {}, false, {"padded", "packed"}},
       {"data.mask_prompt", F(data.mask_prompt), KnobType::boolean, true,
        "jsonl: the loss counts only the completion's tokens (and EOS), not the prompt's"},
       {"data.seed", F(data.seed), KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},

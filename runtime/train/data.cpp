@@ -125,8 +125,9 @@ std::string TokenData::describe() const {
   return s.str();
 }
 
-BatchSampler::BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int64_t T)
-    : data_(data), seed_(seed), B_(B), T_(T) {
+BatchSampler::BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int64_t T, bool packed)
+    : data_(data), seed_(seed), B_(B), T_(T), packed_(packed && data.records()) {
+  if (packed && !data.records()) throw std::runtime_error("data.packing packed needs records (data.format jsonl)");
   if (data.records()) {
     if (data.num_records(false) == 0 || data.num_records(true) == 0) {
       throw std::runtime_error("data '" + data.source() + "': " + std::to_string(data.num_records(false)) +
@@ -189,8 +190,15 @@ const std::vector<uint32_t>& BatchSampler::permutation(uint64_t epoch) const {
 Batch BatchSampler::train_batch(int64_t step, int64_t micro, int rank, int world, int64_t accum) const {
   const auto first = static_cast<uint64_t>((micro * world + rank) * B_);
   if (!data_.records()) return make(data_.train(), /*stream=*/0, static_cast<uint64_t>(step), first);
-  Batch batch{B_, T_, std::vector<int32_t>(static_cast<size_t>(B_ * T_)), std::vector<int32_t>(static_cast<size_t>(B_ * T_))};
+  Batch batch{B_, T_, std::vector<int32_t>(static_cast<size_t>(B_ * T_)), std::vector<int32_t>(static_cast<size_t>(B_ * T_)), {}};
   const auto per_step = static_cast<uint64_t>(B_ * world * accum);
+  if (packed_) {
+    batch.doc_start.resize(static_cast<size_t>(B_ * T_));
+    for (int64_t b = 0; b < B_; ++b) {
+      fill_packed(batch, b, static_cast<uint64_t>(step) * per_step + first + static_cast<uint64_t>(b));
+    }
+    return batch;
+  }
   const uint64_t n = data_.num_records(false);
   for (int64_t b = 0; b < B_; ++b) {
     const uint64_t g = static_cast<uint64_t>(step) * per_step + first + static_cast<uint64_t>(b);
@@ -201,11 +209,69 @@ Batch BatchSampler::train_batch(int64_t step, int64_t micro, int rank, int world
 
 Batch BatchSampler::val_batch(int64_t index) const {
   if (!data_.records()) return make(data_.val(), /*stream=*/1, static_cast<uint64_t>(index), 0);
-  Batch batch{B_, T_, std::vector<int32_t>(static_cast<size_t>(B_ * T_)), std::vector<int32_t>(static_cast<size_t>(B_ * T_))};
+  Batch batch{B_, T_, std::vector<int32_t>(static_cast<size_t>(B_ * T_)), std::vector<int32_t>(static_cast<size_t>(B_ * T_)), {}};
   for (int64_t b = 0; b < B_; ++b) {
     fill_row(batch, b, data_.record(true, static_cast<size_t>(index * B_ + b) % data_.num_records(true)));
   }
   return batch;
+}
+
+void BatchSampler::pack(uint64_t epoch, Packing& into) const {
+  const std::vector<uint32_t>& perm = permutation(epoch);
+  into.epoch = epoch;
+  into.begin.assign(1, 0);
+  int64_t used = 0;
+  for (uint32_t k = 0; k < perm.size(); ++k) {
+    const auto L = static_cast<int64_t>(data_.record(false, perm[k]).tokens.size());
+    if (used > 0 && used + L > T_) {
+      into.begin.push_back(k);
+      used = 0;
+    }
+    used += std::min(L, T_);
+  }
+  into.begin.push_back(static_cast<uint32_t>(perm.size()));
+}
+
+void BatchSampler::fill_packed(Batch& batch, int64_t row, uint64_t window) const {
+  // The epoch holding this window. epoch_first_window_[e] is where epoch e starts; its last
+  // entry is where the first epoch not yet counted starts (epochs are counted in order).
+  if (epoch_first_window_.empty()) epoch_first_window_.push_back(0);
+  while (window >= epoch_first_window_.back()) {
+    Packing scratch;
+    pack(epoch_first_window_.size() - 1, scratch);
+    epoch_first_window_.push_back(epoch_first_window_.back() + scratch.begin.size() - 1);
+  }
+  const auto e = static_cast<uint64_t>(
+      std::upper_bound(epoch_first_window_.begin(), epoch_first_window_.end(), window) - epoch_first_window_.begin() - 1);
+  if (packing_.epoch != e) pack(e, packing_);
+  const std::vector<uint32_t>& perm = permutation(e);
+  const uint64_t w = window - epoch_first_window_[e];
+  int64_t p = 0;
+  for (uint32_t k = packing_.begin[w]; k < packing_.begin[w + 1]; ++k) {
+    const TokenData::Record r = data_.record(false, perm[k]);
+    const auto L = static_cast<int64_t>(r.tokens.size());
+    for (int64_t t = 0; t < L && p + t < T_; ++t) {
+      const auto i = static_cast<size_t>(row * T_ + p + t);
+      batch.inputs[i] = static_cast<int32_t>(r.tokens[static_cast<size_t>(t)]);
+      const bool counts = t + 1 < L && r.counted[static_cast<size_t>(t + 1)];
+      batch.targets[i] = counts ? static_cast<int32_t>(r.tokens[static_cast<size_t>(t + 1)]) : nn::kIgnoreTarget;
+      batch.doc_start[i] = static_cast<int32_t>(p);
+    }
+    p += std::min(L, T_ - p);
+  }
+  for (; p < T_; ++p) {  // padding: each position its own document
+    const auto i = static_cast<size_t>(row * T_ + p);
+    batch.inputs[i] = 0;
+    batch.targets[i] = nn::kIgnoreTarget;
+    batch.doc_start[i] = static_cast<int32_t>(p);
+  }
+}
+
+double BatchSampler::records_per_row() const {
+  if (!packed_) return 1.0;
+  Packing first;
+  pack(0, first);
+  return static_cast<double>(data_.num_records(false)) / static_cast<double>(first.begin.size() - 1);
 }
 
 double unigram_baseline(const TokenData& data, int64_t vocab_size) {

@@ -11,7 +11,11 @@
 //   a batch holds one record, cut at block_size + 1 tokens and padded after its end; padding
 //   and uncounted targets are kIgnoreTarget, so the loss is the mean over counted tokens.
 //   Training records are visited in epochs, each a permutation drawn from (seed, epoch):
-//   global sequence g of the run is record perm(g / n)[g % n].
+//   global sequence g of the run is record perm(g / n)[g % n]. Packed (data.packing
+//   packed): consecutive records of the epoch's permutation share a row while they fit
+//   whole (a longer one starts a row and is cut), each attending only within itself
+//   (Batch::doc_start); global sequence g is the epoch's windows in order. Validation rows
+//   hold one record each either way.
 // Either way batches are a pure function of (seed, step, global sequence index): rank r's
 // micro-batch m of a step holds the global sequences (m * world + r) * B + b of the step,
 // so the same global batch is read whatever the world size and accumulation split.
@@ -85,28 +89,42 @@ class TokenData {
 struct Batch {
   int64_t B = 0, T = 0;
   // [B*T] each; a stream's targets are the inputs shifted by one; a record's are
-  // kIgnoreTarget where the loss does not count (prompt, padding).
+  // kIgnoreTarget where the loss does not count (prompt, padding, a document's last token).
   std::vector<int32_t> inputs, targets;
+  // Packed rows only ([B*T], else empty): the first position of each position's document.
+  std::vector<int32_t> doc_start;
 };
 
 class BatchSampler {
  public:
   // Throws std::runtime_error when a stream's split is shorter than T + 1 tokens, or a
   // record split is empty.
-  BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int64_t T);
+  BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int64_t T, bool packed = false);
   // accum: the micro-batches per step (records' epochs count whole steps of sequences).
   Batch train_batch(int64_t step, int64_t micro, int rank = 0, int world = 1, int64_t accum = 1) const;
   // Validation batch `index`: the same sequences at every evaluation.
   Batch val_batch(int64_t index) const;
   int64_t truncated_records() const { return truncated_; }  // records longer than T + 1 tokens
+  // Packed: the records per row of the first epoch, on average (1 when padded).
+  double records_per_row() const;
 
  private:
   Batch make(std::span<const uint32_t> split, uint64_t stream, uint64_t a, uint64_t first_seq) const;
   void fill_row(Batch& batch, int64_t row, const TokenData::Record& r) const;
   const std::vector<uint32_t>& permutation(uint64_t epoch) const;
+  // Packed: the windows of an epoch: records perm[begin[w], begin[w + 1]) share row w.
+  struct Packing {
+    uint64_t epoch = UINT64_MAX;
+    std::vector<uint32_t> begin;
+  };
+  void pack(uint64_t epoch, Packing& into) const;
+  void fill_packed(Batch& batch, int64_t row, uint64_t window) const;
   const TokenData& data_;
   uint64_t seed_;
   int64_t B_, T_;
+  bool packed_ = false;
+  mutable std::vector<uint64_t> epoch_first_window_;  // packed: windows before each epoch built so far
+  mutable Packing packing_;
   int64_t truncated_ = 0;
   mutable uint64_t perm_epoch_ = UINT64_MAX;
   mutable std::vector<uint32_t> perm_;

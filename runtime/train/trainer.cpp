@@ -143,7 +143,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
       model_(make_model(config, *compute_)),
       adam_(config.optimizer),
       data_(TokenData::load(data_options(config))),
-      sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size) {
+      sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size, config.data.packing == "packed") {
   if (cfg_.fp16) scaler_ = std::make_unique<LossScaler>(cfg_.loss_scaling);
   if (cfg_.world_size != comm_.size()) {
     throw std::invalid_argument("Trainer: the config was resolved for world size " + std::to_string(cfg_.world_size) +
@@ -335,6 +335,7 @@ void Trainer::describe_placement() {
        << (sampler_.truncated_records() > 0
                ? "; " + std::to_string(sampler_.truncated_records()) + " records longer than block_size + 1 are cut"
                : std::string())
+       << (cfg_.data.packing == "packed" ? fmt("; packed, %.2f records per row", sampler_.records_per_row()) : "")
        << "; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
        << " tokens (" << cfg_.micro_batch << " per micro-batch x " << cfg_.grad_accum << " accumulation steps x "
        << comm_.size() << " ranks)\n";
@@ -419,6 +420,12 @@ StepStats Trainer::train_step(int64_t step) {
     const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
     compute_->copy_into_new(tokens, batch.inputs.data());
     compute_->copy_into_new(targets, batch.targets.data());
+    Tensor doc_start;
+    if (!batch.doc_start.empty()) {
+      doc_start = Tensor::empty(*compute_, DType::i32, {B * T});
+      compute_->copy_into_new(doc_start, batch.doc_start.data());
+    }
+    model_->set_document_starts(doc_start);
     units_->set_micro_batch(micro == cfg_.grad_accum - 1);
     loss_sum += model_->forward(model_units(), tokens, targets, B, T);
     model_->backward(model_units());
@@ -454,6 +461,7 @@ StepStats Trainer::train_step(int64_t step) {
 double Trainer::evaluate() {
   sync_updates();
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
+  model_->set_document_starts(Tensor{});  // validation rows hold one record each
   double sum = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
     const Batch batch = sampler_.val_batch(i);
@@ -469,6 +477,7 @@ double Trainer::evaluate() {
 
 std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
   sync_updates();
+  model_->set_document_starts(Tensor{});
   // Prompt: the first line's worth of the validation split (up to 32 tokens).
   std::vector<uint32_t> seq(data_.val().begin(), data_.val().begin() + std::min<size_t>(32, data_.val().size()));
   nn::Rng rng(seed);
