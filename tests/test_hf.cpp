@@ -359,6 +359,25 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_compute_is_refused_by_name) {
         })),
         {"shape/model.safetensors", "model.norm.weight", "[59]", "[60]"});
   names(refused_config((dir.path / "nowhere").string()), {"nowhere/config.json", "cannot open"});
+  // Damaged files: named, never a crash.
+  names(refused_weights(broken("truncated", "mistral", [&](const fs::path& p) {
+          fs::resize_file(p / "model.safetensors", fs::file_size(p / "model.safetensors") - 100);
+        })),
+        {"truncated/model.safetensors"});
+  names(refused_weights(broken("header", "mistral", [&](const fs::path& p) {
+          std::fstream f(p / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+          f.seekp(12);
+          f.write("\x01\x02garbage", 9);
+        })),
+        {"header/model.safetensors", "bad safetensors header"});
+  names(refused_weights(broken("hugelen", "mistral", [&](const fs::path& p) {
+          std::fstream f(p / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+          const unsigned char len[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
+          f.write(reinterpret_cast<const char*>(len), 8);
+        })),
+        {"hugelen/model.safetensors", "past the end"});
+  names(refused_weights(broken("noweights", "mistral", [&](const fs::path& p) { fs::remove(p / "model.safetensors"); })),
+        {"noweights: no model.safetensors"});
 }
 
 BOOST_AUTO_TEST_CASE(fine_tuning_starts_at_the_imported_loss_and_falls) {

@@ -93,6 +93,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File
     }
   } catch (const json::exception& ex) {
     throw std::runtime_error(path + ": bad safetensors header: " + ex.what());
+  } catch (const std::runtime_error& ex) {
+    const std::string what = ex.what();
+    if (what.starts_with(path)) throw;
+    throw std::runtime_error(path + ": bad safetensors header: " + what);
   }
   std::vector<SafetensorsEntry> sorted = entries_;
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
