@@ -15,5 +15,6 @@ Run plan_command(CLI::App& cmd);    // cmd_plan.cpp
 Run doctor_command(CLI::App& cmd);  // cmd_doctor.cpp
 Run export_command(CLI::App& cmd);  // cmd_export.cpp
 Run plot_command(CLI::App& cmd);    // cmd_plot.cpp
+Run tokenize_command(CLI::App& cmd);  // cmd_tokenize.cpp
 
 }  // namespace ferry::cli

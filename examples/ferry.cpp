@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   verb("doctor", doctor_command);
   verb("export", export_command);
   verb("plot", plot_command);
+  verb("tokenize", tokenize_command);
   verbs["bench"] = ferry::bench::bench_command(*app.add_subcommand("bench"));
   // CLI11 would call an unknown verb an unexpected argument; say what it is.
   if (argc > 1 && argv[1][0] != '-' && verbs.count(argv[1]) == 0) {

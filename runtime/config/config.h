@@ -51,6 +51,7 @@ struct Config {
     std::string tokenizer = "auto";  // auto | bytes | a tokenizer.json
     bool mask_prompt = true;
     std::string packing = "padded";  // padded | packed (jsonl)
+    std::string dtype = "auto";      // tokens: auto | uint16 | uint32
   } data;
   struct {
     std::string type = "cpu";

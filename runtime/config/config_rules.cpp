@@ -27,15 +27,15 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
                      ")");
   }
   if (c.data.path.empty()) fail(source, "key 'data.path' is required (the training corpus)");
-  if (c.data.packing == "packed" && c.data.format != "jsonl") {
-    fail(source, "data.packing 'packed' packs records: it needs data.format 'jsonl'");
+  if (c.data.packing == "packed" && c.data.format != "jsonl" && c.data.format != "tokens") {
+    fail(source, "data.packing 'packed' packs records: it needs data.format 'jsonl' (or a ferry tokenize folder)");
   }
   if (c.data.packing == "packed" && !c.llama_family()) {
     fail(source, "data.packing 'packed' needs rotary positions (model.arch llama, mistral or qwen2): with GPT-2's "
                  "learned positions a packed record would see the positions of its place in the row");
   }
   const bool bytes = c.data.tokenizer == "bytes" || (c.data.tokenizer == "auto" && c.init_from.empty());
-  if (c.data.format != "uint16" && bytes && c.model.vocab_size < 256) {
+  if (c.data.format != "uint16" && c.data.format != "tokens" && bytes && c.model.vocab_size < 256) {
     fail(source, "data.format '" + c.data.format + "' with bytes as tokens (data.tokenizer " + c.data.tokenizer +
                      ") needs model.vocab_size >= 256, got " + std::to_string(c.model.vocab_size));
   }

@@ -207,9 +207,13 @@ const std::vector<Knob>& config_knobs() {
       {"fp16.min_loss_scale", F(loss_scaling.min_scale), KnobType::number, 1.0, "fp16: the scale never goes below this; an overflow there stops the run", 0, {}, true},
       {"data.path", F(data.path), KnobType::path, nullptr, "training corpus (required)"},
       {"data.format", F(data.format), KnobType::string, "text",
-       "text: a corpus, through data.tokenizer; uint16: little-endian token ids; jsonl: fine-tuning records, "
+       "text: a corpus, through data.tokenizer; uint16: little-endian token ids, read whole; tokens: token files "
+       "memory-mapped (a file, a folder of *.bin as one stream, or a ferry tokenize folder); jsonl: fine-tuning records, "
        "{\"text\"} or {\"prompt\", \"completion\"} per line, one record per row of a batch", {}, {}, false,
-       {"text", "uint16", "jsonl"}},
+       {"text", "uint16", "tokens", "jsonl"}},
+      {"data.dtype", F(data.dtype), KnobType::string, "auto",
+       "tokens: the ids' width in the files: uint16, uint32, or auto (uint16 when model.vocab_size <= 65536; a "
+       "ferry tokenize folder says uint32 itself)", {}, {}, false, {"auto", "uint16", "uint32"}},
       {"data.tokenizer", F(data.tokenizer), KnobType::string, "auto",
        "auto: model.init_from's tokenizer.json when there is one, else bytes; bytes: every byte a token "
        "(vocabulary 256); or the path of a Hugging Face tokenizer.json"},

@@ -39,10 +39,17 @@ std::string ByteTokenizer::decode(std::span<const uint32_t> tokens) {
   return out;
 }
 
-// JSONL records: data_jsonl.cpp.
+// JSONL records: data_jsonl.cpp; token files, memory-mapped: data_tokens.cpp.
 TokenData load_jsonl(const DataOptions& o, const std::string& bytes);
+TokenData load_token_files(const DataOptions& o);
 
 TokenData TokenData::load(const DataOptions& o) {
+  if (o.format == "tokens") {
+    TokenData d = load_token_files(o);
+    d.tokenizer_ = o.tokenizer;
+    d.vocab_ = o.vocab_size;
+    return d;
+  }
   std::ifstream in(o.path, std::ios::binary);
   if (!in) throw std::runtime_error("data.path: cannot open '" + o.path + "'");
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -87,20 +94,25 @@ TokenData TokenData::load(const DataOptions& o) {
   return d;
 }
 
-TokenData::TokenData(std::vector<uint32_t> tokens, double val_fraction, std::string source)
-    : tokens_(std::move(tokens)), source_(std::move(source)) {
-  const auto n_val = static_cast<size_t>(std::llround(val_fraction * static_cast<double>(tokens_.size())));
-  n_train_ = tokens_.size() - std::min(n_val, tokens_.size());
+TokenData::TokenData(std::vector<uint32_t> tokens, double val_fraction, std::string source) : source_(std::move(source)) {
+  auto owned = std::make_shared<std::vector<uint32_t>>(std::move(tokens));
+  all_.append(owned->data(), owned->size(), owned);
+  split(val_fraction);
+}
+
+void TokenData::split(double val_fraction) {
+  const auto n_val = static_cast<size_t>(std::llround(val_fraction * static_cast<double>(all_.size())));
+  n_train_ = all_.size() - std::min(n_val, all_.size());
 }
 
 TokenData::Record TokenData::record(bool val, size_t index) const {
   const size_t i = (val ? n_train_records_ : 0) + index;
   const size_t b = starts_.at(i), e = starts_.at(i + 1);
-  return {{tokens_.data() + b, e - b}, {counted_.data() + b, e - b}};
+  return {{rec_tokens_ + b, e - b}, {counted_ + b, e - b}};
 }
 
 int64_t TokenData::counted_tokens() const {
-  if (!records()) return static_cast<int64_t>(tokens_.size());
+  if (!records()) return static_cast<int64_t>(all_.size());
   int64_t n = 0;
   for (size_t r = 0; r + 1 < starts_.size(); ++r)
     for (size_t t = starts_[r] + 1; t < starts_[r + 1]; ++t) n += counted_[t];  // a record's first token is no target
@@ -116,7 +128,7 @@ std::string TokenData::describe() const {
   std::ostringstream s;
   s << source_ << ": ";
   if (records()) {
-    s << num_records(false) << " training and " << num_records(true) << " validation records, " << tokens_.size()
+    s << num_records(false) << " training and " << num_records(true) << " validation records, " << all_.size()
       << " tokens of which " << counted_tokens() << " are trained on";
   } else {
     s << train().size() << " training and " << val().size() << " validation tokens";
@@ -147,19 +159,29 @@ BatchSampler::BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int6
   }
 }
 
-Batch BatchSampler::make(std::span<const uint32_t> split, uint64_t stream, uint64_t a, uint64_t first_seq) const {
+Batch BatchSampler::make(const TokenView& split, uint64_t stream, uint64_t a, uint64_t first_seq) const {
   Batch batch;
   batch.B = B_;
   batch.T = T_;
   batch.inputs.resize(static_cast<size_t>(B_ * T_));
   batch.targets.resize(static_cast<size_t>(B_ * T_));
   const uint64_t starts = split.size() - static_cast<uint64_t>(T_);  // offsets with T+1 tokens after them
+  std::vector<uint32_t> window;
   for (int64_t b = 0; b < B_; ++b) {
     nn::Rng rng = nn::Rng::derive({seed_, stream, a, first_seq + static_cast<uint64_t>(b)});
     const uint64_t off = rng.below(starts);
+    window.resize(static_cast<size_t>(T_ + 1));
+    split.copy(off, window.size(), window.data());
+    for (const uint32_t id : window) {
+      if (id >= data_.vocab_size()) {
+        throw std::runtime_error("data '" + data_.source() + "': token " + std::to_string(id) + " near index " +
+                                 std::to_string(off) + " of the " + (stream == 0 ? "training" : "validation") +
+                                 " split is not below model.vocab_size " + std::to_string(data_.vocab_size()));
+      }
+    }
     for (int64_t t = 0; t < T_; ++t) {
-      batch.inputs[static_cast<size_t>(b * T_ + t)] = static_cast<int32_t>(split[off + static_cast<uint64_t>(t)]);
-      batch.targets[static_cast<size_t>(b * T_ + t)] = static_cast<int32_t>(split[off + static_cast<uint64_t>(t) + 1]);
+      batch.inputs[static_cast<size_t>(b * T_ + t)] = static_cast<int32_t>(window[static_cast<size_t>(t)]);
+      batch.targets[static_cast<size_t>(b * T_ + t)] = static_cast<int32_t>(window[static_cast<size_t>(t + 1)]);
     }
   }
   return batch;
@@ -275,12 +297,19 @@ double BatchSampler::records_per_row() const {
 }
 
 double unigram_baseline(const TokenData& data, int64_t vocab_size) {
+  // At most the first 16M tokens of each split: a large corpus is not read whole for it.
+  constexpr size_t kMax = size_t{1} << 24;
+  const TokenView train = data.train(), val = data.val();
+  const size_t nt = std::min(train.size(), kMax), nv = std::min(val.size(), kMax);
   std::vector<double> counts(static_cast<size_t>(vocab_size), 1.0);
-  for (uint32_t t : data.train()) counts[t] += 1.0;
-  const double total = static_cast<double>(data.train().size()) + static_cast<double>(vocab_size);
+  std::vector<uint32_t> buf(std::min<size_t>(kMax, std::max(nt, nv)));
+  train.copy(0, nt, buf.data());
+  for (size_t i = 0; i < nt; ++i) counts[std::min<size_t>(buf[i], counts.size() - 1)] += 1.0;
+  const double total = static_cast<double>(nt) + static_cast<double>(vocab_size);
+  val.copy(0, nv, buf.data());
   double nll = 0;
-  for (uint32_t t : data.val()) nll -= std::log(counts[t] / total);
-  return nll / static_cast<double>(std::max<size_t>(1, data.val().size()));
+  for (size_t i = 0; i < nv; ++i) nll -= std::log(counts[std::min<size_t>(buf[i], counts.size() - 1)] / total);
+  return nll / static_cast<double>(std::max<size_t>(1, nv));
 }
 
 }  // namespace ferry::runtime

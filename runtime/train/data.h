@@ -23,12 +23,15 @@
 // Threads: TokenData is immutable; a BatchSampler is used by one thread.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "runtime/train/token_view.h"
 
 namespace ferry::text {
 class Tokenizer;
@@ -45,7 +48,8 @@ struct ByteTokenizer {
 
 struct DataOptions {
   std::string path;
-  std::string format = "text";  // text | uint16 | jsonl
+  std::string format = "text";  // text | uint16 | tokens | jsonl
+  std::string dtype = "auto";   // tokens: uint16 | uint32 | auto (by vocab_size; a ferry tokenize folder says)
   int64_t vocab_size = 256;
   double val_fraction = 0.05;
   std::shared_ptr<const text::Tokenizer> tokenizer;  // null: bytes are tokens
@@ -60,8 +64,8 @@ class TokenData {
   TokenData(std::vector<uint32_t> tokens, double val_fraction, std::string source);
 
   // Streams: the two splits. Records: the tokens of the training / validation records.
-  std::span<const uint32_t> train() const { return {tokens_.data(), n_train_}; }
-  std::span<const uint32_t> val() const { return {tokens_.data() + n_train_, tokens_.size() - n_train_}; }
+  TokenView train() const { return all_.sub(0, n_train_); }
+  TokenView val() const { return all_.sub(n_train_, all_.size() - n_train_); }
   const std::string& source() const { return source_; }
 
   bool records() const { return !starts_.empty(); }
@@ -75,15 +79,28 @@ class TokenData {
   // The text of tokens, through the tokenizer or as bytes.
   std::string decode(std::span<const uint32_t> tokens) const;
   std::string describe() const;  // for the run's header
+  // ferry tokenize: writes DIR/tokens.bin (uint32), for records DIR/counted.bin (uint8) and
+  // DIR/starts.bin (uint64, records + 1), and DIR/meta.json; data.format tokens reads it
+  // back memory-mapped. Throws std::runtime_error naming the file.
+  void save(const std::string& dir) const;
+  int64_t vocab_size() const { return vocab_; }
 
  private:
   friend class JsonlLoader;
-  std::vector<uint32_t> tokens_;
-  std::vector<uint8_t> counted_;  // records only
-  std::vector<size_t> starts_;    // records only: record i is [starts_[i], starts_[i + 1])
+  friend class TokenFiles;
+  TokenData() = default;
+  void split(double val_fraction);  // a stream's n_train_
+  TokenView all_;
+  // Records only: their tokens (contiguous uint32), flags and bounds (record i is
+  // [starts_[i], starts_[i + 1])), in owned vectors or memory-mapped files (keep_).
+  const uint32_t* rec_tokens_ = nullptr;
+  const uint8_t* counted_ = nullptr;
+  std::vector<size_t> starts_;
+  std::vector<std::shared_ptr<const void>> keep_;
   size_t n_train_ = 0, n_train_records_ = 0;
   std::string source_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
+  int64_t vocab_ = INT64_MAX;  // ids are checked below it as windows are read (mapped files)
 };
 
 struct Batch {
@@ -109,7 +126,7 @@ class BatchSampler {
   double records_per_row() const;
 
  private:
-  Batch make(std::span<const uint32_t> split, uint64_t stream, uint64_t a, uint64_t first_seq) const;
+  Batch make(const TokenView& split, uint64_t stream, uint64_t a, uint64_t first_seq) const;
   void fill_row(Batch& batch, int64_t row, const TokenData::Record& r) const;
   const std::vector<uint32_t>& permutation(uint64_t epoch) const;
   // Packed: the windows of an epoch: records perm[begin[w], begin[w + 1]) share row w.

@@ -94,8 +94,14 @@ TokenData JsonlLoader::make(const DataOptions& o, const std::string& bytes) {
   const size_t n = b.starts.size() - 1;
   if (n == 0) throw std::runtime_error(where + ": no records");
   const auto n_val = std::min(n, static_cast<size_t>(std::llround(o.val_fraction * static_cast<double>(n))));
-  TokenData d(std::move(b.tokens), 0.0, o.path);
-  d.counted_ = std::move(b.counted);
+  TokenData d;
+  d.source_ = o.path;
+  auto tokens = std::make_shared<std::vector<uint32_t>>(std::move(b.tokens));
+  d.all_.append(tokens->data(), tokens->size(), tokens);
+  d.rec_tokens_ = tokens->data();
+  auto counted = std::make_shared<std::vector<uint8_t>>(std::move(b.counted));
+  d.counted_ = counted->data();
+  d.keep_.push_back(counted);
   d.starts_ = std::move(b.starts);
   d.n_train_records_ = n - n_val;
   d.n_train_ = d.starts_[d.n_train_records_];

@@ -109,6 +109,7 @@ DataOptions data_options(const Config& c) {
   o.vocab_size = c.model.vocab_size;
   o.val_fraction = c.data.val_fraction;
   o.mask_prompt = c.data.mask_prompt;
+  o.dtype = c.data.dtype;
   std::string tok_path;
   if (c.data.tokenizer == "auto") {
     const auto p = std::filesystem::path(c.init_from) / "tokenizer.json";
@@ -479,7 +480,9 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
   sync_updates();
   model_->set_document_starts(Tensor{});
   // Prompt: the first line's worth of the validation split (up to 32 tokens).
-  std::vector<uint32_t> seq(data_.val().begin(), data_.val().begin() + std::min<size_t>(32, data_.val().size()));
+  const TokenView val = data_.val();
+  std::vector<uint32_t> seq(std::min<size_t>(32, val.size()));
+  val.copy(0, seq.size(), seq.data());
   nn::Rng rng(seed);
   const int64_t V = cfg_.model.vocab_size;
   std::vector<float> logits(static_cast<size_t>(V));
