@@ -1,0 +1,367 @@
+#!/usr/bin/env python3
+"""Writes tests/data/chat_templates/<name>.json: a chat template and cases rendered by transformers.
+
+Run with /work/venv-hf/bin/python (transformers + jinja2, no network):
+    python scripts/chat_template_fixtures/make_chat_fixtures.py [OUT_DIR]
+
+Each file is {"template": str, "cases": [{"messages", "add_generation_prompt", "bos_token",
+"eos_token", ["date_string"], "expected" | "error"}]}. The expected strings come from
+transformers.utils.chat_template_utils.render_jinja_template, the function that
+tokenizer.apply_chat_template(..., tokenize=False) uses; "error" is the message of the
+jinja2 TemplateError raised by the template's raise_exception.
+The templates are reproductions of the models' tokenizer_config.json "chat_template" (see the
+README next to the output), plus "constructs", a template written for the interpreter's tests.
+"""
+import json
+import os
+import sys
+
+import jinja2
+from transformers.utils.chat_template_utils import render_jinja_template
+
+LLAMA3 = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+QWEN25 = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+MISTRAL = r"""{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content'] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}
+        {{- raise_exception('After the optional system message, conversation roles must alternate user/assistant/user/assistant/...') }}
+    {%- endif %}
+    {%- if message['role'] == 'user' %}
+        {%- if loop.first and system_message is defined %}
+            {{- ' [INST] ' + system_message + '\n\n' + message['content'] + ' [/INST]' }}
+        {%- else %}
+            {{- ' [INST] ' + message['content'] + ' [/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'assistant' %}
+        {{- ' ' + message['content'] + eos_token}}
+    {%- else %}
+        {{- raise_exception('Only user and assistant roles are supported, with the exception of an initial optional system message!') }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+MISTRAL_V01 = r"""{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"""
+
+LLAMA2 = r"""{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"""
+
+CHATML = r"""{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"""
+
+# Not a model's template: the constructs the interpreter supports beyond the five families,
+# each rendered by jinja2 through transformers (namespace, loop variables, tests, filters,
+# methods, slicing, ternaries, whitespace control, comments, for ... if, tuple unpacking).
+CONSTRUCTS = r"""{# constructs #}
+{%- set ns = namespace(count=0, last_role=none, seen="") %}
+{%- for m in messages %}
+    {%- set ns.count = ns.count + 1 %}
+    {%- set ns.seen = ns.seen ~ m.role[0] | upper %}
+    {%- if ns.last_role is none %}first={{ m.role }};{% endif %}
+    {%- set ns.last_role = m.role %}
+    [{{ loop.index }}/{{ loop.length }} i0={{ loop.index0 }} f={{ loop.first }} l={{ loop.last }}] {{ m['role'] | capitalize }}: {{ m.content | trim | tojson }}
+    {%- if m.content.strip().startswith('Hi') %} (greets){% elif m.content.endswith('?') %} (asks){% else %} (says){% endif %}
+{% endfor %}
+count={{ ns.count }} seen={{ ns.seen }} last={{ ns.last_role | lower }}
+users={% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content | length }}{{ ',' if not loop.last else '' }}{% endfor %}
+
+tail={{ messages[1:] | length }} head={{ messages[:1][0].role }} neg={{ messages[-1].role }}
+{{ 'gen' if add_generation_prompt else 'nogen' }} {{ 7 - 2 * 3 }} {{ 17 % 5 }} {{ 7 // 2 }} {{ -3 + 10 }}
+{{ "a b  c".split() | join("|") }} {{ "x,y".split(",") | tojson }} {{ "ab" in "cabd" }} {{ 'z' not in ['a', 'b'] }}
+{{ undefined_thing }}[{{ undefined_thing is defined }}{{ bos_token is defined }}{{ bos_token is string }}{{ none is none }}{{ 1 is string }}]
+{{ {"k": [1, 2.5, true, none, "é\"\n"]} | tojson }} {{ [1, [2, 3]] | tojson(indent=2) }}
+{{ 3 < 4 and 4 >= 4 and not 2 > 3 and 2 <= 2 and 1 != 2 or false }} {{ (1 + 2) ~ "x" ~ none ~ true }}
+{%- for k, v in {"a": 1, "b": "two"} | items %} {{ k }}={{ v }}{% endfor %}
+{% if messages | length > 2 %}many{% elif messages %}few{% else %}none{% endif %}
+  {%+ if true %}kept-indent{% endif +%}
+  {% if true %}lstripped{% endif %}
+{{ "  padded  " | trim }}|{{ "MiXeD" | lower }}|{{ "hello world" | title }}|{{ "abc".upper() }}|{{ "a-b-c".replace("-", "+") }}
+{{- eos_token -}}
+"""
+
+TEMPLATES = {
+    "llama3": LLAMA3,
+    "qwen2_5": QWEN25,
+    "mistral": MISTRAL,
+    "mistral_v0_1": MISTRAL_V01,
+    "llama2": LLAMA2,
+    "chatml": CHATML,
+    "constructs": CONSTRUCTS,
+}
+
+TOKENS = {
+    "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
+    "qwen2_5": ("", "<|im_end|>"),
+    "mistral": ("<s>", "</s>"),
+    "mistral_v0_1": ("<s>", "</s>"),
+    "llama2": ("<s>", "</s>"),
+    "chatml": ("<s>", "<|im_end|>"),
+    "constructs": ("<s>", "</s>"),
+}
+
+SYS = {"role": "system", "content": "You are a concise assistant."}
+U1 = {"role": "user", "content": "Hi! What is the capital of France?"}
+A1 = {"role": "assistant", "content": "Paris."}
+U2 = {"role": "user", "content": "And of Germany?"}
+A2 = {"role": "assistant", "content": "Berlin."}
+UNI = {"role": "user", "content": "Grüße aus Köln — 你好，世界！ Привет 🙂 ¿qué tal? ∑x²"}
+AUNI = {"role": "assistant", "content": "こんにちは 👋 «très bien»"}
+WS = {"role": "user", "content": "  \n\tpadded question?  \n "}
+AWS = {"role": "assistant", "content": "\n  padded answer \t"}
+SYSWS = {"role": "system", "content": "\n  Be brief.  \n"}
+
+CONVERSATIONS = [
+    ("system_user", [SYS, U1]),
+    ("user_only", [U1]),
+    ("multi_turn", [U1, A1, U2]),
+    ("system_multi_turn", [SYS, U1, A1, U2, A2]),
+    ("ends_with_assistant", [U1, A1]),
+    ("non_ascii", [SYS, UNI, AUNI, U2]),
+    ("whitespace", [SYSWS, WS, AWS, U2]),
+    ("whitespace_no_system", [WS, AWS]),
+]
+
+ERRORS = {
+    "mistral": [
+        ("user_user", [U1, U2]),
+        ("assistant_first", [A1, U1]),
+        ("system_then_assistant", [SYS, A1]),
+        ("tool_role", [U1, A1, {"role": "tool", "content": "42"}]),
+    ],
+    "mistral_v0_1": [
+        ("user_user", [U1, U2]),
+        ("system_role", [SYS, U1]),
+    ],
+    "llama2": [
+        ("user_user", [SYS, U1, U2]),
+        ("assistant_first", [A1]),
+    ],
+}
+
+
+def render(template, messages, agp, bos, eos, date_string):
+    kwargs = {"bos_token": bos, "eos_token": eos}
+    if date_string is not None:
+        kwargs["date_string"] = date_string
+    rendered, _ = render_jinja_template(
+        conversations=[messages], chat_template=template, add_generation_prompt=agp, **kwargs
+    )
+    return rendered[0]
+
+
+def make(name, template):
+    bos, eos = TOKENS[name]
+    cases = []
+    for label, messages in CONVERSATIONS:
+        for agp in (True, False):
+            for date_string in (["23 Jul 2025", None] if name == "llama3" and label == "user_only" else ["23 Jul 2025"]):
+                case = {
+                    "name": f"{label}{'' if agp else '_nogen'}{'' if date_string else '_nodate'}",
+                    "messages": messages,
+                    "add_generation_prompt": agp,
+                    "bos_token": bos,
+                    "eos_token": eos,
+                }
+                if date_string is not None:
+                    case["date_string"] = date_string
+                try:
+                    case["expected"] = render(template, messages, agp, bos, eos, date_string)
+                except jinja2.exceptions.TemplateError as e:
+                    case["error"] = str(e)
+                cases.append(case)
+    for label, messages in ERRORS.get(name, []):
+        case = {"name": label, "messages": messages, "add_generation_prompt": False,
+                "bos_token": bos, "eos_token": eos, "date_string": "23 Jul 2025"}
+        try:
+            case["expected"] = render(template, messages, False, bos, eos, "23 Jul 2025")
+            raise SystemExit(f"{name}/{label}: expected raise_exception, got {case['expected']!r}")
+        except jinja2.exceptions.TemplateError as e:
+            case["error"] = str(e)
+        cases.append(case)
+    return {"template": template, "cases": cases}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "chat_templates")
+    os.makedirs(out, exist_ok=True)
+    for name, template in TEMPLATES.items():
+        data = make(name, template)
+        with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        n_err = sum("error" in c for c in data["cases"])
+        print(f"{name}: {len(data['cases'])} cases ({n_err} errors)")
+
+
+if __name__ == "__main__":
+    main()
