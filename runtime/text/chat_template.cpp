@@ -487,16 +487,31 @@ void ChatTemplate::set_strftime_now(std::function<std::string(const std::string&
 const std::string& ChatTemplate::source() const { return source_; }
 const std::string& ChatTemplate::where() const { return where_; }
 
-std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
-                                 const nlohmann::json& extra) const {
-  if (!extra.is_object()) throw ChatTemplateError("chat template " + where_ + ": render: extra must be a JSON object");
-  Renderer r(*program_, strftime_now_);
+namespace {
+
+template <class J>
+std::string render_with(const Program& p, const std::function<std::string(const std::string&)>& strftime_now,
+                        const std::string& where, const J& messages, bool add_generation_prompt, const J& extra) {
+  if (!extra.is_object()) throw ChatTemplateError("chat template " + where + ": render: extra must be a JSON object");
+  Renderer r(p, strftime_now);
   r.globals["messages"] = from_json(messages);
   r.globals["tools"] = Value::none();
   r.globals["documents"] = Value::none();
   r.globals["add_generation_prompt"] = Value::boolean(add_generation_prompt);
   for (const auto& [k, v] : extra.items()) r.globals[k] = from_json(v);
   return r.run();
+}
+
+}  // namespace
+
+std::string ChatTemplate::render(const nlohmann::json& messages, bool add_generation_prompt,
+                                 const nlohmann::json& extra) const {
+  return render_with(*program_, strftime_now_, where_, messages, add_generation_prompt, extra);
+}
+
+std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& extra) const {
+  return render_with(*program_, strftime_now_, where_, messages, add_generation_prompt, extra);
 }
 
 std::optional<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path, const std::string& name) {

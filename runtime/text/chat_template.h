@@ -71,8 +71,12 @@ class ChatTemplate {
   // Renders with the variables transformers passes: `messages`, `add_generation_prompt`,
   // `tools` and `documents` (null unless `extra` has them), and each key of `extra` (an
   // object: bos_token, eos_token, date_string, ...), which may override the first two.
+  // Object keys reach the template in nlohmann::json's order (sorted); pass ordered_json to
+  // keep the document's order, as Python dicts do (it shows in tojson of tools/arguments).
   std::string render(const nlohmann::json& messages, bool add_generation_prompt,
                      const nlohmann::json& extra = nlohmann::json::object()) const;
+  std::string render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                     const nlohmann::ordered_json& extra) const;
 
   // strftime_now(format) in templates; by default the local time through std::strftime.
   void set_strftime_now(std::function<std::string(const std::string&)> fn);

@@ -643,26 +643,30 @@ std::string to_json(const Value& v, int indent, bool sort_keys, std::string& err
   return out;
 }
 
-Value from_json(const nlohmann::json& j) {
+template <class J>
+Value from_json_t(const J& j) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return Value::none();
-    case nlohmann::json::value_t::boolean: return Value::boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return Value::integer(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: return Value::integer(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::json::value_t::number_float: return Value::real(j.get<double>());
-    case nlohmann::json::value_t::string: return Value::string(j.get<std::string>());
-    case nlohmann::json::value_t::array: {
+    case nlohmann::detail::value_t::null: return Value::none();
+    case nlohmann::detail::value_t::boolean: return Value::boolean(j.template get<bool>());
+    case nlohmann::detail::value_t::number_integer: return Value::integer(j.template get<int64_t>());
+    case nlohmann::detail::value_t::number_unsigned: return Value::integer(static_cast<int64_t>(j.template get<uint64_t>()));
+    case nlohmann::detail::value_t::number_float: return Value::real(j.template get<double>());
+    case nlohmann::detail::value_t::string: return Value::string(j.template get<std::string>());
+    case nlohmann::detail::value_t::array: {
       List l;
-      for (const auto& x : j) l.push_back(from_json(x));
+      for (const auto& x : j) l.push_back(from_json_t(x));
       return Value::of_list(std::move(l));
     }
-    case nlohmann::json::value_t::object: {
+    case nlohmann::detail::value_t::object: {
       Dict d;
-      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json(x));
+      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json_t(x));
       return Value::of_dict(std::move(d));
     }
     default: return Value::none();
   }
 }
+
+Value from_json(const nlohmann::json& j) { return from_json_t(j); }
+Value from_json(const nlohmann::ordered_json& j) { return from_json_t(j); }
 
 }  // namespace ferry::text::chat_detail

@@ -37,6 +37,7 @@ std::optional<Value> call_method(const Value& obj, const std::string& name, cons
 // json.dumps(v, ensure_ascii=False, indent=(indent < 0 ? None : indent), sort_keys=sort_keys).
 std::string to_json(const Value& v, int indent, bool sort_keys, std::string& err);
 Value from_json(const nlohmann::json& j);
+Value from_json(const nlohmann::ordered_json& j);
 
 std::vector<std::string> utf8_chars(const std::string& s);
 std::string strip(const std::string& s);  // str.strip(): Python's Unicode whitespace

@@ -130,6 +130,101 @@ LLAMA3 = r"""{{- bos_token }}
 {%- endif %}
 """
 
+LLAMA3_2 = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
 QWEN25 = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0]['role'] == 'system' %}
@@ -250,6 +345,7 @@ tail={{ messages[1:] | length }} head={{ messages[:1][0].role }} neg={{ messages
 
 TEMPLATES = {
     "llama3": LLAMA3,
+    "llama3_2": LLAMA3_2,
     "qwen2_5": QWEN25,
     "mistral": MISTRAL,
     "mistral_v0_1": MISTRAL_V01,
@@ -260,6 +356,7 @@ TEMPLATES = {
 
 TOKENS = {
     "llama3": ("<|begin_of_text|>", "<|eot_id|>"),
+    "llama3_2": ("<|begin_of_text|>", "<|eot_id|>"),
     "qwen2_5": ("", "<|im_end|>"),
     "mistral": ("<s>", "</s>"),
     "mistral_v0_1": ("<s>", "</s>"),
@@ -290,6 +387,41 @@ CONVERSATIONS = [
     ("whitespace_no_system", [WS, AWS]),
 ]
 
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the current weather in a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city, e.g. Paris"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}},
+]
+UW = {"role": "user", "content": " What's the weather in Paris and Köln? "}
+CALL = {"role": "assistant", "tool_calls": [{"type": "function", "function": {
+    "name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]}
+CALL_WITH_TEXT = {"role": "assistant", "content": "Let me check.", "tool_calls": [
+    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Köln"}}}]}
+RESULT = {"role": "tool", "content": "22°C, sunny"}
+RESULT2 = {"role": "tool", "content": {"temperature": 18, "sky": "cloudy"}}
+ANSWER = {"role": "assistant", "content": "Paris: 22°C and sunny."}
+
+TOOL_CASES = {
+    "llama3": [
+        ("tools_system_user", [SYS, UW]),
+        ("tools_call_and_result", [SYS, UW, CALL, RESULT, ANSWER, U2]),
+        ("tools_mapping_result", [UW, CALL, RESULT2]),
+        ("tools_two_calls", [UW, CALL_WITH_TEXT]),
+        ("tools_no_user", [SYS]),
+    ],
+    "qwen2_5": [
+        ("tools_system_user", [SYS, UW]),
+        ("tools_no_system", [UW]),
+        ("tools_call_and_result", [SYS, UW, CALL, RESULT, ANSWER, U2]),
+        ("tools_two_calls_two_results", [UW, CALL_WITH_TEXT, RESULT, RESULT2]),
+    ],
+}
+TOOL_CASES["llama3_2"] = TOOL_CASES["llama3"]
+
 ERRORS = {
     "mistral": [
         ("user_user", [U1, U2]),
@@ -308,12 +440,12 @@ ERRORS = {
 }
 
 
-def render(template, messages, agp, bos, eos, date_string):
+def render(template, messages, agp, bos, eos, date_string, tools=None):
     kwargs = {"bos_token": bos, "eos_token": eos}
     if date_string is not None:
         kwargs["date_string"] = date_string
     rendered, _ = render_jinja_template(
-        conversations=[messages], chat_template=template, add_generation_prompt=agp, **kwargs
+        conversations=[messages], chat_template=template, add_generation_prompt=agp, tools=tools, **kwargs
     )
     return rendered[0]
 
@@ -338,6 +470,15 @@ def make(name, template):
                 except jinja2.exceptions.TemplateError as e:
                     case["error"] = str(e)
                 cases.append(case)
+    for label, messages in TOOL_CASES.get(name, []):
+        for agp in (True, False):
+            case = {"name": f"{label}{'' if agp else '_nogen'}", "messages": messages, "tools": TOOLS,
+                    "add_generation_prompt": agp, "bos_token": bos, "eos_token": eos, "date_string": "23 Jul 2025"}
+            try:
+                case["expected"] = render(template, messages, agp, bos, eos, "23 Jul 2025", TOOLS)
+            except jinja2.exceptions.TemplateError as e:
+                case["error"] = str(e)
+            cases.append(case)
     for label, messages in ERRORS.get(name, []):
         case = {"name": label, "messages": messages, "add_generation_prompt": False,
                 "bos_token": bos, "eos_token": eos, "date_string": "23 Jul 2025"}
