@@ -183,3 +183,33 @@ BOOST_AUTO_TEST_CASE(from_tokenizer_config_reads_a_string_or_named_templates) {
   BOOST_TEST(contains(err, "d.json: chat_template:1:4"), err);
   fs::remove_all(dir);
 }
+
+BOOST_AUTO_TEST_CASE(snippets_render_or_fail_as_jinja2_does) {
+  // tests/data/chat_templates/snippets.json: small templates for the corners of jinja2
+  // (whitespace control, escapes, Python str()/repr of values, operators, slicing, methods,
+  // scoping, filters, tests) with jinja2's output, or its error "Type: message".
+  const ojson data = read_ordered(kData + "snippets.json");
+  const ojson extra = extra_of(data);
+  int passed = 0;
+  for (const ojson& s : data.at("snippets")) {
+    const std::string src = s.at("template").get<std::string>();
+    BOOST_TEST_CONTEXT(show(src)) {
+      if (s.contains("expected")) {
+        std::string got;
+        BOOST_CHECK_NO_THROW(got = text::ChatTemplate(src, "snippet").render(data.at("messages"), true, extra));
+        const std::string want = s.at("expected").get<std::string>();
+        BOOST_TEST(got == want, "got " << show(got) << "\nwant " << show(want));
+        passed += got == want;
+      } else {
+        std::string want = s.at("error").get<std::string>();
+        want = want.substr(want.find(": ") + 2);  // jinja2's message without the exception type
+        const std::string err =
+            error_of([&] { text::ChatTemplate(src, "snippet").render(data.at("messages"), true, extra); });
+        BOOST_TEST(contains(err, want), "got " << err << "\nwant " << want);
+        BOOST_TEST(contains(err, "snippet:1:"), err);
+        passed += contains(err, want);
+      }
+    }
+  }
+  BOOST_TEST_MESSAGE("snippets: " << passed << "/" << data.at("snippets").size() << " as jinja2");
+}

@@ -109,9 +109,11 @@ class Renderer {
       return;
     }
     List parts = iterate(v, n.pos);
-    if (parts.size() != n.names.size())
-      fail(n.pos, "cannot unpack " + std::to_string(parts.size()) + " values into " +
-                      std::to_string(n.names.size()) + " loop variables");
+    if (parts.size() > n.names.size())
+      fail(n.pos, "too many values to unpack (expected " + std::to_string(n.names.size()) + ")");
+    if (parts.size() < n.names.size())
+      fail(n.pos, "not enough values to unpack (expected " + std::to_string(n.names.size()) + ", got " +
+                      std::to_string(parts.size()) + ")");
     for (size_t k = 0; k < parts.size(); ++k) scopes_.back()[n.names[k]] = parts[k];
   }
 
@@ -214,7 +216,7 @@ class Renderer {
       case Expr::Kind::Tuple: {
         List l;
         for (const auto& x : e.a) l.push_back(eval(*x));
-        return Value::of_list(std::move(l));
+        return e.kind == Expr::Kind::Tuple ? Value::of_tuple(std::move(l)) : Value::of_list(std::move(l));
       }
       case Expr::Kind::Dict: {
         Dict d;
@@ -274,7 +276,10 @@ class Renderer {
         if (r) return *r;
       }
       Value f = get_attr(obj, callee.name);
-      if (!f.is(K::Function)) fail(callee.pos, "'" + type_name(obj) + "' object has no method '" + callee.name + "'");
+      if (!f.is(K::Function)) {
+        if (f.is(K::Undefined)) fail(callee.pos, "'" + type_name(obj) + " object' has no attribute '" + callee.name + "'");
+        fail(e.pos, "'" + type_name(f) + "' object is not callable");
+      }
     }
     Value f = eval(callee);
     defined(f, callee.pos);
@@ -379,6 +384,14 @@ class Renderer {
     }
     List items = iterate(v, e.pos);
     if (f == "list") return Value::of_list(std::move(items));
+    if (f == "map") {
+      auto at = kw.find("attribute");
+      if (!args.empty() || kw.size() != 1 || at == kw.end() || !at->second.is(K::String))
+        fail(e.pos, "map: only map(attribute='name') is supported");
+      List out;
+      for (const Value& x : items) out.push_back(get_attr(x, at->second.s));
+      return Value::of_list(std::move(out));
+    }
     if (f == "first" || f == "last") {
       if (items.empty()) return Value::undefined("No first item, sequence was empty.");
       return f == "first" ? items.front() : items.back();
@@ -392,7 +405,7 @@ class Renderer {
       if (v.is(K::Undefined)) return Value::of_list({});
       if (!v.is(K::Dict)) fail(e.pos, "items: can only get item pairs from a mapping");
       List pairs;
-      for (const auto& [k, x] : *v.dict) pairs.push_back(Value::of_list({Value::string(k), x}));
+      for (const auto& [k, x] : *v.dict) pairs.push_back(Value::of_tuple({Value::string(k), x}));
       return Value::of_list(std::move(pairs));
     }
     if (f == "select" || f == "reject") {

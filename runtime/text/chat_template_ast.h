@@ -21,7 +21,7 @@ using Attrs = std::map<std::string, Value>;
 struct Value {
   enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Function };
   Kind kind = Kind::Undefined;
-  bool b = false;
+  bool b = false;   // Bool; List: a tuple (repr with parentheses, != a list)
   int64_t i = 0;
   double f = 0;
   std::string s;  // String; Function: its name; Undefined: the hint for the error message
@@ -53,6 +53,11 @@ struct Value {
   static Value string(std::string x) {
     Value v = make(Kind::String);
     v.s = std::move(x);
+    return v;
+  }
+  static Value of_tuple(List x) {
+    Value v = of_list(std::move(x));
+    v.b = true;
     return v;
   }
   static Value of_list(List x) {

@@ -280,9 +280,10 @@ std::string repr(const Value& v) {
   switch (v.kind) {
     case K::String: return str_repr(v.s);
     case K::List: {
-      std::string s = "[";
+      std::string s = v.b ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) s += (k ? ", " : "") + repr((*v.list)[k]);
-      return s + "]";
+      if (v.b && v.list->size() == 1) s += ",";
+      return s + (v.b ? ")" : "]");
     }
     case K::Dict: {
       std::string s = "{";
@@ -330,7 +331,7 @@ bool equal(const Value& a, const Value& b) {
     case K::String:
     case K::Function: return a.s == b.s;
     case K::List:
-      if (a.list->size() != b.list->size()) return false;
+      if (a.b != b.b || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
         if (!equal((*a.list)[k], (*b.list)[k])) return false;
       return true;
@@ -362,7 +363,7 @@ bool order(const Value& a, const Value& b, int& c) {
     c = r < 0 ? -1 : r > 0 ? 1 : 0;
     return true;
   }
-  if (a.is(K::List) && b.is(K::List)) {
+  if (a.is(K::List) && b.is(K::List) && a.b == b.b) {
     for (size_t k = 0; k < a.list->size() && k < b.list->size(); ++k) {
       if (equal((*a.list)[k], (*b.list)[k])) continue;
       return order((*a.list)[k], (*b.list)[k], c);
@@ -509,7 +510,7 @@ std::optional<Value> call_method(const Value& obj, const std::string& name, cons
       if (!nargs(0, 0)) return Value();
       List l;
       for (const auto& [k, v] : *obj.dict)
-        l.push_back(name == "keys" ? Value::string(k) : name == "values" ? v : Value::of_list({Value::string(k), v}));
+        l.push_back(name == "keys" ? Value::string(k) : name == "values" ? v : Value::of_tuple({Value::string(k), v}));
       return Value::of_list(std::move(l));
     }
     return std::nullopt;

@@ -440,6 +440,75 @@ ERRORS = {
 }
 
 
+# Small templates for the corners of jinja2 the families above may not reach; each is rendered
+# with SNIPPET_MESSAGES (add_generation_prompt=True, bos "<s>", eos "</s>") and recorded with
+# its output or, for a jinja2 error, "error": the exception's type and message.
+SNIPPET_MESSAGES = [SYS, U1, A1, UNI]
+SNIPPETS = [
+    # whitespace control, trim_blocks, lstrip_blocks, comments, newlines
+    "a  {%- if true %}  b  {% endif -%}  c",
+    "x\n  {% if true %}\n    y\n  {% endif %}\nz\n",
+    "x\n\t {%+ if true %}y{% endif +%}\nz",
+    "x\n  {{ 'v' }}\n  {# c #}\nz",
+    "x {#- c -#}   y\n{# c #}\nz\n\n",
+    "a\r\nb\rc{% if true %}\r\nd{% endif %}",
+    "{% for m in messages %}\n  {{- m.role }}\n{% endfor %}\n",
+    "{%- for m in messages -%}\n  [{{ m.role -}}  ]\n{%- endfor %}",
+    "  {% set x = 1 %}  {{ x }}",
+    "{{ '{{ not a tag }}' }}{{ \"%}\" }}{{ '}}' }}",
+    # literals and escapes
+    r"{{ 'a\tb\\n\'q\' \"d\" \u00e9 \x41 \101 \q' }}",
+    "{{ 'adj' \"acent\" }} {{ 0.1 + 0.2 }} {{ 1e20 }} {{ 1.5e-7 }} {{ 2.5e-3 }} {{ 100.0 }} {{ 1_000 }} {{ 3.0 * 2 }}",
+    "{{ 7 // -2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 7 / 2 }} {{ 6 / 3 }} {{ -(3) }} {{ +4 }}",
+    "{{ [1, 'it\\'s', \"q\\\"\", none, true, 1.5, [2]] }} {{ {'a': 1, 'b': [none]} }} {{ none }} {{ true }}",
+    "{{ 1 < 2 < 3 }} {{ 3 > 2 > 2 }} {{ 'a' < 'b' }} {{ [1, 2] < [1, 3] }} {{ 1 == 1.0 }} {{ 1 == true }} {{ 0 == false }} {{ none == false }} {{ 'a' == 'a' }}",
+    "{{ 'b' in {'b': 1} }} {{ 2 in [1, 2] }} {{ 'x' not in 'abc' }} {{ [1] + [2] }} {{ 'ab' * 3 }} {{ not 1 == 2 }} {{ not none }}",
+    "{{ 1 and 'x' }}|{{ 0 or '' or 'z' }}|{{ none or 0 }}|{{ 'a' if 0 }}|{{ 'a' if 1 }}|{{ 'p' if false else 'q' if true else 'r' }}",
+    "{{ 1 + 2 ~ 3 }}",
+    "{{ 'x' ~ 1 ~ none ~ nothing ~ true }} {{ - 3 | abs }} {{ (- 3) | abs }}",
+    # access and slicing
+    "{{ messages[0]['role'] }} {{ messages[-1].role }} {{ messages[1:3] | length }} {{ messages[::-1][0].role }} {{ messages[::2] | length }} {{ messages[10:] | length }}",
+    "{{ 'héllo wörld'[1:4] }} {{ 'héllo'[::-1] }} {{ 'héllo'[-1] }} {{ 'héllo' | length }} {{ 'abc'[5] }}|{{ messages[9] }}|{{ messages[0].nope }}",
+    "{{ messages[0].content.split()[1] }} {{ messages[1].content.split('!', 1) | tojson }} {{ 'a,b,,c'.split(',') | tojson }} {{ ' a  b '.split() | tojson }} {{ 'a b c'.split(none, 1) | tojson }}",
+    "{{ '  x  '.strip() }}|{{ 'xxhixx'.strip('x') }}|{{ '  y'.lstrip() }}|{{ 'z  '.rstrip() }}|{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}{{ 'abc'.startswith('') }}",
+    "{{ 'hello wORLD 3rd'.title() }}|{{ 'hELLO'.capitalize() }}|{{ 'aaa'.replace('a', 'b', 2) }}|{{ 'ab'.replace('', '-') }}|{{ 'Mx'.upper() }}{{ 'Mx'.lower() }}",
+    "{{ {'a': 1}.get('a') }} {{ {'a': 1}.get('b') }} {{ {'a': 1}.get('b', 2) }} {{ {'a': 1, 'b': 2}.items() | list }} {{ {'a': 1}.keys() | list }} {{ {'a': 1}.values() | list }}",
+    # loops and scoping
+    "{% for x in [1, 2, 3] %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+    "{% for x in [] %}a{% else %}empty{% endfor %}{% for x in [1] %}a{% else %}empty{% endfor %}",
+    "{% for k in {'b': 1, 'a': 2} %}{{ k }}{% endfor %} {% for c in 'hé' %}[{{ c }}]{% endfor %} {% for k, v in {'x': 1}.items() %}{{ k }}{{ v }}{% endfor %}",
+    "{% for x in [1, 2] %}{% for y in 'ab' %}{{ loop.index }}{{ x }}{{ y }} {% endfor %}{{ loop.index }}|{% endfor %}",
+    "{% set x = 'top' %}{% for i in [1, 2] %}{{ x }}{% set x = i %}{{ x }}{% endfor %}{{ x }}",
+    "{% if true %}{% set y = 'if-scope' %}{% endif %}{{ y }}{% for i in [1] %}{% set z = 1 %}{% endfor %}[{{ z }}]",
+    "{% set ns = namespace(n=0, s='') %}{% for i in [1, 2, 3] if i != 2 %}{% set ns.n = ns.n + i %}{% set ns.s = ns.s ~ loop.index %}{% endfor %}{{ ns.n }} {{ ns.s }}",
+    "{% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns.b }}{{ ns.c is defined }}",
+    "{% set messages = messages[1:] %}{{ messages | length }}{% for m in messages %}{% set messages = [] %}{{ messages | length }}{% endfor %}{{ messages | length }}",
+    # filters and tests
+    "{{ nothing | default('d') }}|{{ '' | default('d') }}|{{ '' | default('d', true) }}|{{ [3, 1] | first }}{{ [3, 1] | last }}|{{ [1, 2] | join('-') }}|{{ 'abc' | list }}",
+    "{{ ['a', 'b', 'a'] | reject('equalto', 'a') | list }} {{ [1, 2, 3, 4] | select('odd') | list }} {{ [1, none] | reject('none') | list }} {{ {'a': 1} | items | list }}",
+    "{{ ' x ' | trim }}|{{ 'xyx' | trim('x') }}|{{ 'ab' | upper }}|{{ 'AB' | lower }}|{{ 'aB' | capitalize }}|{{ 'a b' | title }}|{{ 'aXa' | replace('a', 'o') }}|{{ 5 | string }}{{ '42' | int + 1 }}{{ 'x' | int }}{{ 3.7 | int }}|{{ -2 | abs }}",
+    "{{ {'b': [1, 2.0, {'c': none}], 'a': 'é\\n\\u0001\"'} | tojson }}|{{ {'b': 1, 'a': {}} | tojson(sort_keys=true) }}|{{ [] | tojson(indent=2) }}|{{ {'a': []} | tojson(indent=0) }}|{{ 'x' | tojson }}",
+    "{{ nothing is defined }}{{ nothing is undefined }}{{ none is none }}{{ 1 is number }}{{ true is number }}{{ true is boolean }}{{ 1 is integer }}{{ 1.0 is float }}{{ 'a' is string }}{{ [] is sequence }}{{ {} is mapping }}{{ 'a' is iterable }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}{{ 9 is divisibleby(2) }}{{ 1 is eq 1 }}{{ 1 is ne 1 }}{{ 'ab' is lower }}{{ 'AB' is upper }}{{ true is true }}{{ 1 is true }}{{ false is false }}",
+    "{{ messages | length }} {{ messages[0] | length }} {{ nothing | length }} {{ messages[0].content | length }} {{ messages | map(attribute='role') | list if false else 'x' }} {{ messages | map(attribute='role') | join(',') }} {{ (1, 'a') }} {{ (1,) }} {{ () }} {{ (1, 2) == [1, 2] }} {{ (1, 2) | tojson }}",
+    # errors jinja2 raises
+    "{{ nothing.attr }}",
+    "{{ messages[0].nope.deeper }}",
+    "{{ 1 + 'a' }}",
+    "{{ 'a' < 1 }}",
+    "{{ 1 / 0 }}",
+    "{{ 1 // 0 }}",
+    "{{ nothing + 1 }}",
+    "{{ nothing | tojson }}",
+    "{{ raise_exception('custom: ' ~ messages | length) }}",
+    "{% for a, b in [[1, 2, 3]] %}{% endfor %}",
+    "{% set x = 1 %}{% set x.y = 2 %}",
+    "{{ 5 | join }}",
+    "{{ 'a'.split('') }}",
+    "{{ 'abc'.nomethod() }}",
+    "{{ messages() }}",
+]
+
+
 def render(template, messages, agp, bos, eos, date_string, tools=None):
     kwargs = {"bos_token": bos, "eos_token": eos}
     if date_string is not None:
@@ -495,6 +564,19 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "chat_templates")
     os.makedirs(out, exist_ok=True)
+    snippets = []
+    for src in SNIPPETS:
+        entry = {"template": src}
+        try:
+            entry["expected"] = render(src, SNIPPET_MESSAGES, True, "<s>", "</s>", None)
+        except Exception as e:  # jinja2 errors, TypeError, ZeroDivisionError, ...
+            entry["error"] = f"{type(e).__name__}: {e}"
+        snippets.append(entry)
+    with open(os.path.join(out, "snippets.json"), "w", encoding="utf-8") as f:
+        json.dump({"messages": SNIPPET_MESSAGES, "add_generation_prompt": True, "bos_token": "<s>",
+                   "eos_token": "</s>", "snippets": snippets}, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"snippets: {len(snippets)} ({sum('error' in x for x in snippets)} errors)")
     for name, template in TEMPLATES.items():
         data = make(name, template)
         with open(os.path.join(out, f"{name}.json"), "w", encoding="utf-8") as f:
