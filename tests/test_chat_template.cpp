@@ -1,7 +1,7 @@
 // Chat templates rendered as transformers' apply_chat_template(tokenize=False) renders them:
-// for each template in tests/data/chat_templates/ (Llama 3.1 and 3.2 with and without tools,
-// Qwen2.5 with and without tools, Mistral with a system
-// message and v0.1, Llama 2, ChatML, and a template of the supported constructs) every case's
+// for each template in tests/data/chat_templates/ (Llama 3.1 and 3.2, Qwen2.5 and Mistral v0.3,
+// each with and without tools; Mistral with a system message and v0.1, Llama 2, ChatML, and a
+// template of the supported constructs; 55 snippets for jinja2's corners) every case's
 // string is reproduced byte for byte, and raise_exception's message is carried by the error;
 // constructs outside the subset and syntax errors are refused naming the construct and the
 // line:column.
@@ -22,7 +22,8 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kData = std::string(FERRY_SOURCE_DIR) + "/tests/data/chat_templates/";
-const char* const kTemplates[] = {"llama3", "llama3_2", "qwen2_5", "mistral", "mistral_v0_1", "llama2", "chatml", "constructs"};
+const char* const kTemplates[] = {"llama3",       "llama3_2", "qwen2_5", "mistral",   "mistral_v0_1",
+                                  "mistral_v0_3", "llama2",   "chatml",  "constructs"};
 
 json read_json(const std::string& p) {
   std::ifstream in(p);

@@ -408,6 +408,19 @@ class Renderer {
       for (const auto& [k, x] : *v.dict) pairs.push_back(Value::of_tuple({Value::string(k), x}));
       return Value::of_list(std::move(pairs));
     }
+    if (f == "selectattr" || f == "rejectattr") {
+      if (args.empty() || !args[0].is(K::String)) fail(e.pos, f + ": an attribute name is required");
+      if (args.size() > 1 && (!args[1].is(K::String) || !is_known_test(args[1].s)))
+        fail(e.pos, f + ": unsupported test " + to_str(args[1]));
+      List kept;
+      for (const Value& x : items) {
+        Value a = get_attr(x, args[0].s);
+        bool hit = args.size() > 1 ? run_test(args[1].s, a, std::vector<Value>(args.begin() + 2, args.end()), e.pos)
+                                   : truthy(a);
+        if (hit == (f == "selectattr")) kept.push_back(x);
+      }
+      return Value::of_list(std::move(kept));
+    }
     if (f == "select" || f == "reject") {
       if (args.empty()) fail(e.pos, f + ": a test name is required");
       if (!args[0].is(K::String) || !is_known_test(args[0].s)) fail(e.pos, f + ": unsupported test " + to_str(args[0]));

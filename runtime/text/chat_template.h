@@ -19,7 +19,7 @@
 //   not, `a if c else b`; tests (is [not]) defined undefined none string number integer float
 //   boolean true false mapping iterable sequence equalto eq ne odd even divisibleby lower upper;
 //   filters trim length count tojson upper lower capitalize title join items select reject
-//   map(attribute=) first last default d string int list replace safe abs;
+//   selectattr rejectattr map(attribute=) first last default d string int list replace safe abs;
 //   string methods strip lstrip rstrip startswith endswith split upper lower title replace,
 //   dict methods get items keys values.
 // upper/lower/capitalize/title change ASCII letters only (Python changes all of Unicode).

@@ -28,7 +28,7 @@ std::string position(const Program& p, size_t pos) { return position(p.source, p
 bool is_known_filter(const std::string& n) {
   static const std::set<std::string> k = {
       "trim",  "length", "count", "tojson", "upper",   "lower", "capitalize", "title",
-      "join",  "items",  "map", "select", "reject", "first",  "last",  "default",    "d",
+      "join",  "items",  "map", "select", "selectattr", "rejectattr", "reject", "first",  "last",  "default",    "d",
       "string", "int",   "list",  "replace", "safe",   "abs"};
   return k.count(n) > 0;
 }

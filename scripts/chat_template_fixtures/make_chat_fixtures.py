@@ -307,6 +307,95 @@ MISTRAL = r"""{%- if messages[0]['role'] == 'system' %}
 {%- endfor %}
 """
 
+MISTRAL_V03 = r"""{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+{%- set user_messages = loop_messages | selectattr("role", "equalto", "user") | list %}
+
+{#- This block checks for alternating user/assistant messages, skipping tool calling messages #}
+{%- set ns = namespace() %}
+{%- set ns.index = 0 %}
+{%- for message in loop_messages %}
+    {%- if not (message.role == "tool" or message.role == "tool_results" or (message.tool_calls is defined and message.tool_calls is not none)) %}
+        {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+            {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+        {%- endif %}
+        {%- set ns.index = ns.index + 1 %}
+    {%- endif %}
+{%- endfor %}
+
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if tools is not none and (message == user_messages[-1]) %}
+            {{- "[AVAILABLE_TOOLS] [" }}
+            {%- for tool in tools %}
+                {%- set tool = tool.function %}
+                {{- '{"type": "function", "function": {' }}
+                {%- for key, val in tool.items() if key != "return" %}
+                    {%- if val is string %}
+                        {{- '"' + key + '": "' + val + '"' }}
+                    {%- else %}
+                        {{- '"' + key + '": ' + val|tojson }}
+                    {%- endif %}
+                    {%- if not loop.last %}
+                        {{- ", " }}
+                    {%- endif %}
+                {%- endfor %}
+                {{- "}}" }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- else %}
+                    {{- "]" }}
+                {%- endif %}
+            {%- endfor %}
+            {{- "[/AVAILABLE_TOOLS]" }}
+            {%- endif %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message.tool_calls is defined and message.tool_calls is not none %}
+        {{- "[TOOL_CALLS] [" }}
+        {%- for tool_call in message.tool_calls %}
+            {%- set out = tool_call.function|tojson %}
+            {{- out[:-1] }}
+            {%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+                {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+            {%- endif %}
+            {{- ', "id": "' + tool_call.id + '"}' }}
+            {%- if not loop.last %}
+                {{- ", " }}
+            {%- else %}
+                {{- "]" + eos_token }}
+            {%- endif %}
+        {%- endfor %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- elif message["role"] == "tool_results" or message["role"] == "tool" %}
+        {%- if message.content is defined and message.content.content is defined %}
+            {%- set content = message.content.content %}
+        {%- else %}
+            {%- set content = message.content %}
+        {%- endif %}
+        {{- '[TOOL_RESULTS] {"content": ' + content|string + ", " }}
+        {%- if not message.tool_call_id is defined or message.tool_call_id|length != 9 %}
+            {{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}
+        {%- endif %}
+        {{- '"call_id": "' + message.tool_call_id + '"}[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+"""
+
 MISTRAL_V01 = r"""{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"""
 
 LLAMA2 = r"""{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"""
@@ -349,6 +438,7 @@ TEMPLATES = {
     "qwen2_5": QWEN25,
     "mistral": MISTRAL,
     "mistral_v0_1": MISTRAL_V01,
+    "mistral_v0_3": MISTRAL_V03,
     "llama2": LLAMA2,
     "chatml": CHATML,
     "constructs": CONSTRUCTS,
@@ -360,6 +450,7 @@ TOKENS = {
     "qwen2_5": ("", "<|im_end|>"),
     "mistral": ("<s>", "</s>"),
     "mistral_v0_1": ("<s>", "</s>"),
+    "mistral_v0_3": ("<s>", "</s>"),
     "llama2": ("<s>", "</s>"),
     "chatml": ("<s>", "<|im_end|>"),
     "constructs": ("<s>", "</s>"),
@@ -421,6 +512,18 @@ TOOL_CASES = {
     ],
 }
 TOOL_CASES["llama3_2"] = TOOL_CASES["llama3"]
+CALL_ID = {"role": "assistant", "tool_calls": [{"id": "call00001", "type": "function", "function": {
+    "name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}]}
+CALL_BAD_ID = {"role": "assistant", "tool_calls": [{"id": "x", "type": "function", "function": {
+    "name": "get_weather", "arguments": {"city": "Paris"}}}]}
+RESULT_ID = {"role": "tool", "tool_call_id": "call00001", "content": "22°C, sunny"}
+RESULT_ID_MAP = {"role": "tool", "tool_call_id": "call00001", "content": {"content": "22°C"}}
+TOOL_CASES["mistral_v0_3"] = [
+    ("tools_system_user", [SYS, UW]),
+    ("tools_call_and_result", [SYS, UW, CALL_ID, RESULT_ID, ANSWER, U2]),
+    ("tools_nested_content", [UW, CALL_ID, RESULT_ID_MAP, ANSWER]),
+    ("tools_bad_call_id", [UW, CALL_BAD_ID]),
+]
 
 ERRORS = {
     "mistral": [
@@ -428,6 +531,12 @@ ERRORS = {
         ("assistant_first", [A1, U1]),
         ("system_then_assistant", [SYS, A1]),
         ("tool_role", [U1, A1, {"role": "tool", "content": "42"}]),
+    ],
+    "mistral_v0_3": [
+        ("user_user", [U1, U2]),
+        ("assistant_first", [SYS, A1, U1]),
+        ("tool_role_without_id", [U1, A1, {"role": "tool", "content": "42"}]),
+        ("other_role", [U1, {"role": "critic", "content": "no"}]),
     ],
     "mistral_v0_1": [
         ("user_user", [U1, U2]),
