@@ -1,5 +1,5 @@
 // Internals of chat_template.cpp: the values a template computes with, the syntax tree, and
-// the parser (chat_template_parse.cpp) that builds it from the template source.
+// the lexer (chat_template_lex.cpp) and parser (chat_template_parse.cpp) that build it.
 #pragma once
 
 #include <cstdint>
@@ -127,11 +127,30 @@ struct Node {
   std::vector<std::string> names;   // For: targets; Set: the name; SetAttr: name, attribute
 };
 
+// The lexer's output: template text, and the tokens of each {{ }} and {% %} tag.
+struct Token {
+  enum Kind { Name, String, Int, Float, Op, End } kind;
+  std::string text;  // Name, Op; String: the unescaped value
+  size_t pos;
+  int64_t i = 0;
+  double f = 0;
+};
+
+struct Segment {
+  enum Kind { Text, Var, Block } kind;
+  size_t pos;
+  std::string text;
+  std::vector<Token> toks;  // ended by an End token
+};
+
 struct Program {
   std::string source;  // newlines normalized, one trailing newline dropped
   std::string where;
   Body body;
 };
+
+// Splits p.source into segments (chat_template_lex.cpp); throws ChatTemplateError.
+std::vector<Segment> lex_template(const Program& p);
 
 // Parses `source` (see chat_template.h for the subset); throws ChatTemplateError.
 std::unique_ptr<Program> parse_template(const std::string& source, const std::string& where);
