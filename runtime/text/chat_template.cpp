@@ -1,15 +1,16 @@
 // Rendering a parsed chat template (chat_template_ast.h) with jinja2's semantics: Python
 // values, truthiness, str() and ==, the default Undefined, for-loop scoping, and the
 // globals and tojson filter of transformers' environment. The values' Python behaviour
-// (str, repr, json.dumps, string methods) is in chat_template_value.cpp.
+// (str, repr, json.dumps) is in chat_template_value.cpp, the str and dict
+// methods in chat_template_str.cpp.
 #include "runtime/text/chat_template.h"
 
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <optional>
-#include <fstream>
 #include <sstream>
 
 #include "runtime/text/chat_template_ast.h"
@@ -47,25 +48,34 @@ class Renderer {
 
   void exec(const Node& n) {
     switch (n.kind) {
-      case Node::Kind::Text: out_ += n.text; return;
-      case Node::Kind::Output: out_ += to_str(eval(*n.expr)); return;
+      case Node::Kind::Text:
+        out_ += n.text;
+        return;
+      case Node::Kind::Output:
+        out_ += to_str(eval(*n.expr));
+        return;
       case Node::Kind::If:
         for (size_t k = 0; k < n.conds.size(); ++k)
           if (truthy(eval(*n.conds[k]))) return exec(n.bodies[k]);
         if (n.bodies.size() > n.conds.size()) exec(n.bodies.back());
         return;
-      case Node::Kind::Set: scopes_.back()[n.names[0]] = eval(*n.expr); return;
+      case Node::Kind::Set:
+        scopes_.back()[n.names[0]] = eval(*n.expr);
+        return;
       case Node::Kind::SetAttr: {
         Value target = lookup(n.names[0]);
         if (!target.is(K::Namespace))
           fail(n.pos, "cannot assign attribute on non-namespace object '" + n.names[0] + "'");
         if (!n.names[1].empty() && n.names[1][0] == '_')
-          fail(n.pos, "chat templates cannot store underscore-prefixed attributes on a namespace, but got '" +
-                          n.names[1] + "'");
+          fail(n.pos,
+               "chat templates cannot store underscore-prefixed attributes on a namespace, but got "
+               "'" +
+                   n.names[1] + "'");
         (*target.ns)[n.names[1]] = eval(*n.expr);
         return;
       }
-      case Node::Kind::For: return exec_for(n);
+      case Node::Kind::For:
+        return exec_for(n);
     }
   }
 
@@ -86,15 +96,16 @@ class Renderer {
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
       scopes_.emplace_back();
-      Dict loop = {{"index0", Value::integer(k)},
-                   {"index", Value::integer(k + 1)},
-                   {"revindex0", Value::integer(len - k - 1)},
-                   {"revindex", Value::integer(len - k)},
-                   {"first", Value::boolean(k == 0)},
-                   {"last", Value::boolean(k == len - 1)},
-                   {"length", Value::integer(len)},
-                   {"previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item")},
-                   {"nextitem", k + 1 < len ? items[k + 1] : Value::undefined("there is no next item")}};
+      Dict loop = {
+          {"index0", Value::integer(k)},
+          {"index", Value::integer(k + 1)},
+          {"revindex0", Value::integer(len - k - 1)},
+          {"revindex", Value::integer(len - k)},
+          {"first", Value::boolean(k == 0)},
+          {"last", Value::boolean(k == len - 1)},
+          {"length", Value::integer(len)},
+          {"previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item")},
+          {"nextitem", k + 1 < len ? items[k + 1] : Value::undefined("there is no next item")}};
       scopes_.back()["loop"] = Value::of_dict(std::move(loop));
       bind(n, items[k]);
       exec(n.bodies[0]);
@@ -112,8 +123,8 @@ class Renderer {
     if (parts.size() > n.names.size())
       fail(n.pos, "too many values to unpack (expected " + std::to_string(n.names.size()) + ")");
     if (parts.size() < n.names.size())
-      fail(n.pos, "not enough values to unpack (expected " + std::to_string(n.names.size()) + ", got " +
-                      std::to_string(parts.size()) + ")");
+      fail(n.pos, "not enough values to unpack (expected " + std::to_string(n.names.size()) +
+                      ", got " + std::to_string(parts.size()) + ")");
     for (size_t k = 0; k < parts.size(); ++k) scopes_.back()[n.names[k]] = parts[k];
   }
 
@@ -124,7 +135,8 @@ class Renderer {
     }
     auto g = globals.find(name);
     if (g != globals.end()) return g->second;
-    if (name == "raise_exception" || name == "strftime_now" || name == "namespace" || name == "dict")
+    if (name == "raise_exception" || name == "strftime_now" || name == "namespace" ||
+        name == "dict")
       return Value::function(name);
     return Value::undefined("'" + name + "' is undefined");
   }
@@ -132,8 +144,10 @@ class Renderer {
   // --- expressions -----------------------------------------------------------------------
   List iterate(const Value& v, size_t pos) const {
     switch (v.kind) {
-      case K::Undefined: return {};
-      case K::List: return *v.list;
+      case K::Undefined:
+        return {};
+      case K::List:
+        return *v.list;
       case K::Dict: {
         List keys;
         for (const auto& [k, _] : *v.dict) keys.push_back(Value::string(k));
@@ -144,7 +158,8 @@ class Renderer {
         for (const std::string& c : utf8_chars(v.s)) chars.push_back(Value::string(c));
         return chars;
       }
-      default: fail(pos, "'" + type_name(v) + "' object is not iterable");
+      default:
+        fail(pos, "'" + type_name(v) + "' object is not iterable");
     }
   }
 
@@ -156,9 +171,12 @@ class Renderer {
 
   Value eval(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::Literal: return e.value;
-      case Expr::Kind::Name: return lookup(e.name);
-      case Expr::Kind::Attr: return get_attr(defined(eval(*e.a[0]), e.pos), e.name);
+      case Expr::Kind::Literal:
+        return e.value;
+      case Expr::Kind::Name:
+        return lookup(e.name);
+      case Expr::Kind::Attr:
+        return get_attr(defined(eval(*e.a[0]), e.pos), e.name);
       case Expr::Kind::Item: {
         Value obj = eval(*e.a[0]);
         defined(obj, e.pos);
@@ -169,18 +187,23 @@ class Renderer {
         defined(obj, e.pos);
         return slice(obj, eval(*e.a[1]), eval(*e.a[2]), eval(*e.a[3]), e.pos);
       }
-      case Expr::Kind::Call: return call(e);
-      case Expr::Kind::Filter: return filter(e);
-      case Expr::Kind::Test: return Value::boolean(test(e) != e.negated);
-      case Expr::Kind::Not: return Value::boolean(!truthy(eval(*e.a[0])));
+      case Expr::Kind::Call:
+        return call(e);
+      case Expr::Kind::Filter:
+        return filter(e);
+      case Expr::Kind::Test:
+        return Value::boolean(test(e) != e.negated);
+      case Expr::Kind::Not:
+        return Value::boolean(!truthy(eval(*e.a[0])));
       case Expr::Kind::Neg:
       case Expr::Kind::Pos: {
         Value v = defined(eval(*e.a[0]), e.pos);
         if (v.is(K::Bool)) v = Value::integer(v.b);
         if (v.is(K::Int)) return Value::integer(e.kind == Expr::Kind::Neg ? -v.i : v.i);
         if (v.is(K::Float)) return Value::real(e.kind == Expr::Kind::Neg ? -v.f : v.f);
-        fail(e.pos, "bad operand type for unary " + std::string(e.kind == Expr::Kind::Neg ? "-" : "+") + ": '" +
-                        type_name(v) + "'");
+        fail(e.pos, "bad operand type for unary " +
+                        std::string(e.kind == Expr::Kind::Neg ? "-" : "+") + ": '" + type_name(v) +
+                        "'");
       }
       case Expr::Kind::Binary: {
         Value l = eval(*e.a[0]), r = eval(*e.a[1]);
@@ -211,18 +234,21 @@ class Renderer {
       }
       case Expr::Kind::Cond:
         if (truthy(eval(*e.a[0]))) return eval(*e.a[1]);
-        return e.a.size() > 2 ? eval(*e.a[2]) : Value::undefined("the inline if expression evaluated to false");
+        return e.a.size() > 2 ? eval(*e.a[2])
+                              : Value::undefined("the inline if expression evaluated to false");
       case Expr::Kind::List:
       case Expr::Kind::Tuple: {
         List l;
         for (const auto& x : e.a) l.push_back(eval(*x));
-        return e.kind == Expr::Kind::Tuple ? Value::of_tuple(std::move(l)) : Value::of_list(std::move(l));
+        return e.kind == Expr::Kind::Tuple ? Value::of_tuple(std::move(l))
+                                           : Value::of_list(std::move(l));
       }
       case Expr::Kind::Dict: {
         Dict d;
         for (size_t k = 0; k + 1 < e.a.size(); k += 2) {
           Value key = eval(*e.a[k]);
-          if (!key.is(K::String)) fail(e.a[k]->pos, "dict keys other than strings are not supported");
+          if (!key.is(K::String))
+            fail(e.a[k]->pos, "dict keys other than strings are not supported");
           dict_set(d, key.s, eval(*e.a[k + 1]));
         }
         return Value::of_dict(std::move(d));
@@ -237,16 +263,22 @@ class Renderer {
     if (op == "in" || op == "notin") {
       bool found = false;
       switch (r.kind) {
-        case K::Undefined: found = false; break;
+        case K::Undefined:
+          found = false;
+          break;
         case K::String:
-          if (!l.is(K::String)) fail(pos, "'in <string>' requires string as left operand, not " + type_name(l));
+          if (!l.is(K::String))
+            fail(pos, "'in <string>' requires string as left operand, not " + type_name(l));
           found = r.s.find(l.s) != std::string::npos;
           break;
         case K::List:
           for (const Value& x : *r.list) found = found || equal(l, x);
           break;
-        case K::Dict: found = l.is(K::String) && dict_get(*r.dict, l.s) != nullptr; break;
-        default: fail(pos, "argument of type '" + type_name(r) + "' is not iterable");
+        case K::Dict:
+          found = l.is(K::String) && dict_get(*r.dict, l.s) != nullptr;
+          break;
+        default:
+          fail(pos, "argument of type '" + type_name(r) + "' is not iterable");
       }
       return (op == "in") == found;
     }
@@ -254,7 +286,8 @@ class Renderer {
     defined(r, pos);
     int c = 0;
     if (!order(l, r, c))
-      fail(pos, "'" + op + "' not supported between instances of '" + type_name(l) + "' and '" + type_name(r) + "'");
+      fail(pos, "'" + op + "' not supported between instances of '" + type_name(l) + "' and '" +
+                    type_name(r) + "'");
     if (op == "<") return c < 0;
     if (op == ">") return c > 0;
     if (op == "<=") return c <= 0;
@@ -277,7 +310,9 @@ class Renderer {
       }
       Value f = get_attr(obj, callee.name);
       if (!f.is(K::Function)) {
-        if (f.is(K::Undefined)) fail(callee.pos, "'" + type_name(obj) + " object' has no attribute '" + callee.name + "'");
+        if (f.is(K::Undefined))
+          fail(callee.pos,
+               "'" + type_name(obj) + " object' has no attribute '" + callee.name + "'");
         fail(e.pos, "'" + type_name(f) + "' object is not callable");
       }
     }
@@ -286,16 +321,19 @@ class Renderer {
     if (!f.is(K::Function)) fail(e.pos, "'" + type_name(f) + "' object is not callable");
     if (f.s == "raise_exception") {
       std::string msg = args.empty() ? "" : to_str(args[0]);
-      throw ChatTemplateError("chat template " + position(p_, e.pos) + ": raise_exception: " + msg, msg);
+      throw ChatTemplateError("chat template " + position(p_, e.pos) + ": raise_exception: " + msg,
+                              msg);
     }
     if (f.s == "strftime_now") {
-      if (args.size() != 1 || !args[0].is(K::String)) fail(e.pos, "strftime_now(format) takes one string");
+      if (args.size() != 1 || !args[0].is(K::String))
+        fail(e.pos, "strftime_now(format) takes one string");
       return Value::string(strftime_now_(args[0].s));
     }
     if (f.s == "namespace" || f.s == "dict") {
       Dict d;
       if (!args.empty()) {
-        if (args.size() > 1 || !args[0].is(K::Dict)) fail(e.pos, f.s + "() takes at most one dict argument");
+        if (args.size() > 1 || !args[0].is(K::Dict))
+          fail(e.pos, f.s + "() takes at most one dict argument");
         d = *args[0].dict;
       }
       for (auto& [k, v] : kwargs) dict_set(d, k, v);
@@ -304,7 +342,10 @@ class Renderer {
       ns.ns = std::make_shared<Attrs>();
       for (auto& [k, v] : d) {
         if (!k.empty() && k[0] == '_')
-          fail(e.pos, "chat templates cannot store underscore-prefixed attributes on a namespace, but got '" + k + "'");
+          fail(e.pos,
+               "chat templates cannot store underscore-prefixed attributes on a namespace, but got "
+               "'" +
+                   k + "'");
         (*ns.ns)[k] = v;
       }
       return ns;
@@ -336,8 +377,10 @@ class Renderer {
       for (const auto& [k, _] : kw)
         if (k != "indent" && k != "sort_keys" && k != "ensure_ascii")
           fail(e.pos, "tojson: unsupported argument '" + k + "'");
-      if (const Value* ea = arg(1, "ensure_ascii"); ea && truthy(*ea)) fail(e.pos, "tojson: ensure_ascii=True is not supported");
-      if (indent && !indent->is(K::None) && !indent->is(K::Int)) fail(e.pos, "tojson: indent must be an int");
+      if (const Value* ea = arg(1, "ensure_ascii"); ea && truthy(*ea))
+        fail(e.pos, "tojson: ensure_ascii=True is not supported");
+      if (indent && !indent->is(K::None) && !indent->is(K::Int))
+        fail(e.pos, "tojson: indent must be an int");
       std::string err;
       std::string s = to_json(v, indent && indent->is(K::Int) ? static_cast<int>(indent->i) : -1,
                               sort && truthy(*sort), err);
@@ -346,19 +389,24 @@ class Renderer {
     }
     if (f == "length" || f == "count") {
       switch (v.kind) {
-        case K::Undefined: return Value::integer(0);
-        case K::String: return Value::integer(static_cast<int64_t>(utf8_chars(v.s).size()));
-        case K::List: return Value::integer(static_cast<int64_t>(v.list->size()));
-        case K::Dict: return Value::integer(static_cast<int64_t>(v.dict->size()));
-        default: fail(e.pos, "object of type '" + type_name(v) + "' has no len()");
+        case K::Undefined:
+          return Value::integer(0);
+        case K::String:
+          return Value::integer(static_cast<int64_t>(utf8_chars(v.s).size()));
+        case K::List:
+          return Value::integer(static_cast<int64_t>(v.list->size()));
+        case K::Dict:
+          return Value::integer(static_cast<int64_t>(v.dict->size()));
+        default:
+          fail(e.pos, "object of type '" + type_name(v) + "' has no len()");
       }
     }
     if (f == "safe") return v;
     if (f == "string") return Value::string(to_str(v));
-    if (f == "trim" || f == "upper" || f == "lower" || f == "capitalize" || f == "title" || f == "replace") {
+    if (f == "trim" || f == "upper" || f == "lower" || f == "capitalize" || f == "title" ||
+        f == "replace") {
       std::string s = to_str(v), err;
-      std::optional<Value> r =
-          call_method(Value::string(s), f == "trim" ? "strip" : f, args, err);
+      std::optional<Value> r = call_method(Value::string(s), f == "trim" ? "strip" : f, args, err);
       if (!err.empty()) fail(e.pos, f + ": " + err);
       return *r;
     }
@@ -378,7 +426,8 @@ class Renderer {
     }
     if (f == "abs") {
       defined(v, e.pos);
-      if (v.is(K::Int) || v.is(K::Bool)) return Value::integer(std::abs(v.is(K::Bool) ? int64_t(v.b) : v.i));
+      if (v.is(K::Int) || v.is(K::Bool))
+        return Value::integer(std::abs(v.is(K::Bool) ? int64_t(v.b) : v.i));
       if (v.is(K::Float)) return Value::real(std::abs(v.f));
       fail(e.pos, "bad operand type for abs(): '" + type_name(v) + "'");
     }
@@ -409,21 +458,25 @@ class Renderer {
       return Value::of_list(std::move(pairs));
     }
     if (f == "selectattr" || f == "rejectattr") {
-      if (args.empty() || !args[0].is(K::String)) fail(e.pos, f + ": an attribute name is required");
+      if (args.empty() || !args[0].is(K::String))
+        fail(e.pos, f + ": an attribute name is required");
       if (args.size() > 1 && (!args[1].is(K::String) || !is_known_test(args[1].s)))
         fail(e.pos, f + ": unsupported test " + to_str(args[1]));
       List kept;
       for (const Value& x : items) {
         Value a = get_attr(x, args[0].s);
-        bool hit = args.size() > 1 ? run_test(args[1].s, a, std::vector<Value>(args.begin() + 2, args.end()), e.pos)
-                                   : truthy(a);
+        bool hit =
+            args.size() > 1
+                ? run_test(args[1].s, a, std::vector<Value>(args.begin() + 2, args.end()), e.pos)
+                : truthy(a);
         if (hit == (f == "selectattr")) kept.push_back(x);
       }
       return Value::of_list(std::move(kept));
     }
     if (f == "select" || f == "reject") {
       if (args.empty()) fail(e.pos, f + ": a test name is required");
-      if (!args[0].is(K::String) || !is_known_test(args[0].s)) fail(e.pos, f + ": unsupported test " + to_str(args[0]));
+      if (!args[0].is(K::String) || !is_known_test(args[0].s))
+        fail(e.pos, f + ": unsupported test " + to_str(args[0]));
       List kept;
       for (const Value& x : items) {
         std::vector<Value> targs(args.begin() + 1, args.end());
@@ -441,9 +494,11 @@ class Renderer {
     return run_test(e.name, v, args, e.pos);
   }
 
-  bool run_test(const std::string& t, const Value& v, const std::vector<Value>& args, size_t pos) const {
+  bool run_test(const std::string& t, const Value& v, const std::vector<Value>& args,
+                size_t pos) const {
     auto need = [&](size_t n) {
-      if (args.size() != n) fail(pos, "test '" + t + "' takes " + std::to_string(n) + " argument(s)");
+      if (args.size() != n)
+        fail(pos, "test '" + t + "' takes " + std::to_string(n) + " argument(s)");
     };
     if (t == "defined") return !v.is(K::Undefined);
     if (t == "undefined") return v.is(K::Undefined);
@@ -456,7 +511,8 @@ class Renderer {
     if (t == "true") return v.is(K::Bool) && v.b;
     if (t == "false") return v.is(K::Bool) && !v.b;
     if (t == "mapping") return v.is(K::Dict);
-    if (t == "iterable") return v.is(K::String) || v.is(K::List) || v.is(K::Dict) || v.is(K::Undefined);
+    if (t == "iterable")
+      return v.is(K::String) || v.is(K::List) || v.is(K::Dict) || v.is(K::Undefined);
     if (t == "sequence") return v.is(K::String) || v.is(K::List) || v.is(K::Dict);
     if (t == "equalto" || t == "eq" || t == "==") return need(1), equal(v, args[0]);
     if (t == "ne" || t == "!=") return need(1), !equal(v, args[0]);
@@ -499,7 +555,9 @@ std::string default_strftime_now(const std::string& format) {
 }  // namespace
 
 ChatTemplate::ChatTemplate(std::string source, std::string where)
-    : source_(std::move(source)), where_(std::move(where)), program_(parse_template(source_, where_)),
+    : source_(std::move(source)),
+      where_(std::move(where)),
+      program_(parse_template(source_, where_)),
       strftime_now_(default_strftime_now) {}
 
 ChatTemplate::~ChatTemplate() = default;
@@ -510,15 +568,22 @@ void ChatTemplate::set_strftime_now(std::function<std::string(const std::string&
   strftime_now_ = std::move(fn);
 }
 
-const std::string& ChatTemplate::source() const { return source_; }
-const std::string& ChatTemplate::where() const { return where_; }
+const std::string& ChatTemplate::source() const {
+  return source_;
+}
+const std::string& ChatTemplate::where() const {
+  return where_;
+}
 
 namespace {
 
 template <class J>
-std::string render_with(const Program& p, const std::function<std::string(const std::string&)>& strftime_now,
-                        const std::string& where, const J& messages, bool add_generation_prompt, const J& extra) {
-  if (!extra.is_object()) throw ChatTemplateError("chat template " + where + ": render: extra must be a JSON object");
+std::string render_with(const Program& p,
+                        const std::function<std::string(const std::string&)>& strftime_now,
+                        const std::string& where, const J& messages, bool add_generation_prompt,
+                        const J& extra) {
+  if (!extra.is_object())
+    throw ChatTemplateError("chat template " + where + ": render: extra must be a JSON object");
   Renderer r(p, strftime_now);
   r.globals["messages"] = from_json(messages);
   r.globals["tools"] = Value::none();
@@ -540,7 +605,8 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, bool ad
   return render_with(*program_, strftime_now_, where_, messages, add_generation_prompt, extra);
 }
 
-std::optional<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path, const std::string& name) {
+std::optional<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::string& path,
+                                                                const std::string& name) {
   std::ifstream in(path);
   if (!in) throw ChatTemplateError(path + ": cannot read the tokenizer config");
   nlohmann::json config;
@@ -556,15 +622,18 @@ std::optional<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::strin
     if (!name.empty() && name != "default") return std::nullopt;
     return ChatTemplate(ct.get<std::string>(), path + ": chat_template");
   }
-  if (!ct.is_array()) throw ChatTemplateError(path + ": chat_template is neither a string nor a list");
+  if (!ct.is_array())
+    throw ChatTemplateError(path + ": chat_template is neither a string nor a list");
   const std::string want = name.empty() ? "default" : name;
   for (size_t k = 0; k < ct.size(); ++k) {
     const nlohmann::json& e = ct[k];
-    if (!e.is_object() || !e.contains("name") || !e.contains("template") || !e["name"].is_string() ||
-        !e["template"].is_string())
-      throw ChatTemplateError(path + ": chat_template[" + std::to_string(k) + "] is not a {\"name\", \"template\"}");
+    if (!e.is_object() || !e.contains("name") || !e.contains("template") ||
+        !e["name"].is_string() || !e["template"].is_string())
+      throw ChatTemplateError(path + ": chat_template[" + std::to_string(k) +
+                              "] is not a {\"name\", \"template\"}");
     if (e["name"] == want)
-      return ChatTemplate(e["template"].get<std::string>(), path + ": chat_template \"" + want + "\"");
+      return ChatTemplate(e["template"].get<std::string>(),
+                          path + ": chat_template \"" + want + "\"");
   }
   return std::nullopt;
 }

@@ -21,7 +21,7 @@ using Attrs = std::map<std::string, Value>;
 struct Value {
   enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Function };
   Kind kind = Kind::Undefined;
-  bool b = false;   // Bool; List: a tuple (repr with parentheses, != a list)
+  bool b = false;  // Bool; List: a tuple (repr with parentheses, != a list)
   int64_t i = 0;
   double f = 0;
   std::string s;  // String; Function: its name; Undefined: the hint for the error message
@@ -96,12 +96,17 @@ struct Expr {
     Call,     // a[0](a[1..], kwargs)
     Filter,   // a[0] | name(a[1..], kwargs)
     Test,     // a[0] is [not] name(a[1..])  (negated)
-    Not, Neg, Pos,
+    Not,
+    Neg,
+    Pos,
     Binary,   // a[0] name a[1]: + - * / // % ** ~
     Compare,  // a[0] ops[0] a[1] ops[1] a[2] ...: == != < > <= >= in notin
-    And, Or,
-    Cond,     // a[1] if a[0] else a[2] (a[2] may be missing)
-    List, Tuple, Dict  // Dict: keys a[0], a[2], ..., values a[1], a[3], ...
+    And,
+    Or,
+    Cond,  // a[1] if a[0] else a[2] (a[2] may be missing)
+    List,
+    Tuple,
+    Dict  // Dict: keys a[0], a[2], ..., values a[1], a[3], ...
   };
   Kind kind;
   size_t pos = 0;  // offset in the normalized source
@@ -120,11 +125,11 @@ struct Node {
   enum class Kind { Text, Output, If, For, Set, SetAttr };
   Kind kind;
   size_t pos = 0;
-  std::string text;                 // Text
-  ExprP expr;                       // Output, Set, SetAttr: the value; For: the sequence
-  std::vector<ExprP> conds;         // If: one per branch (if, elif...); For: the filter, if any
-  std::vector<Body> bodies;         // If: one per cond, then the else body; For: body, else
-  std::vector<std::string> names;   // For: targets; Set: the name; SetAttr: name, attribute
+  std::string text;                // Text
+  ExprP expr;                      // Output, Set, SetAttr: the value; For: the sequence
+  std::vector<ExprP> conds;        // If: one per branch (if, elif...); For: the filter, if any
+  std::vector<Body> bodies;        // If: one per cond, then the else body; For: body, else
+  std::vector<std::string> names;  // For: targets; Set: the name; SetAttr: name, attribute
 };
 
 // The lexer's output: template text, and the tokens of each {{ }} and {% %} tag.

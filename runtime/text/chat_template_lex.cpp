@@ -12,7 +12,9 @@ namespace ferry::text::chat_detail {
 
 namespace {
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
 
 void append_utf8(std::string& out, uint32_t cp) {
   if (cp < 0x80) {
@@ -84,7 +86,8 @@ class Lexer {
         size_t after = end + 2;
         if (end > body && src_[end - 1] == '-') {
           while (after < src_.size() && is_space(src_[after])) ++after;
-        } else if (!(end > body && src_[end - 1] == '+') && after < src_.size() && src_[after] == '\n') {
+        } else if (!(end > body && src_[end - 1] == '+') && after < src_.size() &&
+                   src_[after] == '\n') {
           ++after;
         }
         line_starting = src_[after - 1] == '\n';
@@ -129,12 +132,17 @@ class Lexer {
       char c = src_[pos];
       size_t start = pos;
       if (std::isdigit(static_cast<unsigned char>(c))) {
-        while (pos < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[pos])) || src_[pos] == '_')) ++pos;
+        while (pos < src_.size() &&
+               (std::isdigit(static_cast<unsigned char>(src_[pos])) || src_[pos] == '_'))
+          ++pos;
         bool is_float = false;
-        if (pos + 1 < src_.size() && src_[pos] == '.' && std::isdigit(static_cast<unsigned char>(src_[pos + 1]))) {
+        if (pos + 1 < src_.size() && src_[pos] == '.' &&
+            std::isdigit(static_cast<unsigned char>(src_[pos + 1]))) {
           is_float = true;
           ++pos;
-          while (pos < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[pos])) || src_[pos] == '_')) ++pos;
+          while (pos < src_.size() &&
+                 (std::isdigit(static_cast<unsigned char>(src_[pos])) || src_[pos] == '_'))
+            ++pos;
         }
         if (pos < src_.size() && (src_[pos] == 'e' || src_[pos] == 'E')) {
           size_t q = pos + 1;
@@ -159,14 +167,16 @@ class Lexer {
           }
         toks.push_back(t);
       } else if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
-        while (pos < src_.size() && (std::isalnum(static_cast<unsigned char>(src_[pos])) || src_[pos] == '_')) ++pos;
+        while (pos < src_.size() &&
+               (std::isalnum(static_cast<unsigned char>(src_[pos])) || src_[pos] == '_'))
+          ++pos;
         toks.push_back({Token::Name, src_.substr(start, pos - start), start});
       } else if (c == '\'' || c == '"') {
         toks.push_back({Token::String, lex_string(pos), start});
       } else {
-        static const char* const ops[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~",
-                                          "[",  "]",  "(",  ")",  "{",  "}",  ">", "<", "=", ".", ":", "|",
-                                          ",",  ";"};
+        static const char* const ops[] = {"//", "**", "==", "!=", ">=", "<=", "+", "-", "/",
+                                          "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
+                                          ">",  "<",  "=",  ".",  ":",  "|",  ",", ";"};
         const char* op = nullptr;
         for (const char* o : ops)
           if (src_.compare(pos, std::strlen(o), o) == 0) {
@@ -175,7 +185,8 @@ class Lexer {
           }
         if (!op) fail(pos, std::string("unexpected character '") + c + "'");
         std::string o(op);
-        if (o == "(" || o == "[" || o == "{") balance.push_back(o == "(" ? ')' : o == "[" ? ']' : '}');
+        if (o == "(" || o == "[" || o == "{")
+          balance.push_back(o == "(" ? ')' : o == "[" ? ']' : '}');
         if (o == ")" || o == "]" || o == "}") {
           if (balance.empty() || balance.back() != o[0]) fail(pos, "unexpected '" + o + "'");
           balance.pop_back();
@@ -206,26 +217,55 @@ class Lexer {
         uint32_t v = 0;
         for (int k = 0; k < n; ++k) {
           char h = src_[pos++];
-          if (!std::isxdigit(static_cast<unsigned char>(h))) fail(pos - 1, "bad hex digit in escape");
-          v = v * 16 + (std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (std::tolower(h) - 'a' + 10));
+          if (!std::isxdigit(static_cast<unsigned char>(h)))
+            fail(pos - 1, "bad hex digit in escape");
+          v = v * 16 + (std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
+                                                                    : (std::tolower(h) - 'a' + 10));
         }
         return v;
       };
       switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '\\': out += '\\'; break;
-        case '\'': out += '\''; break;
-        case '"': out += '"'; break;
-        case 'a': out += '\a'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'v': out += '\v'; break;
-        case '\n': break;
-        case 'x': append_utf8(out, hex(2)); break;
-        case 'u': append_utf8(out, hex(4)); break;
-        case 'U': append_utf8(out, hex(8)); break;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '"':
+          out += '"';
+          break;
+        case 'a':
+          out += '\a';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'v':
+          out += '\v';
+          break;
+        case '\n':
+          break;
+        case 'x':
+          append_utf8(out, hex(2));
+          break;
+        case 'u':
+          append_utf8(out, hex(4));
+          break;
+        case 'U':
+          append_utf8(out, hex(8));
+          break;
         default:
           if (e >= '0' && e <= '7') {
             uint32_t v = e - '0';
@@ -247,6 +287,8 @@ class Lexer {
 
 }  // namespace
 
-std::vector<Segment> lex_template(const Program& p) { return Lexer(p).run(); }
+std::vector<Segment> lex_template(const Program& p) {
+  return Lexer(p).run();
+}
 
 }  // namespace ferry::text::chat_detail

@@ -21,22 +21,24 @@ std::string position(const std::string& source, const std::string& where, size_t
   return where + ":" + std::to_string(line) + ":" + std::to_string(col);
 }
 
-std::string position(const Program& p, size_t pos) { return position(p.source, p.where, pos); }
+std::string position(const Program& p, size_t pos) {
+  return position(p.source, p.where, pos);
+}
 
 bool is_known_filter(const std::string& n) {
   static const std::set<std::string> k = {
-      "trim",  "length", "count", "tojson", "upper",   "lower", "capitalize", "title",
-      "join",  "items",  "map", "select", "selectattr", "rejectattr", "reject", "first",  "last",  "default",    "d",
-      "string", "int",   "list",  "replace", "safe",   "abs"};
+      "trim",   "length",  "count", "tojson",  "upper",  "lower",      "capitalize",
+      "title",  "join",    "items", "map",     "select", "selectattr", "rejectattr",
+      "reject", "first",   "last",  "default", "d",      "string",     "int",
+      "list",   "replace", "safe",  "abs"};
   return k.count(n) > 0;
 }
 
 bool is_known_test(const std::string& n) {
   static const std::set<std::string> k = {
-      "defined", "undefined", "none",     "string",   "number", "integer", "float",
-      "boolean", "true",      "false",    "mapping",  "iterable", "sequence", "equalto",
-      "eq",      "==",        "ne",       "!=",       "odd",    "even",    "divisibleby",
-      "lower",   "upper"};
+      "defined", "undefined", "none",    "string",   "number",      "integer", "float", "boolean",
+      "true",    "false",     "mapping", "iterable", "sequence",    "equalto", "eq",    "==",
+      "ne",      "!=",        "odd",     "even",     "divisibleby", "lower",   "upper"};
   return k.count(n) > 0;
 }
 
@@ -54,7 +56,6 @@ class Parser {
   }
 
  private:
-
   [[noreturn]] void fail(size_t pos, const std::string& msg) const {
     throw ChatTemplateError("chat template " + position(p_, pos) + ": " + msg);
   }
@@ -97,7 +98,9 @@ class Parser {
         fail(kw.pos, "unsupported construct '{% " + kw.text + " %}'");
       }
     }
-    if (opener) fail(src_.size(), std::string("unexpected end of template: '{% ") + opener + " %}' is not closed");
+    if (opener)
+      fail(src_.size(),
+           std::string("unexpected end of template: '{% ") + opener + " %}' is not closed");
     return body;
   }
 
@@ -178,8 +181,10 @@ class Parser {
       n.kind = Node::Kind::SetAttr;
       n.names.push_back(a.text);
     }
-    if (tok().kind == Token::Op && tok().text == ",") fail(tok().pos, "unsupported construct: tuple assignment in '{% set %}'");
-    if (tok().kind == Token::End) fail(tok().pos, "unsupported construct: block '{% set %}' ... '{% endset %}'");
+    if (tok().kind == Token::Op && tok().text == ",")
+      fail(tok().pos, "unsupported construct: tuple assignment in '{% set %}'");
+    if (tok().kind == Token::End)
+      fail(tok().pos, "unsupported construct: block '{% set %}' ... '{% endset %}'");
     if (!accept_op("=")) fail(tok().pos, "expected '=' in '{% set %}'");
     n.expr = parse_expr();
     expect_end();
@@ -210,15 +215,20 @@ class Parser {
     if (!accept_op(o)) fail(tok().pos, std::string("expected '") + o + "', got " + describe(tok()));
   }
   void expect_end() {
-    if (tok().kind != Token::End) fail(tok().pos, "expected the end of the tag, got " + describe(tok()));
+    if (tok().kind != Token::End)
+      fail(tok().pos, "expected the end of the tag, got " + describe(tok()));
   }
   static std::string describe(const Token& t) {
     switch (t.kind) {
-      case Token::End: return "the end of the tag";
-      case Token::String: return "a string";
+      case Token::End:
+        return "the end of the tag";
+      case Token::String:
+        return "a string";
       case Token::Int:
-      case Token::Float: return "'" + t.text + "'";
-      default: return "'" + t.text + "'";
+      case Token::Float:
+        return "'" + t.text + "'";
+      default:
+        return "'" + t.text + "'";
     }
   }
   static Node node(Node::Kind k, size_t pos) {
@@ -283,13 +293,15 @@ class Parser {
     ExprP c;
     for (;;) {
       std::string op;
-      if (tok().kind == Token::Op && (tok().text == "==" || tok().text == "!=" || tok().text == "<" ||
-                                      tok().text == ">" || tok().text == "<=" || tok().text == ">=")) {
+      if (tok().kind == Token::Op &&
+          (tok().text == "==" || tok().text == "!=" || tok().text == "<" || tok().text == ">" ||
+           tok().text == "<=" || tok().text == ">=")) {
         op = next().text;
       } else if (is_name("in")) {
         next();
         op = "in";
-      } else if (is_name("not") && (*toks_)[t_ + 1].kind == Token::Name && (*toks_)[t_ + 1].text == "in") {
+      } else if (is_name("not") && (*toks_)[t_ + 1].kind == Token::Name &&
+                 (*toks_)[t_ + 1].text == "in") {
         t_ += 2;
         op = "notin";
       } else {
@@ -387,8 +399,10 @@ class Parser {
         lit->value = t.kind == Token::Int ? Value::integer(t.i) : Value::real(t.f);
         return lit;
       }
-      case Token::End: fail(t.pos, "unexpected end of the tag, expected an expression");
-      case Token::Op: break;
+      case Token::End:
+        fail(t.pos, "unexpected end of the tag, expected an expression");
+      case Token::Op:
+        break;
     }
     if (t.text == "(") {
       if (accept_op(")")) return make(Expr::Kind::Tuple, t.pos);
@@ -482,12 +496,14 @@ class Parser {
   void parse_args(Expr& call) {
     expect_op("(");
     while (!is_op(")")) {
-      if (tok().kind == Token::Name && (*toks_)[t_ + 1].kind == Token::Op && (*toks_)[t_ + 1].text == "=") {
+      if (tok().kind == Token::Name && (*toks_)[t_ + 1].kind == Token::Op &&
+          (*toks_)[t_ + 1].text == "=") {
         std::string key = next().text;
         next();
         call.kwargs.emplace_back(key, parse_expr());
       } else {
-        if (is_op("*") || is_op("**")) fail(tok().pos, "unsupported construct: *args/**kwargs in a call");
+        if (is_op("*") || is_op("**"))
+          fail(tok().pos, "unsupported construct: *args/**kwargs in a call");
         if (!call.kwargs.empty()) fail(tok().pos, "positional argument after a keyword argument");
         call.a.push_back(parse_expr());
       }
@@ -527,9 +543,10 @@ class Parser {
         t->a.push_back(std::move(e));
         if (is_op("(")) {
           parse_args(*t);
-        } else if ((tok().kind == Token::Name && !is_name("else") && !is_name("or") && !is_name("and")) ||
-                   tok().kind == Token::String || tok().kind == Token::Int || tok().kind == Token::Float ||
-                   is_op("[") || is_op("{")) {
+        } else if ((tok().kind == Token::Name && !is_name("else") && !is_name("or") &&
+                    !is_name("and")) ||
+                   tok().kind == Token::String || tok().kind == Token::Int ||
+                   tok().kind == Token::Float || is_op("[") || is_op("{")) {
           if (is_name("is")) fail(tok().pos, "cannot chain tests with 'is'");
           t->a.push_back(parse_postfix(parse_primary()));
         }

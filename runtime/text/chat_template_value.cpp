@@ -1,4 +1,5 @@
-// Python semantics of chat template values; see chat_template_value.h.
+// Python semantics of chat template values; see chat_template_value.h. The str and dict
+// methods are in chat_template_str.cpp.
 #include "runtime/text/chat_template_value.h"
 
 #include <algorithm>
@@ -11,50 +12,6 @@ namespace ferry::text::chat_detail {
 using K = Value::Kind;
 
 namespace {
-
-// The code point at s[k] (advancing k); an invalid byte stands for itself.
-uint32_t next_cp(const std::string& s, size_t& k) {
-  unsigned char c = static_cast<unsigned char>(s[k]);
-  int n = c < 0x80 ? 0 : (c >> 5) == 6 ? 1 : (c >> 4) == 14 ? 2 : (c >> 3) == 30 ? 3 : -1;
-  if (n <= 0 || k + n >= s.size()) {
-    ++k;
-    return c;
-  }
-  uint32_t cp = c & (0x3F >> n);
-  for (int j = 1; j <= n; ++j) {
-    unsigned char d = static_cast<unsigned char>(s[k + j]);
-    if ((d & 0xC0) != 0x80) {
-      ++k;
-      return c;
-    }
-    cp = (cp << 6) | (d & 0x3F);
-  }
-  k += n + 1;
-  return cp;
-}
-
-bool is_py_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
-// [begin, end) byte offsets of s without leading/trailing code points matching `drop`.
-template <class F>
-std::string strip_if(const std::string& s, bool left, bool right, F drop) {
-  std::vector<std::pair<size_t, uint32_t>> cps;  // byte offset, code point
-  for (size_t k = 0; k < s.size();) {
-    size_t at = k;
-    cps.emplace_back(at, next_cp(s, k));
-  }
-  size_t b = 0, e = cps.size();
-  if (left)
-    while (b < e && drop(cps[b].second)) ++b;
-  if (right)
-    while (e > b && drop(cps[e - 1].second)) --e;
-  size_t from = b < cps.size() ? cps[b].first : s.size();
-  size_t to = e < cps.size() ? cps[e].first : s.size();
-  return s.substr(from, to - from);
-}
 
 std::string float_repr(double x) {
   if (std::isnan(x)) return "nan";
@@ -117,13 +74,27 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           char b[8];
@@ -137,16 +108,23 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-void dump(const Value& v, int indent, bool sort_keys, int level, std::string& out, std::string& err) {
+void dump(const Value& v, int indent, bool sort_keys, int level, std::string& out,
+          std::string& err) {
   if (!err.empty()) return;
   auto newline = [&](int l) {
     if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent) * l, ' ');
   };
   const char* item_sep = indent >= 0 ? "," : ", ";
   switch (v.kind) {
-    case K::None: out += "null"; return;
-    case K::Bool: out += v.b ? "true" : "false"; return;
-    case K::Int: out += std::to_string(v.i); return;
+    case K::None:
+      out += "null";
+      return;
+    case K::Bool:
+      out += v.b ? "true" : "false";
+      return;
+    case K::Int:
+      out += std::to_string(v.i);
+      return;
     case K::Float:
       if (std::isnan(v.f))
         out += "NaN";
@@ -155,7 +133,9 @@ void dump(const Value& v, int indent, bool sort_keys, int level, std::string& ou
       else
         out += float_repr(v.f);
       return;
-    case K::String: out += json_string(v.s); return;
+    case K::String:
+      out += json_string(v.s);
+      return;
     case K::List:
       if (v.list->empty()) {
         out += "[]";
@@ -177,7 +157,9 @@ void dump(const Value& v, int indent, bool sort_keys, int level, std::string& ou
       }
       std::vector<const std::pair<std::string, Value>*> items;
       for (const auto& kv : *v.dict) items.push_back(&kv);
-      if (sort_keys) std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return a->first < b->first; });
+      if (sort_keys)
+        std::stable_sort(items.begin(), items.end(),
+                         [](auto* a, auto* b) { return a->first < b->first; });
       out += "{";
       for (size_t k = 0; k < items.size(); ++k) {
         if (k) out += item_sep;
@@ -189,7 +171,8 @@ void dump(const Value& v, int indent, bool sort_keys, int level, std::string& ou
       out += "}";
       return;
     }
-    default: err = "Object of type " + type_name(v) + " is not JSON serializable";
+    default:
+      err = "Object of type " + type_name(v) + " is not JSON serializable";
   }
 }
 
@@ -199,12 +182,19 @@ int64_t floor_div(int64_t a, int64_t b) {
   return q;
 }
 
-bool is_num(const Value& v) { return v.is(K::Int) || v.is(K::Float) || v.is(K::Bool); }
-double as_double(const Value& v) { return v.is(K::Float) ? v.f : v.is(K::Bool) ? v.b : static_cast<double>(v.i); }
-int64_t as_int(const Value& v) { return v.is(K::Bool) ? v.b : v.i; }
+bool is_num(const Value& v) {
+  return v.is(K::Int) || v.is(K::Float) || v.is(K::Bool);
+}
+double as_double(const Value& v) {
+  return v.is(K::Float) ? v.f : v.is(K::Bool) ? v.b : static_cast<double>(v.i);
+}
+int64_t as_int(const Value& v) {
+  return v.is(K::Bool) ? v.b : v.i;
+}
 
 // Python's index normalization for slices.
-void slice_bounds(int64_t len, const Value& start, const Value& stop, int64_t step, int64_t& b, int64_t& e) {
+void slice_bounds(int64_t len, const Value& start, const Value& stop, int64_t step, int64_t& b,
+                  int64_t& e) {
   auto norm = [&](const Value& v, int64_t dflt, bool is_start) {
     if (!v.is(K::Int)) return dflt;
     int64_t x = v.i;
@@ -218,18 +208,6 @@ void slice_bounds(int64_t len, const Value& start, const Value& stop, int64_t st
 }
 
 }  // namespace
-
-std::vector<std::string> utf8_chars(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t k = 0; k < s.size();) {
-    size_t at = k;
-    next_cp(s, k);
-    out.push_back(s.substr(at, k - at));
-  }
-  return out;
-}
-
-std::string strip(const std::string& s) { return strip_if(s, true, true, is_py_space); }
 
 const Value* dict_get(const Dict& d, const std::string& key) {
   for (const auto& [k, v] : d)
@@ -249,36 +227,55 @@ void dict_set(Dict& d, const std::string& key, Value v) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case K::Undefined:
-    case K::None: return false;
-    case K::Bool: return v.b;
-    case K::Int: return v.i != 0;
-    case K::Float: return v.f != 0;
-    case K::String: return !v.s.empty();
-    case K::List: return !v.list->empty();
-    case K::Dict: return !v.dict->empty();
-    default: return true;
+    case K::None:
+      return false;
+    case K::Bool:
+      return v.b;
+    case K::Int:
+      return v.i != 0;
+    case K::Float:
+      return v.f != 0;
+    case K::String:
+      return !v.s.empty();
+    case K::List:
+      return !v.list->empty();
+    case K::Dict:
+      return !v.dict->empty();
+    default:
+      return true;
   }
 }
 
 std::string type_name(const Value& v) {
   switch (v.kind) {
-    case K::Undefined: return "Undefined";
-    case K::None: return "NoneType";
-    case K::Bool: return "bool";
-    case K::Int: return "int";
-    case K::Float: return "float";
-    case K::String: return "str";
-    case K::List: return "list";
-    case K::Dict: return "dict";
-    case K::Namespace: return "Namespace";
-    case K::Function: return "function";
+    case K::Undefined:
+      return "Undefined";
+    case K::None:
+      return "NoneType";
+    case K::Bool:
+      return "bool";
+    case K::Int:
+      return "int";
+    case K::Float:
+      return "float";
+    case K::String:
+      return "str";
+    case K::List:
+      return "list";
+    case K::Dict:
+      return "dict";
+    case K::Namespace:
+      return "Namespace";
+    case K::Function:
+      return "function";
   }
   return "?";
 }
 
 std::string repr(const Value& v) {
   switch (v.kind) {
-    case K::String: return str_repr(v.s);
+    case K::String:
+      return str_repr(v.s);
     case K::List: {
       std::string s = v.b ? "(" : "[";
       for (size_t k = 0; k < v.list->size(); ++k) s += (k ? ", " : "") + repr((*v.list)[k]);
@@ -291,20 +288,28 @@ std::string repr(const Value& v) {
         s += (k ? ", " : "") + str_repr((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
       return s + "}";
     }
-    default: return to_str(v);
+    default:
+      return to_str(v);
   }
 }
 
 std::string to_str(const Value& v) {
   switch (v.kind) {
-    case K::Undefined: return "";
-    case K::None: return "None";
-    case K::Bool: return v.b ? "True" : "False";
-    case K::Int: return std::to_string(v.i);
-    case K::Float: return float_repr(v.f);
-    case K::String: return v.s;
+    case K::Undefined:
+      return "";
+    case K::None:
+      return "None";
+    case K::Bool:
+      return v.b ? "True" : "False";
+    case K::Int:
+      return std::to_string(v.i);
+    case K::Float:
+      return float_repr(v.f);
+    case K::String:
+      return v.s;
     case K::List:
-    case K::Dict: return repr(v);
+    case K::Dict:
+      return repr(v);
     case K::Namespace: {
       std::string s = "<Namespace {";
       bool first = true;
@@ -314,7 +319,8 @@ std::string to_str(const Value& v) {
       }
       return s + "}>";
     }
-    case K::Function: return "<function " + v.s + ">";
+    case K::Function:
+      return "<function " + v.s + ">";
   }
   return "";
 }
@@ -327,9 +333,11 @@ bool equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case K::Undefined:
-    case K::None: return true;
+    case K::None:
+      return true;
     case K::String:
-    case K::Function: return a.s == b.s;
+    case K::Function:
+      return a.s == b.s;
     case K::List:
       if (a.b != b.b || a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
@@ -342,8 +350,10 @@ bool equal(const Value& a, const Value& b) {
         if (!y || !equal(x, *y)) return false;
       }
       return true;
-    case K::Namespace: return a.ns == b.ns;
-    default: return false;
+    case K::Namespace:
+      return a.ns == b.ns;
+    default:
+      return false;
   }
 }
 
@@ -376,7 +386,8 @@ bool order(const Value& a, const Value& b, int& c) {
 
 Value arithmetic(const std::string& op, const Value& a, const Value& b, std::string& err) {
   auto bad = [&] {
-    err = "unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" + type_name(b) + "'";
+    err = "unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" +
+          type_name(b) + "'";
     return Value();
   };
   if (is_num(a) && is_num(b)) {
@@ -459,7 +470,8 @@ Value get_item(const Value& obj, const Value& key, size_t) {
       if (i < 0) i += n;
       if (i >= 0 && i < n) return Value::string(cs[i]);
     }
-    return Value::undefined("'" + type_name(obj) + " object' has no element " + std::to_string(as_int(key)));
+    return Value::undefined("'" + type_name(obj) + " object' has no element " +
+                            std::to_string(as_int(key)));
   }
   if (key.is(K::String)) return get_attr(obj, key.s);
   return Value::undefined("'" + type_name(obj) + " object' has no element " + repr(key));
@@ -491,153 +503,6 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
   return obj.is(K::List) ? Value::of_list(std::move(items)) : Value::string(s);
 }
 
-std::optional<Value> call_method(const Value& obj, const std::string& name, const std::vector<Value>& args,
-                                 std::string& err) {
-  auto nargs = [&](size_t lo, size_t hi) {
-    if (args.size() < lo || args.size() > hi) {
-      err = name + "() takes " + std::to_string(lo) + (hi > lo ? " to " + std::to_string(hi) : "") + " argument(s)";
-      return false;
-    }
-    return true;
-  };
-  if (obj.is(K::Dict)) {
-    if (name == "get") {
-      if (!nargs(1, 2)) return Value();
-      const Value* v = args[0].is(K::String) ? dict_get(*obj.dict, args[0].s) : nullptr;
-      return v ? *v : args.size() > 1 ? args[1] : Value::none();
-    }
-    if (name == "items" || name == "keys" || name == "values") {
-      if (!nargs(0, 0)) return Value();
-      List l;
-      for (const auto& [k, v] : *obj.dict)
-        l.push_back(name == "keys" ? Value::string(k) : name == "values" ? v : Value::of_tuple({Value::string(k), v}));
-      return Value::of_list(std::move(l));
-    }
-    return std::nullopt;
-  }
-  if (!obj.is(K::String)) return std::nullopt;
-  const std::string& s = obj.s;
-  if (name == "strip" || name == "lstrip" || name == "rstrip") {
-    if (!nargs(0, 1)) return Value();
-    bool l = name != "rstrip", r = name != "lstrip";
-    if (args.empty() || args[0].is(K::None)) return Value::string(strip_if(s, l, r, is_py_space));
-    if (!args[0].is(K::String)) return err = name + " arg must be None or str", Value();
-    std::vector<uint32_t> set;
-    for (size_t k = 0; k < args[0].s.size();) set.push_back(next_cp(args[0].s, k));
-    return Value::string(
-        strip_if(s, l, r, [&](uint32_t c) { return std::find(set.begin(), set.end(), c) != set.end(); }));
-  }
-  if (name == "startswith" || name == "endswith") {
-    if (!nargs(1, 1)) return Value();
-    std::vector<std::string> cands;
-    if (args[0].is(K::String)) {
-      cands.push_back(args[0].s);
-    } else if (args[0].is(K::List)) {
-      for (const Value& x : *args[0].list) {
-        if (!x.is(K::String)) return err = name + " first arg must be str or a tuple of str", Value();
-        cands.push_back(x.s);
-      }
-    } else {
-      return err = name + " first arg must be str or a tuple of str", Value();
-    }
-    for (const std::string& c : cands) {
-      bool hit = c.size() <= s.size() &&
-                 (name == "startswith" ? s.compare(0, c.size(), c) == 0 : s.compare(s.size() - c.size(), c.size(), c) == 0);
-      if (hit) return Value::boolean(true);
-    }
-    return Value::boolean(false);
-  }
-  if (name == "split") {
-    if (!nargs(0, 2)) return Value();
-    int64_t maxsplit = args.size() > 1 && args[1].is(K::Int) ? args[1].i : -1;
-    List parts;
-    if (args.empty() || args[0].is(K::None)) {
-      std::string cur;
-      bool in_word = false;
-      for (size_t k = 0; k < s.size();) {
-        size_t at = k;
-        uint32_t c = next_cp(s, k);
-        if (is_py_space(c) && !(maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit)) {
-          if (in_word) parts.push_back(Value::string(cur));
-          cur.clear();
-          in_word = false;
-        } else if (!is_py_space(c) || in_word) {
-          if (!in_word && maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit) {
-            cur = strip_if(s.substr(at), false, true, is_py_space);
-            in_word = true;
-            break;
-          }
-          cur += s.substr(at, k - at);
-          in_word = true;
-        }
-      }
-      if (in_word) parts.push_back(Value::string(cur));
-      return Value::of_list(std::move(parts));
-    }
-    if (!args[0].is(K::String)) return err = "must be str or None, not " + type_name(args[0]), Value();
-    const std::string& sep = args[0].s;
-    if (sep.empty()) return err = "empty separator", Value();
-    size_t from = 0;
-    for (;;) {
-      size_t at = s.find(sep, from);
-      if (at == std::string::npos || (maxsplit >= 0 && static_cast<int64_t>(parts.size()) >= maxsplit)) break;
-      parts.push_back(Value::string(s.substr(from, at - from)));
-      from = at + sep.size();
-    }
-    parts.push_back(Value::string(s.substr(from)));
-    return Value::of_list(std::move(parts));
-  }
-  if (name == "upper" || name == "lower" || name == "title" || name == "capitalize") {
-    if (!nargs(0, 0)) return Value();
-    std::string out = s;
-    bool prev_cased = false;
-    for (size_t k = 0; k < out.size(); ++k) {
-      char c = out[k];
-      bool up = c >= 'A' && c <= 'Z', lo = c >= 'a' && c <= 'z';
-      if (name == "upper" && lo) out[k] = static_cast<char>(c - 32);
-      if (name == "lower" && up) out[k] = static_cast<char>(c + 32);
-      if (name == "capitalize") {
-        if (k == 0 && lo) out[k] = static_cast<char>(c - 32);
-        if (k > 0 && up) out[k] = static_cast<char>(c + 32);
-      }
-      if (name == "title") {
-        if (!prev_cased && lo) out[k] = static_cast<char>(c - 32);
-        if (prev_cased && up) out[k] = static_cast<char>(c + 32);
-        prev_cased = up || lo || (static_cast<unsigned char>(c) >= 0x80 && prev_cased);
-      }
-    }
-    return Value::string(out);
-  }
-  if (name == "replace") {
-    if (!nargs(2, 3)) return Value();
-    if (!args[0].is(K::String) || !args[1].is(K::String)) return err = "replace() arguments must be str", Value();
-    int64_t count = args.size() > 2 && args[2].is(K::Int) ? args[2].i : -1;
-    const std::string &from = args[0].s, &to = args[1].s;
-    std::string out;
-    if (from.empty()) {
-      std::vector<std::string> cs = utf8_chars(s);
-      int64_t n = 0;
-      for (const std::string& c : cs) {
-        if (count < 0 || n < count) out += to, ++n;
-        out += c;
-      }
-      if (count < 0 || n < count) out += to;
-      return Value::string(out);
-    }
-    size_t pos = 0;
-    int64_t n = 0;
-    for (;;) {
-      size_t at = s.find(from, pos);
-      if (at == std::string::npos || (count >= 0 && n >= count)) break;
-      out += s.substr(pos, at - pos) + to;
-      pos = at + from.size();
-      ++n;
-    }
-    return Value::string(out + s.substr(pos));
-  }
-  return std::nullopt;
-}
-
 std::string to_json(const Value& v, int indent, bool sort_keys, std::string& err) {
   std::string out;
   dump(v, indent, sort_keys, 0, out, err);
@@ -647,12 +512,18 @@ std::string to_json(const Value& v, int indent, bool sort_keys, std::string& err
 template <class J>
 Value from_json_t(const J& j) {
   switch (j.type()) {
-    case nlohmann::detail::value_t::null: return Value::none();
-    case nlohmann::detail::value_t::boolean: return Value::boolean(j.template get<bool>());
-    case nlohmann::detail::value_t::number_integer: return Value::integer(j.template get<int64_t>());
-    case nlohmann::detail::value_t::number_unsigned: return Value::integer(static_cast<int64_t>(j.template get<uint64_t>()));
-    case nlohmann::detail::value_t::number_float: return Value::real(j.template get<double>());
-    case nlohmann::detail::value_t::string: return Value::string(j.template get<std::string>());
+    case nlohmann::detail::value_t::null:
+      return Value::none();
+    case nlohmann::detail::value_t::boolean:
+      return Value::boolean(j.template get<bool>());
+    case nlohmann::detail::value_t::number_integer:
+      return Value::integer(j.template get<int64_t>());
+    case nlohmann::detail::value_t::number_unsigned:
+      return Value::integer(static_cast<int64_t>(j.template get<uint64_t>()));
+    case nlohmann::detail::value_t::number_float:
+      return Value::real(j.template get<double>());
+    case nlohmann::detail::value_t::string:
+      return Value::string(j.template get<std::string>());
     case nlohmann::detail::value_t::array: {
       List l;
       for (const auto& x : j) l.push_back(from_json_t(x));
@@ -663,11 +534,16 @@ Value from_json_t(const J& j) {
       for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json_t(x));
       return Value::of_dict(std::move(d));
     }
-    default: return Value::none();
+    default:
+      return Value::none();
   }
 }
 
-Value from_json(const nlohmann::json& j) { return from_json_t(j); }
-Value from_json(const nlohmann::ordered_json& j) { return from_json_t(j); }
+Value from_json(const nlohmann::json& j) {
+  return from_json_t(j);
+}
+Value from_json(const nlohmann::ordered_json& j) {
+  return from_json_t(j);
+}
 
 }  // namespace ferry::text::chat_detail

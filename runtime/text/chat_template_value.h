@@ -31,8 +31,8 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
 
 // A str method (strip lstrip rstrip startswith endswith split upper lower title capitalize
 // replace) or dict method (get items keys values); nullopt when `obj` has no such method.
-std::optional<Value> call_method(const Value& obj, const std::string& name, const std::vector<Value>& args,
-                                 std::string& err);
+std::optional<Value> call_method(const Value& obj, const std::string& name,
+                                 const std::vector<Value>& args, std::string& err);
 
 // json.dumps(v, ensure_ascii=False, indent=(indent < 0 ? None : indent), sort_keys=sort_keys).
 std::string to_json(const Value& v, int indent, bool sort_keys, std::string& err);
