@@ -1,0 +1,239 @@
+// Chat templates rendered as transformers' apply_chat_template(tokenize=False) renders them:
+// for each template in tests/data/chat_templates/ (Llama 3.1 and 3.2, Qwen2.5 and Mistral v0.3,
+// each with and without tools; Mistral with a system message and v0.1, Llama 2, ChatML, and a
+// template of the supported constructs; 55 snippets for jinja2's corners) every case's
+// string is reproduced byte for byte, and raise_exception's message is carried by the error;
+// constructs outside the subset and syntax errors are refused naming the construct and the
+// line:column.
+#define BOOST_TEST_MODULE chat_template
+#include <boost/test/unit_test.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/text/chat_template.h"
+
+using namespace ferry;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kData = std::string(FERRY_SOURCE_DIR) + "/tests/data/chat_templates/";
+const char* const kTemplates[] = {"llama3",  "llama3_2",     "qwen2_5",
+                                  "mistral", "mistral_v0_1", "mistral_v0_3",
+                                  "llama2",  "chatml",       "constructs"};
+
+json read_json(const std::string& p) {
+  std::ifstream in(p);
+  return json::parse(in);
+}
+
+std::string show(const std::string& s) {
+  return json(s).dump();
+}
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Fixtures keep the key order of the Python dicts they were rendered from (tojson shows it).
+using ojson = nlohmann::ordered_json;
+
+ojson read_ordered(const std::string& p) {
+  std::ifstream in(p);
+  return ojson::parse(in);
+}
+
+ojson extra_of(const ojson& c) {
+  ojson extra = ojson::object();
+  for (const char* k : {"bos_token", "eos_token", "date_string", "tools"})
+    if (c.contains(k)) extra[k] = c[k];
+  return extra;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(renders_as_transformers_does) {
+  for (const char* name : kTemplates) {
+    BOOST_TEST_CONTEXT(name) {
+      const ojson data = read_ordered(kData + name + ".json");
+      const text::ChatTemplate tpl(data.at("template").get<std::string>(),
+                                   std::string(name) + ".json");
+      const ojson& cases = data.at("cases");
+      BOOST_TEST_REQUIRE(cases.size() >= 16u);
+      int passed = 0;
+      for (const ojson& c : cases) {
+        BOOST_TEST_CONTEXT(c.at("name").get<std::string>()) {
+          const ojson extra = extra_of(c);
+          const bool agp = c.at("add_generation_prompt").get<bool>();
+          if (c.contains("expected")) {
+            std::string got;
+            BOOST_CHECK_NO_THROW(got = tpl.render(c.at("messages"), agp, extra));
+            const std::string want = c.at("expected").get<std::string>();
+            BOOST_TEST(got == want, "got " << show(got) << "\nwant " << show(want));
+            passed += got == want;
+          } else {
+            const std::string want = c.at("error").get<std::string>();
+            try {
+              tpl.render(c.at("messages"), agp, extra);
+              BOOST_ERROR("no error, expected " << want);
+            } catch (const text::ChatTemplateError& e) {
+              BOOST_TEST(e.raised_message() == want);
+              BOOST_TEST(contains(e.what(), want), e.what());
+              BOOST_TEST(contains(e.what(), std::string(name) + ".json:"), e.what());
+              passed += e.raised_message() == want;
+            }
+          }
+        }
+      }
+      BOOST_TEST_MESSAGE(name << ": " << passed << "/" << cases.size() << " cases exact");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(unsupported_constructs_are_refused_by_name_and_position) {
+  const std::pair<const char*, std::vector<std::string>> cases[] = {
+      {"Hello\n{% macro greet(x) %}hi{% endmacro %}",
+       {"t.jinja:2:4", "unsupported construct '{% macro %}'"}},
+      {"{{ bos_token }}{% include 'other.jinja' %}",
+       {"t.jinja:1:19", "unsupported construct '{% include %}'"}},
+      {"{% for m in messages %}\n  {% break %}\n{% endfor %}", {"t.jinja:2:6", "'{% break %}'"}},
+      {"a\nb {% raw %}{{ x }}{% endraw %}", {"t.jinja:2:3", "'{% raw %}'"}},
+      {"{% set x %}block{% endset %}", {"t.jinja:1:10", "block '{% set %}'"}},
+      {"{{ messages | wordcount }}", {"t.jinja:1:15", "unsupported filter 'wordcount'"}},
+      {"{% if x is prime %}{% endif %}", {"t.jinja:1:12", "unsupported test 'prime'"}},
+      {"{% for m in messages recursive %}{% endfor %}", {"t.jinja:1:22", "'recursive'"}},
+  };
+  for (const auto& [src, parts] : cases) {
+    BOOST_TEST_CONTEXT(show(src)) {
+      const std::string err = error_of([&] { text::ChatTemplate(src, "t.jinja"); });
+      for (const std::string& p : parts) BOOST_TEST(contains(err, p), err);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(syntax_errors_name_the_position) {
+  const std::pair<const char*, std::vector<std::string>> cases[] = {
+      {"{{ messages[0 }}", {"t.jinja:1:15", "unexpected '}'"}},
+      {"ok\n{% if x %}never closed", {"t.jinja:2:", "'{% if %}' is not closed"}},
+      {"{% endif %}", {"t.jinja:1:4", "unexpected '{% endif %}'"}},
+      {"{{ 'unterminated }}", {"t.jinja:1:4", "unterminated string"}},
+      {"{# open comment", {"t.jinja:1:1", "missing end of comment"}},
+      {"{{ a + }}", {"t.jinja:1:8", "expected an expression"}},
+      {"{% if a b %}{% endif %}", {"t.jinja:1:9", "expected the end of the tag, got 'b'"}},
+      {"{{ x", {"t.jinja:1:1", "unexpected end of template"}},
+      {"{% set = 1 %}", {"t.jinja:1:8", "expected a name after 'set'"}},
+  };
+  for (const auto& [src, parts] : cases) {
+    BOOST_TEST_CONTEXT(show(src)) {
+      const std::string err = error_of([&] { text::ChatTemplate(src, "t.jinja"); });
+      for (const std::string& p : parts) BOOST_TEST(contains(err, p), err);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(runtime_errors_are_jinja2s) {
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto render = [&](const char* src) { return text::ChatTemplate(src, "t").render(msgs, false); };
+  BOOST_TEST(render("[{{ nothing }}{{ 'x' if nothing is defined else 'ok' }}{% for x in nothing "
+                    "%}x{% endfor %}]") == "[ok]");
+  BOOST_TEST(
+      contains(error_of([&] { render("{{ nothing.x }}"); }), "t:1:11: 'nothing' is undefined"));
+  BOOST_TEST(contains(error_of([&] { render("{{ nothing + 'a' }}"); }), "'nothing' is undefined"));
+  BOOST_TEST(contains(error_of([&] { render("{{ 1 + 'a' }}"); }),
+                      "unsupported operand type(s) for +: 'int' and 'str'"));
+  BOOST_TEST(contains(error_of([&] { render("{{ messages[0].missing | tojson }}"); }),
+                      "not JSON serializable"));
+  BOOST_TEST(
+      contains(error_of([&] { render("{% set x = 1 %}{% set x.a = 2 %}"); }), "non-namespace"));
+  BOOST_TEST(render("{{ messages[0].missing is defined }}{{ messages[0]['role'] }}") ==
+             "Falseuser");
+}
+
+BOOST_AUTO_TEST_CASE(strftime_now_and_the_defaults_of_transformers) {
+  text::ChatTemplate tpl(
+      "{% if not date_string is defined %}{% set date_string = strftime_now('%d %b %Y') %}{% endif "
+      "%}"
+      "{{ date_string }}|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}\n",
+      "t");
+  tpl.set_strftime_now([](const std::string& f) { return "fmt=" + f; });
+  BOOST_TEST(tpl.render(json::array(), true) ==
+             "fmt=%d %b %Y|True|True|True");  // trailing newline dropped
+  BOOST_TEST(tpl.render(json::array(), false, {{"date_string", "1 Jan 2025"}}) ==
+             "1 Jan 2025|True|True|False");
+}
+
+BOOST_AUTO_TEST_CASE(from_tokenizer_config_reads_a_string_or_named_templates) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("ferry_chat_template_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto write = [&](const std::string& name, const json& j) {
+    std::ofstream(dir / name) << j.dump();
+    return (dir / name).string();
+  };
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const std::string chatml = read_json(kData + "chatml.json").at("template").get<std::string>();
+  auto one =
+      text::ChatTemplate::from_tokenizer_config(write("a.json", {{"chat_template", chatml}}));
+  BOOST_TEST_REQUIRE(one.has_value());
+  BOOST_TEST(one->render(msgs, true) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+  const json list = {{"chat_template",
+                      json::array({{{"name", "default"}, {"template", "D{{ messages | length }}"}},
+                                   {{"name", "tool_use"}, {"template", "T"}}})}};
+  const std::string p = write("b.json", list);
+  BOOST_TEST(text::ChatTemplate::from_tokenizer_config(p)->render(msgs, false) == "D1");
+  BOOST_TEST(text::ChatTemplate::from_tokenizer_config(p, "tool_use")->render(msgs, false) == "T");
+  BOOST_TEST(!text::ChatTemplate::from_tokenizer_config(p, "rag").has_value());
+  BOOST_TEST(!text::ChatTemplate::from_tokenizer_config(write("c.json", {{"eos_token", "x"}}))
+                  .has_value());
+  const std::string err = error_of([&] {
+    text::ChatTemplate::from_tokenizer_config(
+        write("d.json", {{"chat_template", "{% macro m() %}"}}));
+  });
+  BOOST_TEST(contains(err, "d.json: chat_template:1:4"), err);
+  fs::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(snippets_render_or_fail_as_jinja2_does) {
+  // tests/data/chat_templates/snippets.json: small templates for the corners of jinja2
+  // (whitespace control, escapes, Python str()/repr of values, operators, slicing, methods,
+  // scoping, filters, tests) with jinja2's output, or its error "Type: message".
+  const ojson data = read_ordered(kData + "snippets.json");
+  const ojson extra = extra_of(data);
+  int passed = 0;
+  for (const ojson& s : data.at("snippets")) {
+    const std::string src = s.at("template").get<std::string>();
+    BOOST_TEST_CONTEXT(show(src)) {
+      if (s.contains("expected")) {
+        std::string got;
+        BOOST_CHECK_NO_THROW(
+            got = text::ChatTemplate(src, "snippet").render(data.at("messages"), true, extra));
+        const std::string want = s.at("expected").get<std::string>();
+        BOOST_TEST(got == want, "got " << show(got) << "\nwant " << show(want));
+        passed += got == want;
+      } else {
+        std::string want = s.at("error").get<std::string>();
+        want = want.substr(want.find(": ") + 2);  // jinja2's message without the exception type
+        const std::string err = error_of(
+            [&] { text::ChatTemplate(src, "snippet").render(data.at("messages"), true, extra); });
+        BOOST_TEST(contains(err, want), "got " << err << "\nwant " << want);
+        BOOST_TEST(contains(err, "snippet:1:"), err);
+        passed += contains(err, want);
+      }
+    }
+  }
+  BOOST_TEST_MESSAGE("snippets: " << passed << "/" << data.at("snippets").size() << " as jinja2");
+}
