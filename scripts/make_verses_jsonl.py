@@ -8,6 +8,10 @@ packed.
 Standard library only; deterministic.
 
   python3 scripts/make_verses_jsonl.py > examples/data/verses.jsonl
+  python3 scripts/make_verses_jsonl.py --chat > examples/data/chat.jsonl
+
+With --chat the same pairs are conversations, {"messages": [{"role": "user", ...},
+{"role": "assistant", ...}]}, every tenth with a system message first.
 """
 import json
 import os
@@ -34,5 +38,15 @@ for line in lines:
                     "completion": " " + " ".join(words[3:])})
     if len(out) == 600:
         break
+if "--chat" in sys.argv:
+    chats = []
+    for i, r in enumerate(out):
+        user = r.get("prompt", "Say a verse's opening.")
+        reply = r.get("completion", " " + r.get("text", "")).strip()
+        turns = [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+        if i % 10 == 0:
+            turns.insert(0, {"role": "system", "content": "Continue the verse."})
+        chats.append({"messages": turns})
+    out = chats
 for r in out:
     sys.stdout.write(json.dumps(r, ensure_ascii=False) + "\n")

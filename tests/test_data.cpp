@@ -8,6 +8,7 @@
 #include <set>
 
 #include "nn/dtype.h"
+#include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/train/data.h"
 
@@ -209,8 +210,8 @@ BOOST_AUTO_TEST_CASE(jsonl_records_masks_and_epochs) {
   };
   BOOST_TEST(error("{\"text\": \"ok\"}\n{broken\n").find("ft.jsonl': line 2: not a JSON object") != std::string::npos);
   BOOST_TEST(error("{\"prompt\": \"p\"}").find("line 1: \"completion\" must be a string") != std::string::npos);
-  BOOST_TEST(error("{\"x\": 1}").find("line 1: a record needs \"text\"") != std::string::npos);
-  BOOST_TEST(error("{\"messages\": []}").find("line 1: \"messages\" records need the model's chat template") != std::string::npos);
+  BOOST_TEST(error("{\"x\": 1}").find("line 1: a record needs \"text\", \"prompt\" and \"completion\", or \"messages\"") != std::string::npos);
+  BOOST_TEST(error("{\"messages\": []}").find("line 1: \"messages\" records need a chat template") != std::string::npos);
   BOOST_TEST(error("\n\n").find("no records") != std::string::npos);
   BOOST_TEST(error("{\"text\": \"\xff\"}").find("line 1: not a JSON object") != std::string::npos);  // not UTF-8
 }
@@ -338,4 +339,41 @@ BOOST_AUTO_TEST_CASE(token_files_are_mapped_and_tokenize_output_reads_back) {
     BOOST_TEST(std::vector<uint32_t>(a.tokens.begin(), a.tokens.end()) == std::vector<uint32_t>(b.tokens.begin(), b.tokens.end()));
     BOOST_TEST(std::vector<uint8_t>(a.counted.begin(), a.counted.end()) == std::vector<uint8_t>(b.counted.begin(), b.counted.end()));
   }
+}
+
+// {"messages": [...]} records through a chat template (ChatML here, bytes as tokens): the
+// prompt is the rendering of the turns before the last plus the generation prompt, and
+// only the last (assistant) turn's rendering is trained on.
+BOOST_AUTO_TEST_CASE(messages_records_are_rendered_by_the_chat_template) {
+  TempDir dir;
+  const fs::path f = dir.path / "chat.jsonl";
+  std::ofstream(f) << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]})"
+                   << "\n" << R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})" << "\n";
+  DataOptions o = opts(f, "jsonl", 300, 0.0);
+  o.eos = 299;  // not appended: the template ends the turn itself
+  o.chat = std::make_shared<ferry::text::ChatTemplate>(
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
+      "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+      "chatml");
+  const TokenData d = TokenData::load(o);
+  BOOST_TEST(d.num_records(false) == 2u);
+  const std::string prompt = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n";
+  const std::string reply = "Hello.<|im_end|>\n";
+  const TokenData::Record r = d.record(false, 0);
+  BOOST_TEST(r.tokens.size() == prompt.size() + reply.size());
+  BOOST_TEST(ByteTokenizer::decode(r.tokens) == prompt + reply);
+  for (size_t t = 0; t < r.tokens.size(); ++t) BOOST_TEST(r.counted[t] == (t >= prompt.size() ? 1 : 0));
+  auto error = [&](const std::string& text) {
+    std::ofstream(f) << text;
+    try {
+      TokenData::load(o);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  BOOST_TEST(error(R"({"messages": [{"role": "user", "content": "x"}]})").find("line 1: the last message must be the assistant's") != std::string::npos);
+  BOOST_TEST(error(R"({"messages": [{"role": "user"}]})").find("line 1: each message needs") != std::string::npos);
+  o.chat.reset();
+  BOOST_TEST(error(R"({"messages": [{"role": "assistant", "content": "x"}]})").find("need a chat template") != std::string::npos);
 }

@@ -154,21 +154,24 @@ BOOST_AUTO_TEST_CASE(trace_shows_the_prefetch_depth_honoured) {
   for (auto* m : {&compute, &reads})
     for (auto& [name, spans] : *m) std::sort(spans.begin(), spans.end());
   auto block = [](int i) { return "block." + std::to_string(i); };
-  int checked = 0;
   // Forward uses block.0 .. block.L-1 (first spans); backward block.L-1 .. block.0 (second).
+  // A read of block i+depth that starts while block i still computes can only come from a
+  // prefetcher looking `depth` units ahead (one looking 1 ahead issues it after block i).
+  // When it starts is the disk's business too (reads run one after another on the
+  // swapper's thread, and a shared disk stalls now and then), so the test asks for it to
+  // happen, in each direction, not at every unit: a timing condition at every unit failed
+  // about one run in six on this machine's shared disk.
+  int forward = 0, backward = 0;
   for (int i = 0; i + depth < layers; ++i) {
     BOOST_REQUIRE(compute[block(i)].size() == 2);
     BOOST_REQUIRE(reads[block(i + depth)].size() == 2);
-    BOOST_TEST(reads[block(i + depth)][0].first < compute[block(i)][0].second,
-               "forward: block." << i + depth << " read starts after block." << i << " compute ends");
-    ++checked;
+    forward += reads[block(i + depth)][0].first < compute[block(i)][0].second;
   }
-  for (int i = depth; i < layers; ++i) {
-    BOOST_TEST(reads[block(i - depth)][1].first < compute[block(i)][1].second,
-               "backward: block." << i - depth << " read starts after block." << i << " compute ends");
-    ++checked;
-  }
-  BOOST_TEST(checked == 2 * (layers - depth));
+  for (int i = depth; i < layers; ++i) backward += reads[block(i - depth)][1].first < compute[block(i)][1].second;
+  BOOST_TEST_MESSAGE("reads " << depth << " units ahead that started during the compute: forward " << forward << " of "
+                              << layers - depth << ", backward " << backward << " of " << layers - depth);
+  BOOST_TEST(forward >= 1);
+  BOOST_TEST(backward >= 1);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 #include "runtime/config/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -87,8 +88,10 @@ json check_value(const Knob& k, const json& v, const std::string& source, const 
       }
       return v;
     case KnobType::path: {
-      // One path, or several separated by commas (striped NVMe folders).
+      // One path, or several separated by commas (striped NVMe folders); a path knob's
+      // choices are keywords that stand for themselves ("auto", "bytes").
       if (!v.is_string() || v.get<std::string>().empty()) type_error();
+      if (std::find(k.choices.begin(), k.choices.end(), v.get<std::string>()) != k.choices.end()) return v;
       std::string out, item;
       std::stringstream list(v.get<std::string>());
       while (std::getline(list, item, ',')) {

@@ -52,6 +52,7 @@ struct Config {
     bool mask_prompt = true;
     std::string packing = "padded";  // padded | packed (jsonl)
     std::string dtype = "auto";      // tokens: auto | uint16 | uint32
+    std::string chat_template = "auto";  // auto | a tokenizer_config.json | a Jinja file
   } data;
   struct {
     std::string type = "cpu";

@@ -214,12 +214,15 @@ const std::vector<Knob>& config_knobs() {
       {"data.dtype", F(data.dtype), KnobType::string, "auto",
        "tokens: the ids' width in the files: uint16, uint32, or auto (uint16 when model.vocab_size <= 65536; a "
        "ferry tokenize folder says uint32 itself)", {}, {}, false, {"auto", "uint16", "uint32"}},
-      {"data.tokenizer", F(data.tokenizer), KnobType::string, "auto",
+      {"data.tokenizer", F(data.tokenizer), KnobType::path, "auto",
        "auto: model.init_from's tokenizer.json when there is one, else bytes; bytes: every byte a token "
-       "(vocabulary 256); or the path of a Hugging Face tokenizer.json"},
+       "(vocabulary 256); or the path of a Hugging Face tokenizer.json", {}, {}, false, {"auto", "bytes"}},
       {"data.packing", F(data.packing), KnobType::string, "padded",
        "jsonl: padded: one record per row, padded after its end; packed: as many whole records per row as fit, "
        "each attending only within itself (llama family: rotary positions)", {}, {}, false, {"padded", "packed"}},
+      {"data.chat_template", F(data.chat_template), KnobType::path, "auto",
+       "jsonl messages records: auto: the chat_template of the tokenizer's tokenizer_config.json; or a "
+       "tokenizer_config.json, or a file holding the Jinja template itself", {}, {}, false, {"auto"}},
       {"data.mask_prompt", F(data.mask_prompt), KnobType::boolean, true,
        "jsonl: the loss counts only the completion's tokens (and EOS), not the prompt's"},
       {"data.seed", F(data.seed), KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},

@@ -5,7 +5,10 @@
 // - a stream (data.format text or uint16): one token sequence; sequence i of a step is a
 //   window of block_size + 1 tokens at an offset drawn from Rng::derive({seed, step, i});
 // - records (data.format jsonl): one line per example, {"text": ...} or {"prompt": ...,
-//   "completion": ...}, each encoded to tokens (plus the tokenizer's EOS when it has one)
+//   "completion": ...} or {"messages": [{"role", "content"}, ...]} (a conversation, rendered
+//   by the chat template: the prompt is everything before the last turn, which must be the
+//   assistant's, plus the generation prompt; the completion is the rest of the rendering),
+//   each encoded to tokens (plus the tokenizer's EOS for the first two kinds)
 //   with a per-token flag: does the loss count when this token is the target. With
 //   mask_prompt the prompt's tokens do not count (only the completion is learnt). A row of
 //   a batch holds one record, cut at block_size + 1 tokens and padded after its end; padding
@@ -35,6 +38,7 @@
 
 namespace ferry::text {
 class Tokenizer;
+class ChatTemplate;
 }
 
 namespace ferry::runtime {
@@ -54,7 +58,10 @@ struct DataOptions {
   double val_fraction = 0.05;
   std::shared_ptr<const text::Tokenizer> tokenizer;  // null: bytes are tokens
   bool mask_prompt = true;
-  int32_t eos = -1;  // appended to every record when >= 0
+  int32_t eos = -1;  // appended to every prompt/completion and text record when >= 0
+  // {"messages": [...]} records: rendered by the model's chat template, with these tokens.
+  std::shared_ptr<const text::ChatTemplate> chat;
+  std::string bos_token, eos_token;
 };
 
 class TokenData {

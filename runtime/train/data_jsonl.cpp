@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/train/data.h"
 
@@ -61,20 +62,49 @@ TokenData JsonlLoader::make(const DataOptions& o, const std::string& bytes) {
       throw std::runtime_error(where + ": line " + std::to_string(line) + ": not a JSON object");
     }
     std::vector<uint32_t> prompt, rest;
+    bool conversation = false;
     if (rec.contains("prompt") || rec.contains("completion")) {
       prompt = encode(field(rec, "prompt", line), true, line);
       rest = encode(field(rec, "completion", line), false, line);
     } else if (rec.contains("text")) {
       rest = encode(field(rec, "text", line), true, line);
     } else if (rec.contains("messages")) {
-      throw std::runtime_error(where + ": line " + std::to_string(line) +
-                               ": \"messages\" records need the model's chat template, which ferry does not render "
-                               "yet; write them as {\"prompt\", \"completion\"}");
+      const std::string at = where + ": line " + std::to_string(line) + ": ";
+      if (!o.chat) {
+        throw std::runtime_error(at + "\"messages\" records need a chat template: the tokenizer folder's "
+                                      "tokenizer_config.json has none (give data.chat_template)");
+      }
+      const nlohmann::json& m = rec["messages"];
+      if (!m.is_array() || m.empty()) throw std::runtime_error(at + "\"messages\" must be a non-empty list");
+      for (const nlohmann::json& turn : m) {
+        if (!turn.is_object() || !turn.contains("role") || !turn["role"].is_string() || !turn.contains("content") ||
+            !turn["content"].is_string()) {
+          throw std::runtime_error(at + "each message needs \"role\" and \"content\" strings");
+        }
+      }
+      if (m.back()["role"] != "assistant") throw std::runtime_error(at + "the last message must be the assistant's");
+      const nlohmann::json extra = {{"bos_token", o.bos_token}, {"eos_token", o.eos_token}};
+      std::string before, all;
+      try {
+        before = o.chat->render(nlohmann::json(m.begin(), m.end() - 1), /*add_generation_prompt=*/true, extra);
+        all = o.chat->render(m, /*add_generation_prompt=*/false, extra);
+      } catch (const text::ChatTemplateError& e) {
+        throw std::runtime_error(at + e.what());
+      }
+      if (!all.starts_with(before)) {
+        throw std::runtime_error(at + "the chat template renders the conversation without its last turn (plus the "
+                                      "generation prompt) as text that does not begin the whole rendering: the "
+                                      "prompt cannot be told from the reply");
+      }
+      // The rendering carries the template's own BOS/EOS: no special tokens added here.
+      prompt = encode(before, false, line);
+      rest = encode(all.substr(before.size()), false, line);
+      conversation = true;  // it ends with the template's own end-of-turn: no EOS appended
     } else {
       throw std::runtime_error(where + ": line " + std::to_string(line) +
-                               ": a record needs \"text\", or \"prompt\" and \"completion\"");
+                               ": a record needs \"text\", \"prompt\" and \"completion\", or \"messages\"");
     }
-    if (o.eos >= 0) rest.push_back(static_cast<uint32_t>(o.eos));
+    if (!conversation && o.eos >= 0) rest.push_back(static_cast<uint32_t>(o.eos));
     if (prompt.size() + rest.size() < 2) {
       throw std::runtime_error(where + ": line " + std::to_string(line) + ": the record has fewer than 2 tokens");
     }

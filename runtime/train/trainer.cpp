@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "base/version.h"
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
+#include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
 #include "nn/llama.h"
 #include "nn/rng.h"
@@ -124,11 +126,39 @@ DataOptions data_options(const Config& c) {
       throw ConfigError(tok_path + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
                         " ids but model.vocab_size is " + std::to_string(c.model.vocab_size));
     }
-    o.eos = folder_eos(std::filesystem::path(tok_path).parent_path(), *tok);
+    const std::filesystem::path folder = std::filesystem::path(tok_path).parent_path();
+    o.eos = folder_eos(folder, *tok);
     if (o.eos >= c.model.vocab_size) o.eos = -1;
     o.tokenizer = std::move(tok);
+    // The chat template and the token strings it refers to.
+    const std::filesystem::path tc = folder / "tokenizer_config.json";
+    if (std::ifstream in(tc); in) {
+      const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+      auto token = [&](const char* key) -> std::string {
+        if (!j.is_object() || !j.contains(key)) return "";
+        const nlohmann::json& e = j[key];
+        return e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
+      };
+      o.bos_token = token("bos_token");
+      o.eos_token = token("eos_token");
+    }
+    std::string chat = c.data.chat_template == "auto" ? tc.string() : c.data.chat_template;
+    if (c.data.format == "jsonl" && std::filesystem::exists(chat)) {
+      if (chat.ends_with(".json")) {
+        if (auto t = text::ChatTemplate::from_tokenizer_config(chat)) o.chat = std::make_shared<text::ChatTemplate>(std::move(*t));
+      } else {
+        std::ifstream in(chat);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        o.chat = std::make_shared<text::ChatTemplate>(ss.str(), chat);
+      }
+    } else if (c.data.chat_template != "auto") {
+      throw ConfigError("data.chat_template: cannot open '" + chat + "'");
+    }
   } catch (const text::TokenizerError& e) {
     throw ConfigError(std::string("data.tokenizer: ") + e.what());
+  } catch (const text::ChatTemplateError& e) {
+    throw ConfigError(std::string("data.chat_template: ") + e.what());
   }
   return o;
 }
