@@ -213,6 +213,10 @@ BOOST_AUTO_TEST_CASE(jsonl_records_masks_and_epochs) {
   BOOST_TEST(error("{\"x\": 1}").find("line 1: a record needs \"text\", \"prompt\" and \"completion\", or \"messages\"") != std::string::npos);
   BOOST_TEST(error("{\"messages\": []}").find("line 1: \"messages\" records need a chat template") != std::string::npos);
   BOOST_TEST(error("\n\n").find("no records") != std::string::npos);
+  o.max_record_tokens = 9;  // data.truncate false at block_size 8
+  BOOST_TEST(error("{\"text\": \"abc\"}\n{\"text\": \"abcdefghijk\"}").find(
+                 "line 2: the record has 12 tokens, more than block_size + 1 = 9") != std::string::npos);
+  o.max_record_tokens = 0;
   BOOST_TEST(error("{\"text\": \"\xff\"}").find("line 1: not a JSON object") != std::string::npos);  // not UTF-8
 }
 

@@ -51,6 +51,7 @@ struct Config {
     std::string tokenizer = "auto";  // auto | bytes | a tokenizer.json
     bool mask_prompt = true;
     std::string packing = "padded";  // padded | packed (jsonl)
+    bool truncate = true;             // jsonl: cut records longer than block_size + 1, else refuse them
     std::string dtype = "auto";      // tokens: auto | uint16 | uint32
     std::string chat_template = "auto";  // auto | a tokenizer_config.json | a Jinja file
   } data;

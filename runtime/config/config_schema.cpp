@@ -223,6 +223,9 @@ const std::vector<Knob>& config_knobs() {
       {"data.chat_template", F(data.chat_template), KnobType::path, "auto",
        "jsonl messages records: auto: the chat_template of the tokenizer's tokenizer_config.json; or a "
        "tokenizer_config.json, or a file holding the Jinja template itself", {}, {}, false, {"auto"}},
+      {"data.truncate", F(data.truncate), KnobType::boolean, true,
+       "jsonl: a record longer than block_size + 1 tokens is cut to fit its row (the header counts them); false: "
+       "it is an error naming the file and the line"},
       {"data.mask_prompt", F(data.mask_prompt), KnobType::boolean, true,
        "jsonl: the loss counts only the completion's tokens (and EOS), not the prompt's"},
       {"data.seed", F(data.seed), KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},

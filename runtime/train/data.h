@@ -62,6 +62,9 @@ struct DataOptions {
   // {"messages": [...]} records: rendered by the model's chat template, with these tokens.
   std::shared_ptr<const text::ChatTemplate> chat;
   std::string bos_token, eos_token;
+  // Records longer than this many tokens (block_size + 1) are an error naming the line;
+  // 0: they are cut to fit a row (data.truncate).
+  int64_t max_record_tokens = 0;
 };
 
 class TokenData {

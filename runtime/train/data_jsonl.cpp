@@ -105,6 +105,11 @@ TokenData JsonlLoader::make(const DataOptions& o, const std::string& bytes) {
                                ": a record needs \"text\", \"prompt\" and \"completion\", or \"messages\"");
     }
     if (!conversation && o.eos >= 0) rest.push_back(static_cast<uint32_t>(o.eos));
+    if (o.max_record_tokens > 0 && static_cast<int64_t>(prompt.size() + rest.size()) > o.max_record_tokens) {
+      throw std::runtime_error(where + ": line " + std::to_string(line) + ": the record has " +
+                               std::to_string(prompt.size() + rest.size()) + " tokens, more than block_size + 1 = " +
+                               std::to_string(o.max_record_tokens) + " (data.truncate is false)");
+    }
     if (prompt.size() + rest.size() < 2) {
       throw std::runtime_error(where + ": line " + std::to_string(line) + ": the record has fewer than 2 tokens");
     }

@@ -112,6 +112,7 @@ DataOptions data_options(const Config& c) {
   o.val_fraction = c.data.val_fraction;
   o.mask_prompt = c.data.mask_prompt;
   o.dtype = c.data.dtype;
+  if (!c.data.truncate) o.max_record_tokens = c.model.block_size + 1;
   std::string tok_path;
   if (c.data.tokenizer == "auto") {
     const auto p = std::filesystem::path(c.init_from) / "tokenizer.json";
