@@ -321,6 +321,25 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_compute_is_refused_by_name) {
           config(d);
         }),
         {"test.json", "model.n_layer is 4", "3", "llama3/config.json"});
+  // transformers 5's spelling of the same llama3 rope scaling gives the same model keys.
+  {
+    const std::string v5 = broken("v5", "llama3", [](const fs::path& p) {
+      json c = read_json(p / "config.json");
+      json rp = c["rope_scaling"];
+      rp["rope_theta"] = c["rope_theta"];
+      c.erase("rope_scaling");
+      c.erase("rope_theta");
+      c["rope_parameters"] = rp;
+      c["dtype"] = c["torch_dtype"];
+      c.erase("torch_dtype");
+      write_json(p / "config.json", c);
+    });
+    json a = config(doc(v5)).resolved.at("model"), b = config(doc(kData + "llama3")).resolved.at("model");
+    a.erase("init_from");
+    b.erase("init_from");
+    BOOST_TEST(a == b);
+    BOOST_TEST(a.at("rope_scaling").at("factor") == 8.0);
+  }
   // A Qwen2 window the config does not use is no refusal.
   BOOST_CHECK_NO_THROW(config(doc(broken("qwen_window", "qwen2", edit_config({{"sliding_window", 8}, {"use_sliding_window", false}})))));
   // Weights: a missing tensor, an extra one, a wrong shape (rewritten files).
