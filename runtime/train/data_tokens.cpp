@@ -116,17 +116,13 @@ TokenData TokenFiles::load(const DataOptions& o) {
 
 void TokenData::save(const std::string& dir) const {
   fs::create_directories(dir);
-  auto write = [&](const std::string& name, const void* data, size_t bytes, uint64_t at, File& f) {
-    (void)name;
-    f.write_at(at, data, bytes);
-  };
   {
     File f((fs::path(dir) / "tokens.bin").string(), File::create);
     std::vector<uint32_t> chunk;
     for (size_t at = 0; at < all_.size(); at += chunk.size()) {
       chunk.resize(std::min<size_t>(size_t{1} << 20, all_.size() - at));
       all_.copy(at, chunk.size(), chunk.data());
-      write("tokens.bin", chunk.data(), chunk.size() * 4, at * 4, f);
+      f.write_at(at * 4, chunk.data(), chunk.size() * 4);
     }
     f.sync();
     f.close();

@@ -81,25 +81,28 @@ std::string describe_breakdown(const StepBreakdown& b) {
 
 namespace {
 
-// The EOS id a model folder names, or -1.
-int32_t folder_eos(const std::filesystem::path& dir, const text::Tokenizer& tok) {
-  auto read = [](const std::filesystem::path& p) {
-    std::ifstream in(p);
-    return in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
-  };
-  const nlohmann::json config = read(dir / "config.json");
+nlohmann::json read_json_or_null(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+}
+
+// A token named in tokenizer_config.json: a string or {"content": ...}; "" when absent.
+std::string config_token(const nlohmann::json& tc, const char* key) {
+  if (!tc.is_object() || !tc.contains(key)) return "";
+  const nlohmann::json& e = tc[key];
+  return e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
+}
+
+// The EOS id a model folder names (config.json's eos_token_id, else the id of
+// tokenizer_config.json's eos_token), or -1.
+int32_t folder_eos(const std::filesystem::path& dir, const std::string& eos_token, const text::Tokenizer& tok) {
+  const nlohmann::json config = read_json_or_null(dir / "config.json");
   if (config.is_object() && config.contains("eos_token_id")) {
     const nlohmann::json& e = config["eos_token_id"];
     if (e.is_number_integer()) return e.get<int32_t>();
     if (e.is_array() && !e.empty() && e[0].is_number_integer()) return e[0].get<int32_t>();
   }
-  const nlohmann::json tc = read(dir / "tokenizer_config.json");
-  if (tc.is_object() && tc.contains("eos_token")) {
-    const nlohmann::json& e = tc["eos_token"];
-    const std::string name = e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
-    if (!name.empty()) return tok.token_id(name);
-  }
-  return -1;
+  return eos_token.empty() ? -1 : tok.token_id(eos_token);
 }
 
 }  // namespace
@@ -128,21 +131,14 @@ DataOptions data_options(const Config& c) {
                         " ids but model.vocab_size is " + std::to_string(c.model.vocab_size));
     }
     const std::filesystem::path folder = std::filesystem::path(tok_path).parent_path();
-    o.eos = folder_eos(folder, *tok);
+    // The token strings the chat template refers to, and the EOS records end with.
+    const std::filesystem::path tc = folder / "tokenizer_config.json";
+    const nlohmann::json tc_json = read_json_or_null(tc);
+    o.bos_token = config_token(tc_json, "bos_token");
+    o.eos_token = config_token(tc_json, "eos_token");
+    o.eos = folder_eos(folder, o.eos_token, *tok);
     if (o.eos >= c.model.vocab_size) o.eos = -1;
     o.tokenizer = std::move(tok);
-    // The chat template and the token strings it refers to.
-    const std::filesystem::path tc = folder / "tokenizer_config.json";
-    if (std::ifstream in(tc); in) {
-      const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-      auto token = [&](const char* key) -> std::string {
-        if (!j.is_object() || !j.contains(key)) return "";
-        const nlohmann::json& e = j[key];
-        return e.is_string() ? e.get<std::string>() : e.is_object() ? e.value("content", "") : "";
-      };
-      o.bos_token = token("bos_token");
-      o.eos_token = token("eos_token");
-    }
     std::string chat = c.data.chat_template == "auto" ? tc.string() : c.data.chat_template;
     if (c.data.format == "jsonl" && std::filesystem::exists(chat)) {
       if (chat.ends_with(".json")) {
