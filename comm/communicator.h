@@ -64,10 +64,11 @@ class Communicator {
   WorkPtr barrier();
 
   // Device-side ordering (NCCL): instead of a host wait for a collective, the consumer's
-  // stream is made to wait for every collective issued so far (order_consumer()). Host
-  // backends return false and order nothing.
+  // stream is made to wait for that collective's completion on the device
+  // (order_consumer(work)): for it and those issued before it on the backend's stream,
+  // never for later ones. Host backends return false and order nothing.
   virtual bool orders_on_device() const { return false; }
-  virtual void order_consumer() {}
+  virtual void order_consumer(const Work& /*work*/) {}
 
   // Blocking conveniences.
   void all_reduce_sum(std::span<double> values);

@@ -1,14 +1,20 @@
 #include "comm/nccl_communicator.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <type_traits>
+#include <vector>
 
 // In the CPU-emulated test build these are testing/cuda_shim's stand-ins (one rank).
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "base/log.h"
 #include "comm/watchdog.h"
 
 namespace ferry::comm {
@@ -65,6 +71,49 @@ bool on_device(const void* p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+using EventObj = std::remove_pointer_t<cudaEvent_t>;  // CUevent_st, or the emulation's
+
+// Completion events, reused: creating and destroying one per collective costs driver time
+// on the issuing thread (review F18). A marker returns its event to the pool when the last
+// holder (the Work, the poller) lets go; CUDA allows reusing an event that a stream still
+// waits on, since a wait binds to the record made before it.
+class EventPool {
+ public:
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  std::shared_ptr<EventObj> take() {
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        e = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (!e) FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return std::shared_ptr<EventObj>(e, [self = self_](cudaEvent_t ev) {
+      if (auto pool = self.lock()) {
+        std::lock_guard<std::mutex> lock(pool->mu_);
+        pool->free_.push_back(ev);
+      } else {
+        cudaEventDestroy(ev);
+      }
+    });
+  }
+  static std::shared_ptr<EventPool> make() {
+    auto p = std::shared_ptr<EventPool>(new EventPool());
+    p->self_ = p;
+    return p;
+  }
+
+ private:
+  EventPool() = default;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+  std::weak_ptr<EventPool> self_;
+};
+
 class NcclComm final : public NcclCommunicator {
  public:
   NcclComm(MpiCommunicator& world, void* order_after, double timeout_s);
@@ -77,21 +126,22 @@ class NcclComm final : public NcclCommunicator {
   int gpu() const override { return gpu_; }
   void order_before(void* stream) override;
   bool orders_on_device() const override { return order_after_ != nullptr; }
-  void order_consumer() override {
-    if (order_after_) order_before(order_after_);
-  }
+  void order_consumer(const Work& work) override;
 
  protected:
   void execute(const Op& op, const WorkPtr& work) override;
 
  private:
   struct Pending {
-    cudaEvent_t done;
+    std::shared_ptr<EventObj> done;
     WorkPtr work;
     uint64_t watch;
   };
   void poll_loop();
-  void fail_all(const std::string& message);
+  [[noreturn]] void fail_all(const std::string& message);
+  // Logs `message` first (ncclCommAbort may block), aborts the NCCL communicator once,
+  // whichever thread (poller, watchdog) gets here first, then ends the job.
+  [[noreturn]] void abort_all(const std::string& message);
 
   int rank_, size_, local_rank_, local_size_, gpu_ = 0;
   cudaStream_t order_after_;
@@ -100,6 +150,8 @@ class NcclComm final : public NcclCommunicator {
   ncclComm_t comm_ = nullptr;
   void* barrier_buf_ = nullptr;
   std::unique_ptr<Watchdog> watchdog_;
+  std::shared_ptr<EventPool> events_ = EventPool::make();
+  std::atomic<bool> aborting_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
@@ -128,8 +180,7 @@ NcclComm::NcclComm(MpiCommunicator& world, void* order_after, double timeout_s)
         "): " + report +
         "; another rank did not reach this collective or died. Recent collectives:\n" +
         recent_ops() + "Aborting the NCCL communicator and the job.";
-    if (comm_) ncclCommAbort(comm_);  // the stuck kernels return; the process ends next
-    MpiCommunicator::abort_job(msg, 1);
+    abort_all(msg);
   });
   ncclUniqueId id{};
   if (rank_ == 0) FERRY_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
@@ -153,7 +204,7 @@ NcclComm::~NcclComm() {
   if (poller_.joinable()) poller_.join();
   watchdog_.reset();
   cudaStreamSynchronize(stream_);
-  for (auto& p : pending_) cudaEventDestroy(p.done);
+  pending_.clear();
   if (comm_) ncclCommDestroy(comm_);
   cudaFree(barrier_buf_);
   cudaEventDestroy(before_);
@@ -163,6 +214,13 @@ NcclComm::~NcclComm() {
 void NcclComm::order_before(void* stream) {
   FERRY_COMM_CUDA_CHECK(cudaEventRecord(before_, stream_));
   FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), before_, 0));
+}
+
+void NcclComm::order_consumer(const Work& work) {
+  if (!order_after_) return;
+  auto done = std::static_pointer_cast<EventObj>(work.device_marker);
+  if (!done) return order_before(order_after_);  // issued elsewhere: wait for the tail
+  FERRY_COMM_CUDA_CHECK(cudaStreamWaitEvent(order_after_, done.get(), 0));
 }
 
 void NcclComm::execute(const Op& op, const WorkPtr& work) {
@@ -235,9 +293,9 @@ void NcclComm::execute(const Op& op, const WorkPtr& work) {
     FERRY_COMM_CUDA_CHECK(cudaFreeAsync(recv_dev, stream_));
   }
   if (send_dev) FERRY_COMM_CUDA_CHECK(cudaFreeAsync(send_dev, stream_));
-  cudaEvent_t done = nullptr;
-  FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  FERRY_COMM_CUDA_CHECK(cudaEventRecord(done, stream_));
+  std::shared_ptr<EventObj> done = events_->take();
+  FERRY_COMM_CUDA_CHECK(cudaEventRecord(done.get(), stream_));
+  work->device_marker = done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back({done, work, watch});
@@ -255,15 +313,26 @@ void NcclComm::fail_all(const std::string& message) {
   }
   for (auto& p : failed) {
     watchdog_->end(p.watch);
-    cudaEventDestroy(p.done);
     p.work->fail(message);
   }
-  if (comm_) ncclCommAbort(comm_);
-  MpiCommunicator::abort_job(message + "\nRecent collectives:\n" + recent_ops(), 1);
+  abort_all(message + "\nRecent collectives:\n" + recent_ops());
+}
+
+void NcclComm::abort_all(const std::string& message) {
+  if (aborting_.exchange(true)) {
+    // The other thread is aborting already and ends the job; wait for it.
+    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  log::error(log::Subsys::comm, message);
+  if (comm_) ncclCommAbort(comm_);  // the stuck kernels return; the process ends next
+  MpiCommunicator::abort_job("rank " + std::to_string(rank_) + ": NCCL communicator aborted (see above)", 1);
 }
 
 // Completes Works in issue order as their events fire; checks NCCL's asynchronous error
-// state while any are pending. Sleeps on the condition variable when idle.
+// state while any are pending. Sleeps on the condition variable when idle; while a
+// collective runs, spins briefly, then naps with a growing interval (at most 0.5 ms), so
+// a long collective does not cost tens of thousands of wake-ups a second (review F18).
+// Device-side consumers never wait for the poller: only host waits see its latency.
 void NcclComm::poll_loop() {
   if (cudaSetDevice(gpu_) != cudaSuccess) return;
   std::unique_lock<std::mutex> lock(mu_);
@@ -273,25 +342,27 @@ void NcclComm::poll_loop() {
     if (stop_ && pending_.empty()) return;
     Pending front = pending_.front();
     lock.unlock();
-    const cudaError_t q = cudaEventQuery(front.done);
+    const cudaError_t q = cudaEventQuery(front.done.get());
     if (q == cudaSuccess) {
       lock.lock();
       pending_.pop_front();
       lock.unlock();
       watchdog_->end(front.watch);
-      cudaEventDestroy(front.done);
       front.work->complete();
       idle = 0;
     } else if (q != cudaErrorNotReady) {
-      fail_all(std::string("rank ") + std::to_string(rank_) +
-               ": CUDA error while waiting for a collective: " + cudaGetErrorString(q));
+      // Errors are sticky and surface at the next query: the culprit may be any kernel
+      // queued before this collective. FERRY_CUDA_SYNC=1 names it.
+      fail_all(std::string("rank ") + std::to_string(rank_) + ": a CUDA error (" + cudaGetErrorName(q) + ": " +
+               cudaGetErrorString(q) + ", possibly from a compute kernel queued before it) while waiting for " +
+               front.work->what() + "; rerun with FERRY_CUDA_SYNC=1 to find the call that failed");
     } else {
       ncclResult_t async = ncclSuccess;
       if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess) {
         fail_all("rank " + std::to_string(rank_) + ": NCCL error " + ncclGetErrorString(async) +
                  ": " + ncclGetLastError(comm_));
       } else if (++idle > 64) {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));  // spin briefly, then nap
+        std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 * (idle - 64))));
       }
     }
     lock.lock();

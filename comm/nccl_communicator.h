@@ -13,8 +13,9 @@
 // Host buffers (a loss, a gradient norm) are accepted too: they are staged through device
 // memory, and a host receive buffer makes the call wait for the collective.
 // Consumers that run on the GPU need not wait on the host: orders_on_device() is true
-// and order_consumer() makes `order_after` wait for the collectives issued so far
-// (ShardedUnits' PendingCollective::finish does this).
+// and order_consumer(work) makes `order_after` wait for that collective's event (recorded
+// after it on the NCCL stream; events come from a pool), not for collectives issued later
+// (PendingCollective::finish does this).
 // Errors: NCCL's asynchronous errors fail every pending Work with NCCL's text and end the
 // job (MPI_Abort, after ncclCommAbort): nobody may be waiting on the host to see them; a
 // collective older than the timeout makes the watchdog report it (operation, sequence,

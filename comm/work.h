@@ -39,6 +39,12 @@ class Work {
   Clock::time_point started_at() const;
   Clock::time_point finished_at() const;  // meaningful once test() is true
 
+  // A device-side completion marker the backend attaches at issue (NCCL: the event
+  // recorded after this collective on its stream), so a consumer can wait for exactly this
+  // collective without the host (Communicator::order_consumer). Null for host backends.
+  // Set once by the issuing thread before the Work is handed out.
+  std::shared_ptr<void> device_marker;
+
  private:
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

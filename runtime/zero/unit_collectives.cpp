@@ -33,7 +33,9 @@ bool PendingCollective::done() const {
 void PendingCollective::finish(Tracer* tracer) {
   const bool on_device = comm_ && comm_->orders_on_device() && !works_.empty();
   if (on_device) {
-    comm_->order_consumer();
+    // The works are chunks issued in order on one stream: the last one's completion
+    // covers them all, and nothing issued after them is waited for (review F4).
+    comm_->order_consumer(*works_.back());
   } else {
     for (const comm::WorkPtr& w : works_) w->wait();
   }
