@@ -62,7 +62,7 @@ comm::MpiCommunicator& mpi_world() {
 Run train(const json& d, const std::vector<std::string>& sets) {
   Run r;
   std::ostringstream log;
-  runtime::Trainer t(runtime::config_from_json(d, "cuda", "", sets, 1), mpi_world(), log);
+  runtime::Trainer t(runtime::config_from_json(d, "cuda", "", sets, mpi_world().size()), mpi_world(), log);
   const runtime::TrainReport rep = t.run();
   for (const auto& s : rep.steps) r.losses.push_back(s.loss);
   r.val = rep.val_losses.back().second;
@@ -138,23 +138,33 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
 BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
                      *boost::unit_test::precondition(test::CudaPresent{})) {
   const Run cpu = train(doc(kShortSteps), {});
+  // Every stage with states on the GPU (NCCL, device AdamW), and stages 1 and 3 with
+  // states in host memory (StagedUnits, CPU Adam).
   const std::vector<std::vector<std::string>> variants = {
-      {"device.type=cuda"},
+      {"device.type=cuda", "zero_optimization.stage=0"},
+      {"device.type=cuda", "zero_optimization.stage=1"},
+      {"device.type=cuda", "zero_optimization.stage=2"},
       {"device.type=cuda", "zero_optimization.stage=3"},
+      {"device.type=cuda", "zero_optimization.stage=1", "zero_optimization.offload_optimizer.device=cpu"},
       {"device.type=cuda", "zero_optimization.stage=3",
        "zero_optimization.offload_optimizer.device=cpu",
        "zero_optimization.offload_param.device=cpu"}};
+  // Real cuBLAS sums in another order than the emulation's double loop and the CPU
+  // device's blocks; the margin a GPU leaves is printed (review Q2).
+  const double tolerance = kEmulated ? 1e-5 : 1e-4;
   for (const auto& sets : variants) {
     const Run gpu = train(doc(kShortSteps), sets);
-    double worst = 0;  // the margin a real GPU leaves (review Q2), printed at --log_level=message
-    BOOST_TEST_CONTEXT(sets.back()) {
+    double worst = 0;
+    std::string name;
+    for (const auto& s : sets) name += s + " ";
+    BOOST_TEST_CONTEXT(name) {
       for (size_t i = 0; i < static_cast<size_t>(kShortSteps); ++i) {
-        BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-4 * cpu.losses[i]);
+        BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < tolerance * cpu.losses[i]);
         worst = std::max(worst, std::abs(gpu.losses[i] - cpu.losses[i]) / cpu.losses[i]);
       }
     }
-    BOOST_TEST_MESSAGE("fp32 " << sets.back() << ": worst relative loss gap " << worst << " over " << kShortSteps
-                               << " steps (tolerance 1e-4)");
+    BOOST_TEST_MESSAGE("fp32 " << name << "at " << mpi_world().size() << " rank(s): worst relative loss gap "
+                               << worst << " over " << kShortSteps << " steps (tolerance " << tolerance << ")");
   }
   // bf16 with states on the GPU: the compute copies, casts and mixed GEMMs of that path.
   const Run cpu16 = train(doc(kShortSteps), {"bf16.enabled=true"});
@@ -163,29 +173,48 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
     BOOST_TEST(std::abs(gpu16.losses[i] - cpu16.losses[i]) < 1e-2 * cpu16.losses[i]);
 }
 
+// At any number of ranks (one GPU each): every collective on device buffers, and host
+// buffers staged through device memory.
 BOOST_AUTO_TEST_CASE(nccl_moves_device_and_host_buffers,
                      *boost::unit_test::precondition(test::CudaPresent{})) {
   auto dev = nn::make_cuda_device(size_t{64} << 20);
   auto nccl = comm::NcclCommunicator::create(mpi_world(), nn::cuda_compute_stream(*dev), 60);
-  BOOST_TEST(nccl->size() == 1);
-  std::vector<float> values(1001);
-  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) * 0.5f - 7.f;
-  const Tensor a = Tensor::empty(*dev, DType::f32, {1001}),
-               b = Tensor::empty(*dev, DType::f32, {1001});
-  dev->copy_from_host(a, values.data());
+  const int W = nccl->size(), me = nccl->rank();
+  BOOST_TEST(W == mpi_world().size());
+  constexpr size_t n = 1001;
+  auto value = [](int rank, size_t i) { return static_cast<float>(i) * 0.5f - 7.f + static_cast<float>(rank); };
+  std::vector<float> mine(n);
+  for (size_t i = 0; i < n; ++i) mine[i] = value(me, i);
+  const Tensor a = Tensor::empty(*dev, DType::f32, {static_cast<int64_t>(n)}),
+               b = Tensor::empty(*dev, DType::f32, {static_cast<int64_t>(n) * W});
+  dev->copy_from_host(a, mine.data());
   dev->fill(b, 0);
-  nccl->all_gather(a.data(), b.data(), 1001, comm::DataType::f32)->wait();
-  nccl->order_before(nn::cuda_compute_stream(*dev));
-  BOOST_TEST(host_values(b) == values, boost::test_tools::per_element());
+  auto w = nccl->all_gather(a.data(), b.data(), n, comm::DataType::f32);
+  nccl->order_consumer(*w);  // the compute stream reads b after the gather, no host wait
+  const std::vector<float> gathered = host_values(b);
+  for (int r = 0; r < W; ++r)
+    for (size_t i = 0; i < n; i += 97) BOOST_TEST(gathered[static_cast<size_t>(r) * n + i] == value(r, i));
   dev->scale(a, 2.0);  // ordered before the reduction by the communicator's event
-  nccl->all_reduce(a.data(), 1001, comm::DataType::f32, comm::ReduceOp::avg)->wait();
-  nccl->order_before(nn::cuda_compute_stream(*dev));
+  w = nccl->all_reduce(a.data(), n, comm::DataType::f32, comm::ReduceOp::avg);
+  nccl->order_consumer(*w);
   const std::vector<float> got = host_values(a);
-  for (size_t i = 0; i < values.size(); ++i) BOOST_TEST(got[i] == 2 * values[i]);
-  double host[2] = {1.5, -2.0};  // host buffers are staged through device memory
+  for (size_t i = 0; i < n; i += 97) {
+    double mean = 0;
+    for (int r = 0; r < W; ++r) mean += 2.0 * value(r, i) / W;
+    BOOST_TEST(std::abs(got[i] - mean) <= 1e-5 * (1 + std::abs(mean)));
+  }
+  const Tensor shard = Tensor::empty(*dev, DType::f32, {7});
+  dev->fill(b, 1.0);
+  w = nccl->reduce_scatter(b.data(), shard.data(), 7, comm::DataType::f32, comm::ReduceOp::sum);
+  nccl->order_consumer(*w);
+  for (float x : host_values(shard)) BOOST_TEST(x == static_cast<float>(W));
+  double host[2] = {1.5 + me, -2.0};  // host buffers are staged through device memory
   nccl->all_reduce(host, 2, comm::DataType::f64, comm::ReduceOp::sum)->wait();
-  BOOST_TEST(host[0] == 1.5);
-  BOOST_TEST(host[1] == -2.0);
+  BOOST_TEST(host[0] == 1.5 * W + W * (W - 1) / 2.0);
+  BOOST_TEST(host[1] == -2.0 * W);
+  int32_t root_value = me == 0 ? 41 : -1;
+  nccl->broadcast(&root_value, 1, comm::DataType::i32, 0)->wait();
+  BOOST_TEST(root_value == 41);
   nccl->barrier()->wait();
 }
 
