@@ -70,5 +70,14 @@ void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int3
 void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n,
            const AdamWConstants& k);
 
+#ifdef FERRY_CUDA_EMULATION
+// Threads per block of the launches that follow: `generic` for every kernel but attention's,
+// `attention` for attention's row kernels. Multiples of 32 in [32, 1024]; anything else is
+// std::invalid_argument. The emulation's default is 64 and 64 (fibers are slow); a GPU
+// build uses 256 and 128, which tests select with this to run the GPU's block shapes (the
+// in-block summation orders depend on them). Not thread safe: call between launches.
+void set_emulated_block_threads(int generic, int attention);
+#endif
+
 FERRY_CUDA_ABI_END
 }  // namespace ferry::nn::cuda

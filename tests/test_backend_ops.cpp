@@ -314,6 +314,48 @@ std::vector<OpCase> all_cases() {
                   d.embedding_backward(t[0], t[1], t[2], t[3], T);
                   return NAN;
                 }});
+  // Tall inputs: the column reductions split their rows into several chunks (64 rows per
+  // chunk at 64 threads, 256 at 256) whose partial sums a second pass adds.
+  constexpr int64_t Tall = 43 * T;  // 301 rows
+  cs.push_back({"bias_backward (tall)",
+                {{Role::wgrad, {C}, true, true}, {Role::act, {Tall, C}}},
+                [](D& d, const Ts& t) {
+                  d.bias_backward(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"embedding_backward (tall)",
+                {{Role::wgrad, {V, C}, true, true},
+                 {Role::wgrad, {T + 2, C}, true, true},
+                 {Role::act, {Tall, C}},
+                 {Role::ids, {Tall}, false, false, 0, V}},
+                [](D& d, const Ts& t) {
+                  d.embedding_backward(t[0], t[1], t[2], t[3], T);
+                  return NAN;
+                }});
+  cs.push_back({"layernorm_backward (tall)",
+                {{Role::act, {Tall, C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::act, {Tall, C}},
+                 {Role::act, {Tall, C}},
+                 {Role::weight, {C}},
+                 {Role::stat, {Tall}, false, false, -0.2, 0.2},
+                 {Role::stat, {Tall}, false, false, 0.5, 2}},
+                [](D& d, const Ts& t) {
+                  d.layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+                  return NAN;
+                }});
+  cs.push_back({"rmsnorm_backward (tall)",
+                {{Role::act, {Tall, C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::act, {Tall, C}},
+                 {Role::act, {Tall, C}},
+                 {Role::weight, {C}},
+                 {Role::stat, {Tall}, false, false, 0.5, 2}},
+                [](D& d, const Ts& t) {
+                  d.rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5]);
+                  return NAN;
+                }});
   cs.push_back({"layernorm_forward",
                 {{Role::act, {N, C}, true},
                  {Role::stat, {N}, true},
