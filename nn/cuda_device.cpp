@@ -246,12 +246,18 @@ CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
   FERRY_CUBLAS_CHECK(cublasCreate(&cublas_));
   FERRY_CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
   // Plain fp32 GEMMs stay fp32 (no TF32): they are the reference the CPU device is checked
-  // against at 1e-5. bf16 GEMMs use tensor cores with fp32 accumulation either way.
-  FERRY_CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));
+  // against at 1e-5. bf16 GEMMs use tensor cores with fp32 accumulation either way, and
+  // split-K partials are summed in fp32 too (cuBLAS may otherwise reduce them in the bf16
+  // or f16 output type, rounding an output several times instead of once).
+  FERRY_CUBLAS_CHECK(cublasSetMathMode(
+      cublas_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                         CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   FERRY_CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
   FERRY_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
   FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&err_), 3 * sizeof(int)));
-  FERRY_CUDA_CHECK(cudaMemset(err_, 0, 3 * sizeof(int)));
+  // On the compute stream: the legacy stream's cudaMemset is not ordered before the
+  // non-blocking compute stream's kernels.
+  FERRY_CUDA_CHECK(cudaMemsetAsync(err_, 0, 3 * sizeof(int), compute_));
   FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&err_host_), 3 * sizeof(int)));
   FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_),
                               (cuda::kSumSquaresBlocks + 1) * sizeof(double)));
@@ -431,6 +437,15 @@ void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b
                       double alpha, double beta) {
   const auto [M, N, K] = checks::gemm(kDev, c, a, ta, b, tb);
   if (M == 0 || N == 0) return;
+  if (K == 0) {
+    // cuBLAS refuses lda or ldb of 0; the product is empty, so C = beta C (C unread at 0).
+    if (beta == 0) {
+      fill(c, 0.0);
+    } else if (beta != 1) {
+      scale(c, beta);
+    }
+    return;
+  }
   const bool any_f64 =
       a.dtype() == DType::f64 || b.dtype() == DType::f64 || c.dtype() == DType::f64;
   const bool all_f64 =

@@ -2,17 +2,18 @@
 // machines without a GPU (FERRY_CUDA_EMULATION; never part of ferry's libraries).
 //
 // It lets tests compile nn/cuda_kernels.cu and nn/cuda_device.cpp unchanged with g++ and
-// run them: each kernel launch runs its blocks one after another, each block's threads as
-// fibers that meet at barriers for __syncthreads and per warp of 32 for
-// __shfl_down_sync, with __shared__ arrays shared by the block's threads (static, as
-// blocks do not overlap). So the index arithmetic, the shared-memory use, the reductions
-// and their barriers, the row-major <-> column-major GEMM mapping, the widening, the
-// flags and the arena all execute as written. What it cannot show: timing, memory
+// run them: each kernel runs its blocks one after another, each block's threads as fibers
+// that meet at barriers for __syncthreads and per warp of 32 for __shfl_down_sync, with
+// __shared__ arrays shared by the block's threads (static, as blocks do not overlap). So
+// the index arithmetic, the shared-memory use, the reductions and their barriers, the
+// row-major <-> column-major GEMM mapping, the widening, the flags and the arena all
+// execute as written. The GPU around the kernels is strict (testing/emu_device.h): device
+// memory apart from host memory, lazy streams run in a seeded order, events, the launch
+// and shared-memory limits, cuBLAS's argument checks (testing/emu_cublas.h), NCCL between
+// ranks over MPI (testing/nccl_emulation.h). What it cannot show: timing, memory
 // coalescing, races between blocks, anything about the real driver or the real cuBLAS
-// (its GEMM here is a plain loop in double over column-major operands, the documented
-// cublasGemmEx semantics). "Device" memory is host memory; streams and events are
-// ordered trivially because every call completes before it returns.
-// One launch at a time, from one thread; 1-D blocks, multiples of 32 threads. Not for
+// (its GEMM is a loop in double over column-major operands, cublasGemmEx's documented
+// semantics). Kernels run one at a time; 1-D blocks, multiples of 32 threads. Not for
 // sanitizer builds (ASan needs fiber annotations for swapcontext; they are left out).
 #pragma once
 
@@ -172,9 +173,9 @@ inline void launch(dim3 grid, dim3 block, size_t shared_bytes,
 #define __forceinline__ inline
 #define __shared__ static
 #define FERRY_DYNAMIC_SHARED(name) unsigned char* name = ::ferry_emu::dynamic_shared()
-#define FERRY_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  ((void)(stream),                                           \
-   ::ferry_emu::launch(dim3(grid), dim3(block), (smem), [&] { kernel(__VA_ARGS__); }))
+#define FERRY_LAUNCH(kernel, grid, block, smem, stream, ...)                                \
+  ::ferry_emu::launch_on((stream), reinterpret_cast<const void*>(&kernel), #kernel, dim3(grid), \
+                         dim3(block), (smem), [=] { kernel(__VA_ARGS__); })
 
 inline void __syncthreads() {
   ::ferry_emu::wait_at(::ferry_emu::Fiber::at_block);
@@ -217,216 +218,36 @@ inline __half __float2half_rn(float f) {
   return {ferry::nn::f32_to_f16(f)};
 }
 
-// ---- the runtime calls ---------------------------------------------------------------------
-
-using cudaError_t = int;
-constexpr cudaError_t cudaSuccess = 0;
-constexpr cudaError_t cudaErrorNotReady = 600;
-using cudaStream_t = struct ferry_emu_stream*;
-using cudaEvent_t = struct ferry_emu_event*;
-constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
-enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
-struct cudaDeviceProp {
-  char name[256];
-  int major, minor;
-};
-
-inline const char* cudaGetErrorName(cudaError_t) {
-  return "cudaErrorEmulation";
-}
-inline const char* cudaGetErrorString(cudaError_t) {
-  return "error in the CPU emulation";
-}
-inline cudaError_t cudaGetLastError() {
-  return cudaSuccess;
-}
-inline cudaError_t cudaSetDevice(int) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
-  return cudaSuccess;
-}
-inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
-  std::strcpy(p->name, "emulated on CPU threads");
-  p->major = 9;
-  p->minor = 0;
-  return cudaSuccess;
-}
-inline cudaError_t cudaMalloc(void** p, size_t n) {
-  *p = std::aligned_alloc(256, (std::max<size_t>(n, 1) + 255) / 256 * 256);
-  return *p ? cudaSuccess : 2;
-}
-inline cudaError_t cudaFree(void* p) {
-  std::free(p);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMallocHost(void** p, size_t n) {
-  return cudaMalloc(p, n);
-}
-inline cudaError_t cudaFreeHost(void* p) {
-  return cudaFree(p);
-}
-inline cudaError_t cudaMallocAsync(void** p, size_t n, cudaStream_t) {
-  return cudaMalloc(p, n);
-}
-inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
-  return cudaFree(p);
-}
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind,
-                                   cudaStream_t) {
-  if (n) std::memmove(dst, src, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemset(void* p, int v, size_t n) {
-  std::memset(p, v, n);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
-  return cudaMemset(p, v, n);
-}
-inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  *s = nullptr;
-  return cudaSuccess;
-}
-inline cudaError_t cudaStreamDestroy(cudaStream_t) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
-  *e = nullptr;
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventDestroy(cudaEvent_t) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) {
-  return cudaSuccess;
-}
-inline cudaError_t cudaEventQuery(cudaEvent_t) {
-  return cudaSuccess;
-}  // everything has finished
-enum cudaMemoryType {
-  cudaMemoryTypeUnregistered,
-  cudaMemoryTypeHost,
-  cudaMemoryTypeDevice,
-  cudaMemoryTypeManaged
-};
-struct cudaPointerAttributes {
-  cudaMemoryType type;
-};
-// Every pointer is "device" memory here: host and device memory are the same.
-inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void*) {
-  a->type = cudaMemoryTypeDevice;
-  return cudaSuccess;
-}
-template <class K>
-cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int) {
-  return cudaSuccess;
-}
-
-// ---- cuBLAS ------------------------------------------------------------------------------------
-
-using cublasHandle_t = struct ferry_emu_cublas*;
-enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
-enum cublasOperation_t { CUBLAS_OP_N, CUBLAS_OP_T };
-enum cublasMath_t { CUBLAS_DEFAULT_MATH };
-enum cudaDataType_t { CUDA_R_32F, CUDA_R_64F, CUDA_R_16BF, CUDA_R_16F };
-enum cublasComputeType_t { CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F };
-enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT };
-
-inline const char* cublasGetStatusName(cublasStatus_t) {
-  return "CUBLAS_STATUS_EMULATION";
-}
-inline const char* cublasGetStatusString(cublasStatus_t) {
-  return "error in the CPU emulation";
-}
-inline cublasStatus_t cublasCreate(cublasHandle_t* h) {
-  *h = nullptr;
-  return CUBLAS_STATUS_SUCCESS;
-}
-inline cublasStatus_t cublasDestroy(cublasHandle_t) {
-  return CUBLAS_STATUS_SUCCESS;
-}
-inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) {
-  return CUBLAS_STATUS_SUCCESS;
-}
-inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) {
-  return CUBLAS_STATUS_SUCCESS;
-}
-inline cublasStatus_t cublasSetWorkspace(cublasHandle_t, void*, size_t) {
-  return CUBLAS_STATUS_SUCCESS;
-}
+#include "testing/emu_cuda_api.h"
+#include "testing/emu_cublas.h"
 
 namespace ferry_emu {
 
-inline double load(cudaDataType_t t, const void* p, int64_t i) {
-  switch (t) {
-    case CUDA_R_32F:
-      return static_cast<const float*>(p)[i];
-    case CUDA_R_64F:
-      return static_cast<const double*>(p)[i];
-    case CUDA_R_16BF:
-      return ferry::nn::bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case CUDA_R_16F:
-      return ferry::nn::f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+// Checks a launch as the runtime does (a bad one sets the error cudaGetLastError returns
+// and queues nothing), then queues the kernel on its stream.
+inline void launch_on(cudaStream_t s, const void* key, const char* name, dim3 grid, dim3 block,
+                      size_t shared_bytes, std::function<void()> body) {
+  auto& e = emu();
+  std::unique_lock<std::mutex> lock(e.mu);
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  if (threads == 0 || threads > 1024 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+    e.last_error = cudaErrorInvalidConfiguration;
+    return;
   }
-  return 0;
-}
-
-inline void store(cudaDataType_t t, void* p, int64_t i, double v) {
-  switch (t) {
-    case CUDA_R_32F:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      return;
-    case CUDA_R_64F:
-      static_cast<double*>(p)[i] = v;
-      return;
-    case CUDA_R_16BF:
-      static_cast<uint16_t*>(p)[i] = ferry::nn::f32_to_bf16(static_cast<float>(v));
-      return;
-    case CUDA_R_16F:
-      static_cast<uint16_t*>(p)[i] = ferry::nn::f32_to_f16(static_cast<float>(v));
-      return;
+  auto it = e.max_dynamic_shared.find(key);
+  const size_t limit = it == e.max_dynamic_shared.end() ? Emulator::kSharedDefault
+                                                        : static_cast<size_t>(it->second);
+  if (shared_bytes > limit) {
+    e.last_error = cudaErrorInvalidValue;
+    return;
   }
+  if (block.y != 1 || block.z != 1 || block.x % 32 != 0)
+    throw std::invalid_argument("cuda emulation: 1-D blocks of a multiple of 32 threads only");
+  Op op;
+  op.what = name;
+  op.run = [grid, block, shared_bytes, body = std::move(body)] { launch(grid, block, shared_bytes, body); };
+  e.enqueue(lock, stream_of(s), std::move(op));
 }
 
 }  // namespace ferry_emu
-
-// Column-major C[m,n] = alpha op(A)[m,k] op(B)[k,n] + beta C, C not read when beta is 0.
-inline cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t opa, cublasOperation_t opb,
-                                   int m, int n, int k, const void* alpha, const void* A,
-                                   cudaDataType_t at, int lda, const void* B, cudaDataType_t bt,
-                                   int ldb, const void* beta, void* C, cudaDataType_t ct, int ldc,
-                                   cublasComputeType_t compute, cublasGemmAlgo_t) {
-  const bool f64 = compute == CUBLAS_COMPUTE_64F;
-  if (f64 != (at == CUDA_R_64F) || at != bt) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (ct != at && !(ct == CUDA_R_32F && (at == CUDA_R_16BF || at == CUDA_R_16F)))
-    return CUBLAS_STATUS_NOT_SUPPORTED;
-  const double al = f64 ? *static_cast<const double*>(alpha) : *static_cast<const float*>(alpha);
-  const double be = f64 ? *static_cast<const double*>(beta) : *static_cast<const float*>(beta);
-  for (int j = 0; j < n; ++j) {
-    for (int i = 0; i < m; ++i) {
-      double acc = 0;
-      for (int l = 0; l < k; ++l) {
-        const double a = ferry_emu::load(
-            at, A, opa == CUBLAS_OP_N ? i + int64_t{l} * lda : l + int64_t{i} * lda);
-        const double b = ferry_emu::load(
-            bt, B, opb == CUBLAS_OP_N ? l + int64_t{j} * ldb : j + int64_t{l} * ldb);
-        acc += a * b;
-      }
-      const int64_t at_c = i + int64_t{j} * ldc;
-      ferry_emu::store(ct, C, at_c, al * acc + (be != 0 ? be * ferry_emu::load(ct, C, at_c) : 0.0));
-    }
-  }
-  return CUBLAS_STATUS_SUCCESS;
-}

@@ -718,6 +718,8 @@ BOOST_AUTO_TEST_CASE(gpt_steps_on_the_cuda_device_follow_the_cpu_device,
     const double lc = step(cpu, t, true), lg = step(gpu, t, true);
     BOOST_TEST(std::abs(lg - lc) <= 1e-5 * lc,
                "f32 step " << t << ": cuda " << lg << ", cpu " << lc);
+    // The margin a real GPU leaves (review Q2): read from --log_level=message on the first GPU run.
+    BOOST_TEST_MESSAGE("gpt f32 step " << t << ": relative loss gap " << std::abs(lg - lc) / lc << " (tolerance 1e-5)");
   }
   Side cpu16 = make(std::make_unique<nn::CpuDevice>(size_t{256} << 20, 1), DType::bf16);
   Side gpu16 = make(nn::make_cuda_device(size_t{256} << 20), DType::bf16);

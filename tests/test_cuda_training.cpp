@@ -146,10 +146,15 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
        "zero_optimization.offload_param.device=cpu"}};
   for (const auto& sets : variants) {
     const Run gpu = train(doc(kShortSteps), sets);
+    double worst = 0;  // the margin a real GPU leaves (review Q2), printed at --log_level=message
     BOOST_TEST_CONTEXT(sets.back()) {
-      for (size_t i = 0; i < static_cast<size_t>(kShortSteps); ++i)
+      for (size_t i = 0; i < static_cast<size_t>(kShortSteps); ++i) {
         BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-4 * cpu.losses[i]);
+        worst = std::max(worst, std::abs(gpu.losses[i] - cpu.losses[i]) / cpu.losses[i]);
+      }
     }
+    BOOST_TEST_MESSAGE("fp32 " << sets.back() << ": worst relative loss gap " << worst << " over " << kShortSteps
+                               << " steps (tolerance 1e-4)");
   }
   // bf16 with states on the GPU: the compute copies, casts and mixed GEMMs of that path.
   const Run cpu16 = train(doc(kShortSteps), {"bf16.enabled=true"});

@@ -1,10 +1,12 @@
-// ferry doctor's checks: free space arithmetic, the O_DIRECT round trip, and a whole run of
+// ferry doctor's checks: free space arithmetic, the O_DIRECT round trip, a whole run of
 // the checks for a configuration whose nvme folder is missing and whose state outgrows
-// this machine (each named with its fix).
+// this machine (each named with its fix), and `--gpu`'s checks where there is no driver
+// and on the figures a GPU would report.
 #define BOOST_TEST_MODULE doctor
 #include <boost/test/unit_test.hpp>
 
 #include "runtime/tools/doctor.h"
+#include "runtime/tools/doctor_gpu.h"
 #include "test_util.h"
 
 using namespace ferry::runtime;
@@ -68,4 +70,61 @@ BOOST_AUTO_TEST_CASE(a_configuration_that_would_stop) {
   BOOST_TEST(text.find("[FAIL] nvme: " + (dir.path / "absent").string() + ": no such folder\n       fix: mkdir -p") !=
              std::string::npos, text);
   BOOST_TEST(text.find("problem(s) would stop a run") != std::string::npos);
+}
+
+// --gpu on a machine without a driver (a library name no machine has, so the test means
+// the same on a GPU machine): one failed check that says there is no GPU and why, and
+// found_no_gpu, which makes `ferry doctor --gpu` exit 3.
+BOOST_AUTO_TEST_CASE(gpu_checks_without_a_driver) {
+  GpuDoctorOptions o;
+  o.libcuda = "libcuda-ferry-absent.so.1";
+  const std::vector<DoctorCheck> checks = run_gpu_doctor(o);
+  BOOST_REQUIRE_EQUAL(checks.size(), 1u);
+  BOOST_TEST(checks[0].name == "gpu");
+  BOOST_TEST(checks[0].status == DoctorCheck::fail);
+  BOOST_TEST(checks[0].detail == "no GPU: no CUDA driver (libcuda-ferry-absent.so.1 cannot be loaded)");
+  BOOST_TEST(found_no_gpu(checks));
+  BOOST_TEST(format_checks(checks).find("[FAIL] gpu: no GPU: no CUDA driver") == 0u, format_checks(checks));
+  BOOST_TEST(kDoctorNoGpuExit == 3);
+  // A failed check of another kind is not "no GPU".
+  std::vector<DoctorCheck> other = checks;
+  other[0].detail = "driver 12.4, 8 GPU(s) visible";
+  BOOST_TEST(!found_no_gpu(other));
+  other[0].name = "nccl";
+  other[0].detail = "no GPU: named by another check";
+  BOOST_TEST(!found_no_gpu(other));
+}
+
+// What the GPU lines compute from a GPU's figures: H100's and A100's opt-in shared memory
+// against attention backward's key kernel (review F5), NVIDIA_TF32_OVERRIDE, and the
+// verdict on MPI_Init from the probe's line.
+BOOST_AUTO_TEST_CASE(gpu_check_pieces) {
+  BOOST_TEST(attention_max_seq(232448, 64, 4) == 28960);   // H100: 227 KiB
+  BOOST_TEST(attention_max_seq(232448, 64, 8) == 14432);   // f64 accumulation
+  BOOST_TEST(attention_max_seq(166912, 64, 4) == 20768);   // A100: 163 KiB
+  BOOST_TEST(attention_max_seq(512, 64, 4) == 0);
+
+  BOOST_TEST(check_tf32(nullptr).status == DoctorCheck::ok);
+  BOOST_TEST(check_tf32("0").status == DoctorCheck::ok);
+  const DoctorCheck tf32 = check_tf32("1");
+  BOOST_TEST(tf32.status == DoctorCheck::warn);
+  BOOST_TEST(tf32.detail.find("NVIDIA_TF32_OVERRIDE=1") == 0u, tf32.detail);
+  BOOST_TEST(!tf32.fix.empty());
+
+  const DoctorCheck clean = mpi_cuda_verdict(0, "gpu mpi probe: contexts before 0,0 after 0,0; new libraries none\n", nullptr);
+  BOOST_TEST(clean.status == DoctorCheck::ok);
+  BOOST_TEST(clean.detail == "MPI_Init created no CUDA context and loaded no CUDA library (MPIR_CVAR_ENABLE_GPU unset)");
+  const DoctorCheck loads =
+      mpi_cuda_verdict(0, "gpu mpi probe: contexts before 0,0 after 0,0; new libraries libcudart.so.12\n", "1");
+  BOOST_TEST(loads.status == DoctorCheck::ok);
+  BOOST_TEST(loads.detail.find("loaded libcudart.so.12") != std::string::npos, loads.detail);
+  BOOST_TEST(loads.detail.find("(MPIR_CVAR_ENABLE_GPU=1)") != std::string::npos, loads.detail);
+  const DoctorCheck ctx =
+      mpi_cuda_verdict(0, "gpu mpi probe: contexts before 0,0,0 after 1,0,1; new libraries libcudart.so.12\n", nullptr);
+  BOOST_TEST(ctx.status == DoctorCheck::warn);
+  BOOST_TEST(ctx.detail.find("MPI_Init created a CUDA context on GPU 0,2 ") == 0u, ctx.detail);
+  BOOST_TEST(ctx.fix.find("MPIR_CVAR_ENABLE_GPU=0") != std::string::npos);
+  const DoctorCheck broken = mpi_cuda_verdict(124, "", nullptr);
+  BOOST_TEST(broken.status == DoctorCheck::warn);
+  BOOST_TEST(broken.detail == "the 1-rank probe did not answer (exit 124)");
 }

@@ -42,8 +42,9 @@ DoctorCheck make(DoctorCheck::Status s, std::string name, std::string detail, st
 
 std::string bytes(unsigned long long b) { return nn::format_bytes(static_cast<size_t>(b)); }
 
-// Runs `command` (through sh) and returns its exit status and output.
-std::pair<int, std::string> run(const std::string& command) {
+}  // namespace
+
+std::pair<int, std::string> run_command(const std::string& command) {
   std::string out;
   FILE* p = ::popen((command + " 2>&1").c_str(), "r");
   if (!p) return {-1, "popen failed"};
@@ -53,11 +54,13 @@ std::pair<int, std::string> run(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0), out};
 }
 
+namespace {
+
 DoctorCheck check_mpi(const DoctorOptions& o) {
   if (o.self.empty()) return make(DoctorCheck::warn, "mpi", "not checked (no program path to run as ranks)");
   const std::string cmd = "timeout " + std::to_string(static_cast<int>(o.mpi_timeout_s)) + " " + shell_quote(o.mpiexec) +
                           " -n 2 " + shell_quote(o.self) + " doctor --mpi-probe";
-  const auto [status, out] = run(cmd);
+  const auto [status, out] = run_command(cmd);
   if (status == 0 && out.find("mpi probe: 2 ranks, sum 3") != std::string::npos) {
     return make(DoctorCheck::ok, "mpi", "2-rank all-reduce through " + o.mpiexec + " returned the right sum");
   }
@@ -113,7 +116,9 @@ DoctorCheck check_cuda(bool needed) {
   }
   const int rc = init(0);
   if (rc == 0) count(&n), version(&v);
-  dlclose(h);
+  // No dlclose: once cuInit has run the driver has threads and exit work of its own, and
+  // unloading it under them is known to crash at exit on some drivers (review Q6). The
+  // handle is left open for the life of the process.
   const std::string d = "driver " + std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10) + ", " +
                         std::to_string(n) + " GPU(s)" + (rc != 0 ? " (cuInit failed: " + std::to_string(rc) + ")" : "");
   return make(n > 0 || !needed ? DoctorCheck::ok : DoctorCheck::fail, "cuda", d);

@@ -8,13 +8,15 @@
 //   memlock   RLIMIT_MEMLOCK against the pinned pool the configuration needs
 //   memory    available host memory against the host state, pinned pools and (CPU
 //             device) arenas of every rank on this node
-//   cuda      driver version and GPU count (libcuda, loaded if present)
+//   cuda      driver version and GPU count (libcuda, loaded if present; the GPU's own
+//             checks are `ferry doctor --gpu`, runtime/tools/doctor_gpu.h)
 //   nccl      library version (libnccl, loaded if present)
 // Each check is ok, warn (the run works, slower or without a feature) or fail (the run
 // would stop); the process exits non-zero when one fails.
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/config/config.h"
@@ -42,6 +44,10 @@ std::string format_checks(const std::vector<DoctorCheck>& checks);
 // 4 KiB through O_DIRECT in `dir` ("" = fine, else what failed).
 DoctorCheck check_space(const std::string& dir, unsigned long long needed, unsigned long long available);
 std::string o_direct_round_trip(const std::string& dir);
+
+// Runs `command` through sh with stderr joined to stdout: its exit status (128 + signal
+// when killed) and its output.
+std::pair<int, std::string> run_command(const std::string& command);
 
 // The MPI probe's rank body: an all-reduce of (rank + 1) over the world; returns 0 when
 // the sum is right (rank 0 prints "mpi probe: N ranks, sum S").

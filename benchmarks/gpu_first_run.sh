@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# What to run on the first GPU: builds ferry with CUDA (Release), runs `ferry doctor --gpu`,
+# the CUDA tests and the two tests whose tolerances a real GPU has never been measured
+# against, a 2-rank NCCL run where there are two GPUs, and writes one summary file to hand
+# back with its logs (docs/design.md, "GPU questions and what the first GPU run checks").
+#
+#   bash benchmarks/gpu_first_run.sh [OUT]   (OUT, under the repository root: gpu-first-run)
+#
+# Exit status: 0 every step passed; 1 a step failed (the summary names it); 3 no GPU here.
+# Environment: FERRY_GPU_BUILD (build folder, default build-gpu), JOBS (default nproc).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+out=${1:-gpu-first-run}
+build=${FERRY_GPU_BUILD:-build-gpu}
+jobs=${JOBS:-$(nproc)}
+mkdir -p "$out"
+summary=$out/summary.txt
+failed=0
+
+# step NAME COMMAND...: runs COMMAND with its output in OUT/NAME.log; one summary line.
+step() {
+  local name=$1
+  shift
+  local start=$SECONDS
+  "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  printf '%-16s exit %-3s %5ss  %s\n' "$name" "$rc" "$((SECONDS - start))" "$out/$name.log" >>"$summary"
+  [ "$rc" -eq 0 ] || failed=1
+  return "$rc"
+}
+
+{
+  echo "ferry first GPU run, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  echo "host $(hostname); CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<unset>}" \
+       "NVIDIA_TF32_OVERRIDE=${NVIDIA_TF32_OVERRIDE-<unset>} MPIR_CVAR_ENABLE_GPU=${MPIR_CVAR_ENABLE_GPU-<unset>}"
+} >"$summary"
+
+if ! nvidia-smi -L >"$out/gpus.log" 2>&1; then
+  echo "no GPU: nvidia-smi -L failed (see $out/gpus.log); this script is for a machine with a GPU" | tee -a "$summary"
+  exit 3
+fi
+gpus=$(grep -c '^GPU ' "$out/gpus.log")
+{ echo "GPUs: $gpus"; cat "$out/gpus.log"; } >>"$summary"
+{ nvidia-smi; nvcc --version; mpichversion; mpiexec --version; } >"$out/machine.log" 2>&1
+echo "--- steps" >>"$summary"
+
+step configure cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON || {
+  cat "$summary"
+  exit 1
+}
+step build cmake --build "$build" -j"$jobs" || {
+  cat "$summary"
+  exit 1
+}
+ferry=$build/examples/ferry
+
+# Q1, Q5, F5, the memory and the versions: one line per check.
+step doctor "$ferry" doctor --gpu
+# The CUDA tests. cli_cuda_unavailable asserts that there is *no* GPU, so it is left out here.
+step ctest_cuda ctest --test-dir "$build" -R cuda -E cli_cuda_unavailable --output-on-failure
+# Q2: the margins the tolerances leave on a real GPU (worst errors printed at message level).
+step backend_ops "$build/tests/test_backend_ops" --log_level=message
+step cuda_training "$build/tests/test_cuda_training" --log_level=message
+# Q4, Q8: NCCL between two ranks (host-staged order checks in step 1, the watchdog at its
+# default timeout), only where there are two GPUs.
+if [ "$gpus" -ge 2 ]; then
+  step nccl_2ranks mpiexec -n 2 "$ferry" train --config examples/configs/tiny.json \
+    --set device.type=cuda --set train.steps=20
+fi
+
+{
+  echo "--- ferry doctor --gpu"
+  cat "$out/doctor.log"
+  echo "--- CUDA tests"
+  grep -E 'tests passed|tests failed|\*\*\*Failed|Not Run|Skipped' "$out/ctest_cuda.log"
+  echo "--- margins (Q2)"
+  grep -hE 'relative|worst window|validation' "$out/backend_ops.log" "$out/cuda_training.log" | sort | uniq | head -80
+  [ -f "$out/nccl_2ranks.log" ] && { echo "--- 2-rank NCCL run (last lines)"; tail -5 "$out/nccl_2ranks.log"; }
+  echo "--- result: $([ "$failed" -eq 0 ] && echo 'every step passed' || echo 'a step failed (exit column above)')"
+} >>"$summary"
+cat "$summary"
+exit "$failed"

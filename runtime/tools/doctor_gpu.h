@@ -1,0 +1,58 @@
+// ferry doctor --gpu: what only a GPU can answer, measured once on the first GPU machine
+// (docs/design.md, "GPU questions and what the first GPU run checks"). One check per line:
+//   gpu       the driver's version and how many GPUs it shows (CUDA_VISIBLE_DEVICES named),
+//             or "no GPU: ..." with the reason (no libcuda.so.1, cuInit failed, 0 devices)
+//   gpu N     per visible GPU: name, compute capability, free/total memory (cuMemGetInfo
+//             in the device's primary context), the opt-in shared memory per block and the
+//             longest sequence attention backward fits in it (review F5)
+//   tf32      NVIDIA_TF32_OVERRIDE: 1 turns ferry's fp32 GEMMs into TF32 (review Q5)
+//   mpi+cuda  whether MPI_Init creates CUDA contexts or loads CUDA libraries (review Q1):
+//             a 1-rank probe under mpiexec reads each GPU's primary-context state
+//             (cuDevicePrimaryCtxGetState, which creates nothing) and the mapped CUDA
+//             libraries before and after MPI_Init; MPIR_CVAR_ENABLE_GPU is named
+//   nccl      the library version
+// Only the driver API is used, through dlopen: the doctor builds and runs without CUDA,
+// and the driver API does not depend on which libcudart a build linked.
+// Thread safety: none needed (the doctor's main thread). Errors come back as checks.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/tools/doctor.h"
+
+namespace ferry::runtime {
+
+// `ferry doctor --gpu`'s exit status when the machine has no usable GPU (documented in
+// examples/cmd_doctor.cpp and the README): the run of the GPU checks did not happen.
+inline constexpr int kDoctorNoGpuExit = 3;
+
+struct GpuDoctorOptions {
+  std::string libcuda = "libcuda.so.1";  // tests name one that does not exist
+  std::string self;                      // this program, re-run under mpiexec for mpi+cuda ("" skips it)
+  std::string mpiexec = "mpiexec";
+  double mpi_timeout_s = 60;
+};
+
+std::vector<DoctorCheck> run_gpu_doctor(const GpuDoctorOptions& o);
+
+// True when the checks say there is no usable GPU (their "gpu" check starts "no GPU").
+bool found_no_gpu(const std::vector<DoctorCheck>& checks);
+
+// The pieces, for tests.
+// NVIDIA_TF32_OVERRIDE's value (null: unset).
+DoctorCheck check_tf32(const char* value);
+// The longest T whose attention backward key kernel, (2T + 3 hs) accumulator elements of
+// shared memory per block (nn/cuda_kernels.cu), fits in `optin_bytes`.
+long attention_max_seq(long optin_bytes, int head_size, int accumulator_bytes);
+// The mpi+cuda verdict from the probe's output line (see gpu_mpi_probe_main), its exit
+// status, and MPIR_CVAR_ENABLE_GPU's value (null: unset).
+DoctorCheck mpi_cuda_verdict(int status, const std::string& probe_output, const char* enable_gpu);
+
+// The probe's body (`ferry doctor --gpu-mpi-probe`, one rank): prints
+// "gpu mpi probe: contexts before B after A; new libraries L" where B and A list, per
+// GPU, 1 for an active primary context and 0 for none, and L the CUDA libraries that
+// MPI_Init mapped ("none"). Returns 0 when it could read both.
+int gpu_mpi_probe_main(const std::string& libcuda = "libcuda.so.1");
+
+}  // namespace ferry::runtime
