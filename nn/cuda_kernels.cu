@@ -5,6 +5,7 @@
 #include "nn/cuda_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -560,8 +561,9 @@ AttnShape attn_shape(int64_t T, int64_t C, int64_t NH, int64_t KVH) {
 
 // One block per query row (i, h, b): scores over the causal prefix, softmax, then the
 // weighted sum of values. Dynamic shared memory: T scores and the q row.
-template <class A>
-__global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s, const int32_t* doc_start) {
+template <class A, class X>
+__global__ void attention_forward_kernel(Arr out, Arr att, X qkv, AttnShape s,
+                                         const int32_t* doc_start) {
   FERRY_DYNAMIC_SHARED(smem_raw);
   A* score = reinterpret_cast<A*>(smem_raw);
   A* q = score + s.T;
@@ -571,13 +573,13 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s,
   const int64_t j0 = doc_start ? doc_start[b * s.T + i] : 0;  // the first key of this row's document
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
-    q[d] = ld<A>(qkv, base + i * s.W + h * s.hs + d);
+    q[d] = qkv[base + i * s.W + h * s.hs + d];
   __syncthreads();
   A mx = -INFINITY;
   for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
     A dot = 0;
     const int64_t krow = base + j * s.W + (s.NH + kv) * s.hs;
-    for (int64_t d = 0; d < s.hs; ++d) dot += q[d] * ld<A>(qkv, krow + d);
+    for (int64_t d = 0; d < s.hs; ++d) dot += q[d] * qkv[krow + d];
     score[j] = dot * scale;
     mx = score[j] > mx ? score[j] : mx;
   }
@@ -597,15 +599,15 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s,
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
     A o = 0;
     for (int64_t j = j0; j <= i; ++j)
-      o += score[j] * ld<A>(qkv, base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d);
+      o += score[j] * qkv[base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d];
     st<A>(out, (b * s.T + i) * s.C + h * s.hs + d, o);
   }
 }
 
 // Backward, part 1: one block per query row. dP[j] = dO_i . v_j, dot = sum_j P_ij dP_j,
 // dS_ij = P_ij (dP_j - dot) scale; dQ_i += sum_j dS_ij k_j. `dot` is kept for part 2.
-template <class A>
-__global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s,
+template <class A, class X, class Y>
+__global__ void attention_backward_query_kernel(Arr dqkv, X dout, X qkv, Y att, AttnShape s,
                                                 A* rowdot) {
   FERRY_DYNAMIC_SHARED(smem_raw);
   A* ds = reinterpret_cast<A*>(smem_raw);
@@ -616,25 +618,25 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
   const int64_t arow = ((b * s.NH + h) * s.T + i) * s.T;
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
-    dO[d] = ld<A>(dout, (b * s.T + i) * s.C + h * s.hs + d);
+    dO[d] = dout[(b * s.T + i) * s.C + h * s.hs + d];
   __syncthreads();
   A dot = 0;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
     A dp = 0;
     const int64_t vrow = base + j * s.W + (s.NH + s.KVH + kv) * s.hs;
-    for (int64_t d = 0; d < s.hs; ++d) dp += dO[d] * ld<A>(qkv, vrow + d);
+    for (int64_t d = 0; d < s.hs; ++d) dp += dO[d] * qkv[vrow + d];
     ds[j] = dp;
-    dot += ld<A>(att, arow + j) * dp;
+    dot += att[arow + j] * dp;
   }
   dot = block_reduce(dot, scratch, Sum{});
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    ds[j] = ld<A>(att, arow + j) * (ds[j] - dot) * scale;
+    ds[j] = att[arow + j] * (ds[j] - dot) * scale;
   if (threadIdx.x == 0) rowdot[(b * s.NH + h) * s.T + i] = dot;
   __syncthreads();
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
     A g = 0;
     for (int64_t j = 0; j <= i; ++j)
-      g += ds[j] * ld<A>(qkv, base + j * s.W + (s.NH + kv) * s.hs + d);
+      g += ds[j] * qkv[base + j * s.W + (s.NH + kv) * s.hs + d];
     const int64_t at = base + i * s.W + h * s.hs + d;
     st<A>(dqkv, at, ld<A>(dqkv, at) + g);
   }
@@ -643,8 +645,8 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
 // Backward, part 2: one block per key row (j, kv head, b), over the query heads of its
 // group in order: dK_j += sum_{i>=j} dS_ij q_i, dV_j += sum_{i>=j} P_ij dO_i, with dS
 // recomputed from part 1's `dot`. Each key row is written once: no collisions.
-template <class A>
-__global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s,
+template <class A, class X, class Y>
+__global__ void attention_backward_key_kernel(Arr dqkv, X dout, X qkv, Y att, AttnShape s,
                                               const A* rowdot) {
   FERRY_DYNAMIC_SHARED(smem_raw);
   A* ds = reinterpret_cast<A*>(smem_raw);
@@ -656,7 +658,7 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
   const int64_t base = b * s.T * s.W;
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
-    vj[d] = ld<A>(qkv, base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d);
+    vj[d] = qkv[base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d];
     acc_k[d] = 0;
     acc_v[d] = 0;
   }
@@ -665,8 +667,8 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
     for (int64_t i = j + threadIdx.x; i < s.T; i += blockDim.x) {
       const int64_t orow = (b * s.T + i) * s.C + h * s.hs;
       A dp = 0;
-      for (int64_t d = 0; d < s.hs; ++d) dp += ld<A>(dout, orow + d) * vj[d];
-      const A pij = ld<A>(att, ((b * s.NH + h) * s.T + i) * s.T + j);
+      for (int64_t d = 0; d < s.hs; ++d) dp += dout[orow + d] * vj[d];
+      const A pij = att[((b * s.NH + h) * s.T + i) * s.T + j];
       p[i] = pij;
       ds[i] = pij * (dp - rowdot[(b * s.NH + h) * s.T + i]) * scale;
     }
@@ -674,8 +676,8 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
     for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
       A gk = 0, gv = 0;
       for (int64_t i = j; i < s.T; ++i) {
-        gk += ds[i] * ld<A>(qkv, base + i * s.W + h * s.hs + d);
-        gv += p[i] * ld<A>(dout, (b * s.T + i) * s.C + h * s.hs + d);
+        gk += ds[i] * qkv[base + i * s.W + h * s.hs + d];
+        gv += p[i] * dout[(b * s.T + i) * s.C + h * s.hs + d];
       }
       acc_k[d] += gk;
       acc_v[d] += gv;
@@ -690,13 +692,58 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
   }
 }
 
-// Attention's row kernels take more than the default 48 KiB of shared memory for long
-// sequences; opting in is per kernel.
+// Attention's row kernels keep rows of T scores in shared memory: past 48 KiB per block
+// (static + dynamic) a kernel must opt in, and the device's opt-in limit (227 KiB on H100,
+// 163 KiB on A100) caps T: about 29K for the key kernel with f32 accumulation. Each launch
+// is checked before anything is enqueued, so a too-long sequence is an error naming itself
+// instead of a failed launch at the first backward.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+
+// The current device's cudaDevAttrMaxSharedMemoryPerBlockOptin, queried once per device.
+size_t shared_optin_limit() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> limits[kDevices];  // 0: not queried yet
+  int device = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>* slot = device >= 0 && device < kDevices ? &limits[device] : nullptr;
+  int v = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (slot != nullptr) slot->store(v, std::memory_order_relaxed);
+  }
+  return static_cast<size_t>(v);
+}
+
+struct SharedFit {
+  size_t dynamic, total;  // bytes: dynamic, and static + dynamic
+};
+
+// Checks one launch's shared memory against the device; throws std::invalid_argument
+// naming the op, T, the head size, the bytes and the limit when it cannot fit.
 template <class K>
-void allow_shared(K kernel, size_t bytes) {
-  if (bytes > 48 * 1024) {
+SharedFit fit_shared(K kernel, size_t dynamic, const char* op, const AttnShape& s) {
+  cudaFuncAttributes attr{};
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const SharedFit fit{dynamic, attr.sharedSizeBytes + dynamic};
+  const size_t limit = shared_optin_limit();
+  if (fit.total > limit) {
+    throw std::invalid_argument(
+        std::string(op) + ": sequence length T = " + std::to_string(s.T) + " with head size " +
+        std::to_string(s.hs) + " needs " + std::to_string(fit.total) +
+        " bytes of shared memory per block (static + dynamic), more than this GPU's limit of " +
+        std::to_string(limit) +
+        " bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin); longer contexts need the "
+        "flash-attention kernels (issue 25, \"Attention in linear memory\")");
+  }
+  return fit;
+}
+
+// Opts the kernel in to its dynamic size when static + dynamic passes the default 48 KiB.
+template <class K>
+void opt_in_shared(K kernel, const SharedFit& fit) {
+  if (fit.total > kDefaultSharedBytes) {
     FERRY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
+                                          static_cast<int>(fit.dynamic)));
   }
 }
 
@@ -878,11 +925,12 @@ void reduce_columns(cudaStream_t st, const Term& term, int64_t N, int64_t C, Arr
   chunks = (N + chunk_rows - 1) / chunk_rows;  // no empty chunk
   StreamScratch partial(st, static_cast<size_t>(K * chunks * C) * sizeof(A));
   const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
-  auto* pass1 = &column_partials_kernel<A, Term>;
-  FERRY_LAUNCH(pass1, grid, threads, 0, st, term, N, C, chunk_rows, partial.get<A>());
+  A* const part = partial.get<A>();
+  auto& pass1 = column_partials_kernel<A, Term>;  // a reference: FERRY_LAUNCH takes its address
+  FERRY_LAUNCH(pass1, grid, threads, 0, st, term, N, C, chunk_rows, part);
   FERRY_CUDA_CHECK_LAUNCH();
-  FERRY_LAUNCH(column_finish_kernel<A>, grid_for(K * C), threads, 0, st, out0, out1, K,
-               partial.get<A>(), chunks, C);
+  FERRY_LAUNCH(column_finish_kernel<A>, grid_for(K * C), threads, 0, st, out0, out1, K, part,
+               chunks, C);
   FERRY_CUDA_CHECK_LAUNCH();
   partial.release();
 }
@@ -980,9 +1028,10 @@ void embedding_backward(Stream s, Arr dwte, Arr dwpe, Arr dout, const int32_t* t
       using Y = Operand<A, typename decltype(y)::type>;
       // Enough blocks to fill a GPU, not so many that the N-token scans add up (see the kernel).
       const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((N + 15) / 16, 1, 512));
-      auto* wte_kernel = &embedding_backward_wte_kernel<A, X, Y>;
-      FERRY_LAUNCH(wte_kernel, blocks, block_threads(), 0, as_stream(s), Y(dwte), X(dout), tokens,
-                   N, C);
+      auto& wte_kernel = embedding_backward_wte_kernel<A, X, Y>;
+      const Y wte(dwte);
+      const X grad(dout);
+      FERRY_LAUNCH(wte_kernel, blocks, block_threads(), 0, as_stream(s), wte, grad, tokens, N, C);
       FERRY_CUDA_CHECK_LAUNCH();
       // dwpe[t, c] += sum over b of dout[b T + t, c]: the column sums of dout as [N / T, T C].
       reduce_columns<A>(as_stream(s), ColumnSumTerm<A, X>{X(dout)}, N / T, T * C, dwpe, Arr{});
@@ -1051,11 +1100,18 @@ void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   by_acc(wide(out, att, qkv), [&](auto a) {
     using A = decltype(a);
-    const size_t smem = static_cast<size_t>(T + sh.hs) * sizeof(A);
-    allow_shared(attention_forward_kernel<A>, smem);
-    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B));
-    FERRY_LAUNCH(attention_forward_kernel<A>, grid, attn_threads(), smem, as_stream(s), out, att, qkv,
-                 sh, doc_start);
+    by_storage<A>({qkv}, {}, [&](auto x, auto) {
+      using X = Operand<A, typename decltype(x)::type>;
+      auto& kernel = attention_forward_kernel<A, X>;  // a reference: the opt-in's key is its address
+      const SharedFit fit = fit_shared(kernel, static_cast<size_t>(T + sh.hs) * sizeof(A),
+                                       "attention_forward", sh);
+      opt_in_shared(kernel, fit);
+      const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(NH),
+                      static_cast<unsigned>(B));
+      const X q(qkv);
+      FERRY_LAUNCH(kernel, grid, attn_threads(), fit.dynamic, as_stream(s), out, att, q, sh,
+                   doc_start);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -1066,20 +1122,31 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t 
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   by_acc(wide(dqkv, dout, qkv, att), [&](auto a) {
     using A = decltype(a);
-    A* dot = static_cast<A*>(rowdot);
-    const size_t smem_q = static_cast<size_t>(T + sh.hs) * sizeof(A);
-    allow_shared(attention_backward_query_kernel<A>, smem_q);
-    FERRY_LAUNCH(
-        attention_backward_query_kernel<A>,
-        dim3(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B)),
-        attn_threads(), smem_q, as_stream(s), dqkv, dout, qkv, att, sh, dot);
-    FERRY_CUDA_CHECK_LAUNCH();
-    const size_t smem_k = static_cast<size_t>(2 * T + 3 * sh.hs) * sizeof(A);
-    allow_shared(attention_backward_key_kernel<A>, smem_k);
-    FERRY_LAUNCH(
-        attention_backward_key_kernel<A>,
-        dim3(static_cast<unsigned>(T), static_cast<unsigned>(KVH), static_cast<unsigned>(B)),
-        attn_threads(), smem_k, as_stream(s), dqkv, dout, qkv, att, sh, dot);
+    by_storage<A>({qkv, dout}, {att}, [&](auto x, auto y) {
+      using X = Operand<A, typename decltype(x)::type>;
+      using Y = Operand<A, typename decltype(y)::type>;
+      A* dot = static_cast<A*>(rowdot);
+      auto& query = attention_backward_query_kernel<A, X, Y>;
+      auto& key = attention_backward_key_kernel<A, X, Y>;
+      const X grad(dout), q(qkv);
+      const Y p(att);
+      // Both checked before the first launch: a failure leaves dqkv untouched.
+      const SharedFit fit_q = fit_shared(query, static_cast<size_t>(T + sh.hs) * sizeof(A),
+                                         "attention_backward", sh);
+      const SharedFit fit_k = fit_shared(key, static_cast<size_t>(2 * T + 3 * sh.hs) * sizeof(A),
+                                         "attention_backward", sh);
+      opt_in_shared(query, fit_q);
+      opt_in_shared(key, fit_k);
+      const dim3 grid_q(static_cast<unsigned>(T), static_cast<unsigned>(NH),
+                        static_cast<unsigned>(B));
+      FERRY_LAUNCH(query, grid_q, attn_threads(), fit_q.dynamic, as_stream(s), dqkv, grad, q, p, sh,
+                   dot);
+      FERRY_CUDA_CHECK_LAUNCH();
+      const dim3 grid_k(static_cast<unsigned>(T), static_cast<unsigned>(KVH),
+                        static_cast<unsigned>(B));
+      FERRY_LAUNCH(key, grid_k, attn_threads(), fit_k.dynamic, as_stream(s), dqkv, grad, q, p, sh,
+                   dot);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
