@@ -1,5 +1,6 @@
 // Kernels of the CUDA device; the contract is in nn/cuda_kernels.h. Written for clarity
-// first: one block per row for the row reductions, one thread per element elsewhere, and
+// first: one block per row for the row reductions, two passes over column tiles and row
+// chunks for the column reductions, one thread per element elsewhere, and
 // attention as two row kernels that recompute what they need instead of storing a second
 // [B,NH,T,T] tensor. GEMMs, the bulk of the FLOPs, are cuBLAS's (nn/cuda_device.cpp).
 #include "nn/cuda_kernels.h"
