@@ -1,10 +1,16 @@
 // Kernels of the CUDA device; the contract is in nn/cuda_kernels.h. Written for clarity
-// first: one block per row for the row reductions, one thread per element elsewhere, and
+// first: one block per row for the row reductions, two passes over column tiles and row
+// chunks for the column reductions, one thread per element elsewhere, and
 // attention as two row kernels that recompute what they need instead of storing a second
 // [B,NH,T,T] tensor. GEMMs, the bulk of the FLOPs, are cuBLAS's (nn/cuda_device.cpp).
 #include "nn/cuda_kernels.h"
 
 #include <algorithm>
+#include <atomic>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "nn/cuda_check.h"
 
@@ -22,15 +28,27 @@ namespace ferry::nn::cuda {
 
 namespace {
 
-// Threads per block: multiples of the warp size (block reductions assume it). The CPU
-// emulation runs a block's threads as host threads, so it uses fewer; two warps still
-// exercise the reductions across warps.
+// Threads per block: multiples of the warp size (block reductions assume it), at most
+// kMaxThreads (static shared arrays indexed by thread are sized for it). The CPU emulation
+// runs a block's threads as fibers, so it uses fewer by default (two warps still exercise
+// the reductions across warps); tests set the GPU's sizes with set_emulated_block_threads.
+constexpr int kMaxThreads = 1024;
 #ifdef FERRY_CUDA_EMULATION
-constexpr int kThreads = 64;
-constexpr int kAttnThreads = 64;
+int emulated_threads = 64;
+int emulated_attn_threads = 64;
+int block_threads() {
+  return emulated_threads;
+}
+int attn_threads() {
+  return emulated_attn_threads;
+}
 #else
-constexpr int kThreads = 256;
-constexpr int kAttnThreads = 128;  // attention's row kernels: rows of T scores and hs channels
+constexpr int block_threads() {
+  return 256;
+}
+constexpr int attn_threads() {  // attention's row kernels: rows of T scores and hs channels
+  return 128;
+}
 #endif
 
 cudaStream_t as_stream(Stream s) {
@@ -38,7 +56,7 @@ cudaStream_t as_stream(Stream s) {
 }
 
 unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  const int64_t blocks = (n + block_threads() - 1) / block_threads();
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 20));
 }
 
@@ -79,6 +97,107 @@ __device__ __forceinline__ void st(const Arr& a, int64_t i, A v) {
       static_cast<int32_t*>(a.p)[i] = static_cast<int32_t>(v);
       return;
   }
+}
+
+// ---- operands of a storage type known at compile time --------------------------------------
+// ld/st switch on the dtype at every element. Kernels whose inner loops load the same
+// operands over and over take them as Operand<A, S> instead: S is the storage type (float,
+// __nv_bfloat16, __half), picked once by the launcher (by_storage), so the loop
+// body is a plain load and widening. Operand<A, Arr> keeps the per-element switch for the
+// uncommon dtype mixes, so every mix the Device accepts still runs the same kernel.
+
+__device__ __forceinline__ float widen(float x) {
+  return x;
+}
+__device__ __forceinline__ float widen(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float widen(__half x) {
+  return __half2float(x);
+}
+
+template <class S>
+struct Narrow {  // rounds an accumulator to S as st does (through f32 for bf16 and f16)
+  template <class A>
+  __device__ static S to(A v) {
+    return static_cast<S>(v);
+  }
+};
+template <>
+struct Narrow<__nv_bfloat16> {
+  template <class A>
+  __device__ static __nv_bfloat16 to(A v) {
+    return __float2bfloat16_rn(static_cast<float>(v));
+  }
+};
+template <>
+struct Narrow<__half> {
+  template <class A>
+  __device__ static __half to(A v) {
+    return __float2half_rn(static_cast<float>(v));
+  }
+};
+
+// x[i] loads element i widened to A; x.set(i, v) stores v rounded to the storage type.
+// Built on the host from an Arr whose dtype matches S (by_storage guarantees it).
+template <class A, class S>
+struct Operand {
+  S* p;
+  explicit Operand(Arr a) : p(static_cast<S*>(a.p)) {}
+  __device__ A operator[](int64_t i) const {
+    return static_cast<A>(widen(p[i]));
+  }
+  __device__ void set(int64_t i, A v) const {
+    p[i] = Narrow<S>::to(v);
+  }
+};
+template <class A>
+struct Operand<A, Arr> {
+  Arr a;
+  explicit Operand(Arr x) : a(x) {}
+  __device__ A operator[](int64_t i) const {
+    return ld<A>(a, i);
+  }
+  __device__ void set(int64_t i, A v) const {
+    st<A>(a, i, v);
+  }
+};
+
+template <class S>
+struct Storage {
+  using type = S;
+};
+
+// Picks the kernel instantiation for accumulation type A: runs f(Storage<X>{}, Storage<Y>{})
+// where X is the storage of every array in `acts` (activations) and Y that of every array in
+// `stats` (statistics, gradients). Typed for the mixes f32 and bf16/f16 models hand the
+// kernels (acts all f32, bf16 or f16; stats all f32) with A = float; any other mix, and
+// A = double, gets Storage<Arr> for both: the same kernels with ld's switch.
+template <class A, class F>
+void by_storage(std::initializer_list<Arr> acts, std::initializer_list<Arr> stats, F&& f) {
+  if constexpr (std::is_same_v<A, float>) {
+    const DType t = acts.begin()->dtype;
+    const bool uniform =
+        std::all_of(acts.begin(), acts.end(), [t](const Arr& a) { return a.dtype == t; }) &&
+        std::all_of(stats.begin(), stats.end(),
+                    [](const Arr& a) { return a.dtype == DType::f32; });
+    if (uniform) {
+      switch (t) {
+        case DType::f32:
+          f(Storage<float>{}, Storage<float>{});
+          return;
+        case DType::bf16:
+          f(Storage<__nv_bfloat16>{}, Storage<float>{});
+          return;
+        case DType::f16:
+          f(Storage<__half>{}, Storage<float>{});
+          return;
+        default:
+          break;
+      }
+    }
+  }
+  f(Storage<Arr>{}, Storage<Arr>{});
 }
 
 // Grid-stride loop over [0, n).
@@ -175,13 +294,94 @@ __global__ void add_bias_kernel(Arr out, Arr bias, int64_t N, int64_t C) {
   FERRY_FOR_EACH(i, N * C) st<A>(out, i, ld<A>(out, i) + ld<A>(bias, i % C));
 }
 
-// dst[c] += sum over rows, in row order, one thread per column (coalesced across threads).
+// ---- column reductions: dst[c] += sum over rows n of term(n, c) ------------------------------
+// Bias gradients, the norms' weight gradients and dwpe. Two passes, both in a fixed order,
+// so the result depends only on the shapes and the block size, never on timing:
+// pass 1 (column_partials_kernel): the grid is column tiles x row chunks. A block is 32
+//   consecutive columns (lane = column, so each warp loads one coalesced segment per row)
+//   by R = blockDim.x / 32 row lanes; row lane r adds rows r, r + R, ... of its chunk in
+//   order, then row lane 0 adds the R lane sums in lane order and writes the chunk's
+//   partial sum to scratch.
+// pass 2 (column_finish_kernel): one thread per column adds its chunks' partials in chunk
+//   order and adds the total to the destination (rounded once, as the CPU device does).
+// Cost (H100, N = 8192 rows, C = 768, 256 threads): pass 1 is 24 tiles x 32 chunks = 768
+// blocks of 32 loads per thread, all coalesced, enough warps in flight to stream at memory
+// speed (N C elements read once); pass 2 reads 32 C partials. The one-thread-per-column
+// kernel it replaces ran 3 blocks walking all N rows, latency bound.
+// A term has K outputs (layernorm: dw and db) and adds row n's contributions to s[0..K-1];
+// `at` = n * C + c.
+
+constexpr int kRowsPerLane = 32;                 // rows per row lane per chunk (pass 1)
+constexpr int64_t kMaxPartials = int64_t{1} << 20;  // scratch elements: 4 MiB f32, 8 MiB f64
+constexpr int64_t kMaxChunks = 65535;              // gridDim.y
+
+template <class A, class X>
+struct ColumnSumTerm {  // column_sums; dwpe (dout as [N / T, T C])
+  static constexpr int K = 1;
+  X src;
+  __device__ void add(A* s, int64_t at, int64_t) const {
+    s[0] += src[at];
+  }
+};
+
+template <class A, class X, class Y>
+struct LayerNormParamsTerm {  // dw += norm * dout, db += dout
+  static constexpr int K = 2;
+  X dout, inp;
+  Y mean, rstd;
+  __device__ void add(A* s, int64_t at, int64_t n) const {
+    const A d = dout[at];
+    s[0] += (inp[at] - mean[n]) * rstd[n] * d;
+    s[1] += d;
+  }
+};
+
+template <class A, class X, class Y>
+struct RmsNormParamsTerm {  // dw += x * rstd * dout
+  static constexpr int K = 1;
+  X dout, inp;
+  Y rstd;
+  __device__ void add(A* s, int64_t at, int64_t n) const {
+    s[0] += inp[at] * rstd[n] * dout[at];
+  }
+};
+
+// partial: [K][gridDim.y][C].
+template <class A, class Term>
+__global__ void column_partials_kernel(Term term, int64_t N, int64_t C, int64_t chunk_rows,
+                                       A* partial) {
+  constexpr int K = Term::K;
+  __shared__ A lane_sums[K][kMaxThreads];
+  const int lane = threadIdx.x & 31, r = threadIdx.x >> 5, R = blockDim.x >> 5;
+  const int64_t c = blockIdx.x * int64_t{32} + lane;
+  const int64_t n0 = blockIdx.y * chunk_rows;
+  const int64_t n1 = n0 + chunk_rows < N ? n0 + chunk_rows : N;
+  A s[K];
+  for (int k = 0; k < K; ++k) s[k] = 0;
+  if (c < C) {
+    for (int64_t n = n0 + r; n < n1; n += R) term.add(s, n * C + c, n);
+  }
+  for (int k = 0; k < K; ++k) lane_sums[k][threadIdx.x] = s[k];
+  __syncthreads();
+  if (r == 0 && c < C) {
+    for (int k = 0; k < K; ++k) {
+      A t = lane_sums[k][lane];
+      for (int q = 1; q < R; ++q) t += lane_sums[k][q * 32 + lane];
+      partial[(k * int64_t{gridDim.y} + blockIdx.y) * C + c] = t;
+    }
+  }
+}
+
+// out_k[c] += sum over chunks of partial[k][chunk][c], k < K (out1 unused when K = 1).
 template <class A>
-__global__ void column_sums_kernel(Arr dst, Arr src, int64_t N, int64_t C) {
-  FERRY_FOR_EACH(c, C) {
-    A s = 0;
-    for (int64_t n = 0; n < N; ++n) s += ld<A>(src, n * C + c);
-    st<A>(dst, c, ld<A>(dst, c) + s);
+__global__ void column_finish_kernel(Arr out0, Arr out1, int K, const A* partial,
+                                     int64_t chunks, int64_t C) {
+  FERRY_FOR_EACH(i, K * C) {
+    const int64_t k = i / C, c = i % C;
+    A t = 0;
+    for (int64_t q = 0; q < chunks; ++q) t += partial[(k * chunks + q) * C + c];
+    const Arr& out = k == 0 ? out0 : out1;
+    st<A>(out, c, ld<A>(out, c) + t);
   }
 }
 
@@ -221,26 +421,46 @@ __global__ void embedding_forward_kernel(Arr out, const int32_t* tokens, Arr wte
   }
 }
 
-// Rows sharing a token add into one dwte row: each thread owns a column and walks the rows
-// in order (the CPU kernel's order), so nothing collides and the sums are deterministic.
-template <class A>
-__global__ void embedding_backward_wte_kernel(Arr dwte, Arr dout, const int32_t* tokens, int64_t N,
+// dwte[tokens[n]] += dout[n] for every n: rows sharing a token add into one dwte row. Each
+// block owns the vocabulary rows v with v % gridDim.x == blockIdx.x and scans all tokens in
+// order, a tile of blockDim.x at a time: the tile's tokens it owns are compacted, in order,
+// by a prefix sum in shared memory, then the block adds their dout rows (threads across
+// columns, coalesced) into dwte. Every dwte row is written by one block only and gets its
+// rows in token order: no atomics, deterministic, and the CPU kernel's summation order
+// (the result does not depend on the grid or block size).
+// Cost (N = 8192 tokens, C = 768, 256 threads, 512 blocks): each block reads all N token
+// ids (32 tiles, 8 scan steps each; 16 MB of L2 reads in all) and N / 512 dout rows on
+// average; dout is read once overall. A token that fills a fraction f of the batch makes
+// its block add f N rows one after another (f = 5%: ~400 row additions of 3 loads per
+// thread, a few hundred microseconds): the price of owning rows without a sort. The kernel
+// it replaces ran C threads each walking all N rows (~5 ms).
+template <class A, class X, class Y>
+__global__ void embedding_backward_wte_kernel(Y dwte, X dout, const int32_t* tokens, int64_t N,
                                               int64_t C) {
-  FERRY_FOR_EACH(c, C) {
-    for (int64_t n = 0; n < N; ++n) {
-      const int64_t at = int64_t{tokens[n]} * C + c;
-      st<A>(dwte, at, ld<A>(dwte, at) + ld<A>(dout, n * C + c));
+  __shared__ int count[kMaxThreads];  // inclusive prefix sum of "this block owns it"
+  __shared__ int owned[kMaxThreads];  // tile positions of the owned tokens, in order
+  const int64_t blocks = gridDim.x, me = blockIdx.x;
+  const int t = threadIdx.x;
+  for (int64_t n0 = 0; n0 < N; n0 += blockDim.x) {
+    const int64_t n = n0 + t;
+    const bool mine = n < N && int64_t{tokens[n]} % blocks == me;
+    count[t] = mine ? 1 : 0;
+    __syncthreads();
+    for (int o = 1; o < static_cast<int>(blockDim.x); o <<= 1) {  // Hillis-Steele scan
+      const int v = t >= o ? count[t - o] : 0;
+      __syncthreads();
+      count[t] += v;
+      __syncthreads();
     }
-  }
-}
-
-template <class A>
-__global__ void embedding_backward_wpe_kernel(Arr dwpe, Arr dout, int64_t N, int64_t T, int64_t C) {
-  FERRY_FOR_EACH(i, T * C) {
-    const int64_t t = i / C, c = i % C;
-    A s = 0;
-    for (int64_t n = t; n < N; n += T) s += ld<A>(dout, n * C + c);
-    st<A>(dwpe, i, ld<A>(dwpe, i) + s);
+    if (mine) owned[count[t] - 1] = t;
+    const int total = count[blockDim.x - 1];
+    __syncthreads();
+    for (int k = 0; k < total; ++k) {
+      const int64_t m = n0 + owned[k];
+      const int64_t row = int64_t{tokens[m]} * C;
+      for (int64_t c = t; c < C; c += blockDim.x) dwte.set(row + c, dwte[row + c] + dout[m * C + c]);
+    }
+    __syncthreads();  // count and owned are rewritten by the next tile
   }
 }
 
@@ -292,20 +512,6 @@ __global__ void layernorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr 
   }
 }
 
-template <class A>
-__global__ void layernorm_backward_params_kernel(Arr dw, Arr db, Arr dout, Arr inp, Arr mean,
-                                                 Arr rstd, int64_t N, int64_t C) {
-  FERRY_FOR_EACH(c, C) {
-    A sw = 0, sb = 0;
-    for (int64_t n = 0; n < N; ++n) {
-      const A d = ld<A>(dout, n * C + c);
-      sw += (ld<A>(inp, n * C + c) - ld<A>(mean, n)) * ld<A>(rstd, n) * d;
-      sb += d;
-    }
-    st<A>(dw, c, ld<A>(dw, c) + sw);
-    st<A>(db, c, ld<A>(db, c) + sb);
-  }
-}
 
 template <class A>
 __global__ void rmsnorm_forward_kernel(Arr out, Arr rstd, Arr inp, Arr w, int64_t C, double eps) {
@@ -341,16 +547,6 @@ __global__ void rmsnorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w,
   }
 }
 
-template <class A>
-__global__ void rmsnorm_backward_params_kernel(Arr dw, Arr dout, Arr inp, Arr rstd, int64_t N,
-                                               int64_t C) {
-  FERRY_FOR_EACH(c, C) {
-    A s = 0;
-    for (int64_t n = 0; n < N; ++n)
-      s += ld<A>(inp, n * C + c) * ld<A>(rstd, n) * ld<A>(dout, n * C + c);
-    st<A>(dw, c, ld<A>(dw, c) + s);
-  }
-}
 
 // ---- attention -----------------------------------------------------------------------------
 // qkv rows: q (NH heads) | k (KVH heads) | v (KVH heads), hs channels each; W = (NH+2KVH) hs.
@@ -366,8 +562,9 @@ AttnShape attn_shape(int64_t T, int64_t C, int64_t NH, int64_t KVH) {
 
 // One block per query row (i, h, b): scores over the causal prefix, softmax, then the
 // weighted sum of values. Dynamic shared memory: T scores and the q row.
-template <class A>
-__global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s, const int32_t* doc_start) {
+template <class A, class X>
+__global__ void attention_forward_kernel(Arr out, Arr att, X qkv, AttnShape s,
+                                         const int32_t* doc_start) {
   FERRY_DYNAMIC_SHARED(smem_raw);
   A* score = reinterpret_cast<A*>(smem_raw);
   A* q = score + s.T;
@@ -377,13 +574,13 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s,
   const int64_t j0 = doc_start ? doc_start[b * s.T + i] : 0;  // the first key of this row's document
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
-    q[d] = ld<A>(qkv, base + i * s.W + h * s.hs + d);
+    q[d] = qkv[base + i * s.W + h * s.hs + d];
   __syncthreads();
   A mx = -INFINITY;
   for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
     A dot = 0;
     const int64_t krow = base + j * s.W + (s.NH + kv) * s.hs;
-    for (int64_t d = 0; d < s.hs; ++d) dot += q[d] * ld<A>(qkv, krow + d);
+    for (int64_t d = 0; d < s.hs; ++d) dot += q[d] * qkv[krow + d];
     score[j] = dot * scale;
     mx = score[j] > mx ? score[j] : mx;
   }
@@ -403,15 +600,15 @@ __global__ void attention_forward_kernel(Arr out, Arr att, Arr qkv, AttnShape s,
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
     A o = 0;
     for (int64_t j = j0; j <= i; ++j)
-      o += score[j] * ld<A>(qkv, base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d);
+      o += score[j] * qkv[base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d];
     st<A>(out, (b * s.T + i) * s.C + h * s.hs + d, o);
   }
 }
 
 // Backward, part 1: one block per query row. dP[j] = dO_i . v_j, dot = sum_j P_ij dP_j,
 // dS_ij = P_ij (dP_j - dot) scale; dQ_i += sum_j dS_ij k_j. `dot` is kept for part 2.
-template <class A>
-__global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s,
+template <class A, class X, class Y>
+__global__ void attention_backward_query_kernel(Arr dqkv, X dout, X qkv, Y att, AttnShape s,
                                                 A* rowdot) {
   FERRY_DYNAMIC_SHARED(smem_raw);
   A* ds = reinterpret_cast<A*>(smem_raw);
@@ -422,25 +619,25 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
   const int64_t arow = ((b * s.NH + h) * s.T + i) * s.T;
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
-    dO[d] = ld<A>(dout, (b * s.T + i) * s.C + h * s.hs + d);
+    dO[d] = dout[(b * s.T + i) * s.C + h * s.hs + d];
   __syncthreads();
   A dot = 0;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
     A dp = 0;
     const int64_t vrow = base + j * s.W + (s.NH + s.KVH + kv) * s.hs;
-    for (int64_t d = 0; d < s.hs; ++d) dp += dO[d] * ld<A>(qkv, vrow + d);
+    for (int64_t d = 0; d < s.hs; ++d) dp += dO[d] * qkv[vrow + d];
     ds[j] = dp;
-    dot += ld<A>(att, arow + j) * dp;
+    dot += att[arow + j] * dp;
   }
   dot = block_reduce(dot, scratch, Sum{});
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    ds[j] = ld<A>(att, arow + j) * (ds[j] - dot) * scale;
+    ds[j] = att[arow + j] * (ds[j] - dot) * scale;
   if (threadIdx.x == 0) rowdot[(b * s.NH + h) * s.T + i] = dot;
   __syncthreads();
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
     A g = 0;
     for (int64_t j = 0; j <= i; ++j)
-      g += ds[j] * ld<A>(qkv, base + j * s.W + (s.NH + kv) * s.hs + d);
+      g += ds[j] * qkv[base + j * s.W + (s.NH + kv) * s.hs + d];
     const int64_t at = base + i * s.W + h * s.hs + d;
     st<A>(dqkv, at, ld<A>(dqkv, at) + g);
   }
@@ -449,8 +646,8 @@ __global__ void attention_backward_query_kernel(Arr dqkv, Arr dout, Arr qkv, Arr
 // Backward, part 2: one block per key row (j, kv head, b), over the query heads of its
 // group in order: dK_j += sum_{i>=j} dS_ij q_i, dV_j += sum_{i>=j} P_ij dO_i, with dS
 // recomputed from part 1's `dot`. Each key row is written once: no collisions.
-template <class A>
-__global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr att, AttnShape s,
+template <class A, class X, class Y>
+__global__ void attention_backward_key_kernel(Arr dqkv, X dout, X qkv, Y att, AttnShape s,
                                               const A* rowdot) {
   FERRY_DYNAMIC_SHARED(smem_raw);
   A* ds = reinterpret_cast<A*>(smem_raw);
@@ -462,7 +659,7 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
   const int64_t base = b * s.T * s.W;
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
   for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
-    vj[d] = ld<A>(qkv, base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d);
+    vj[d] = qkv[base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d];
     acc_k[d] = 0;
     acc_v[d] = 0;
   }
@@ -471,8 +668,8 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
     for (int64_t i = j + threadIdx.x; i < s.T; i += blockDim.x) {
       const int64_t orow = (b * s.T + i) * s.C + h * s.hs;
       A dp = 0;
-      for (int64_t d = 0; d < s.hs; ++d) dp += ld<A>(dout, orow + d) * vj[d];
-      const A pij = ld<A>(att, ((b * s.NH + h) * s.T + i) * s.T + j);
+      for (int64_t d = 0; d < s.hs; ++d) dp += dout[orow + d] * vj[d];
+      const A pij = att[((b * s.NH + h) * s.T + i) * s.T + j];
       p[i] = pij;
       ds[i] = pij * (dp - rowdot[(b * s.NH + h) * s.T + i]) * scale;
     }
@@ -480,8 +677,8 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
     for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
       A gk = 0, gv = 0;
       for (int64_t i = j; i < s.T; ++i) {
-        gk += ds[i] * ld<A>(qkv, base + i * s.W + h * s.hs + d);
-        gv += p[i] * ld<A>(dout, (b * s.T + i) * s.C + h * s.hs + d);
+        gk += ds[i] * qkv[base + i * s.W + h * s.hs + d];
+        gv += p[i] * dout[(b * s.T + i) * s.C + h * s.hs + d];
       }
       acc_k[d] += gk;
       acc_v[d] += gv;
@@ -496,13 +693,58 @@ __global__ void attention_backward_key_kernel(Arr dqkv, Arr dout, Arr qkv, Arr a
   }
 }
 
-// Attention's row kernels take more than the default 48 KiB of shared memory for long
-// sequences; opting in is per kernel.
+// Attention's row kernels keep rows of T scores in shared memory: past 48 KiB per block
+// (static + dynamic) a kernel must opt in, and the device's opt-in limit (227 KiB on H100,
+// 163 KiB on A100) caps T: about 29K for the key kernel with f32 accumulation. Each launch
+// is checked before anything is enqueued, so a too-long sequence is an error naming itself
+// instead of a failed launch at the first backward.
+constexpr size_t kDefaultSharedBytes = 48 * 1024;
+
+// The current device's cudaDevAttrMaxSharedMemoryPerBlockOptin, queried once per device.
+size_t shared_optin_limit() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> limits[kDevices];  // 0: not queried yet
+  int device = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));
+  std::atomic<int>* slot = device >= 0 && device < kDevices ? &limits[device] : nullptr;
+  int v = slot != nullptr ? slot->load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (slot != nullptr) slot->store(v, std::memory_order_relaxed);
+  }
+  return static_cast<size_t>(v);
+}
+
+struct SharedFit {
+  size_t dynamic, total;  // bytes: dynamic, and static + dynamic
+};
+
+// Checks one launch's shared memory against the device; throws std::invalid_argument
+// naming the op, T, the head size, the bytes and the limit when it cannot fit.
 template <class K>
-void allow_shared(K kernel, size_t bytes) {
-  if (bytes > 48 * 1024) {
+SharedFit fit_shared(K kernel, size_t dynamic, const char* op, const AttnShape& s) {
+  cudaFuncAttributes attr{};
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const SharedFit fit{dynamic, attr.sharedSizeBytes + dynamic};
+  const size_t limit = shared_optin_limit();
+  if (fit.total > limit) {
+    throw std::invalid_argument(
+        std::string(op) + ": sequence length T = " + std::to_string(s.T) + " with head size " +
+        std::to_string(s.hs) + " needs " + std::to_string(fit.total) +
+        " bytes of shared memory per block (static + dynamic), more than this GPU's limit of " +
+        std::to_string(limit) +
+        " bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin); longer contexts need the "
+        "flash-attention kernels (issue 25, \"Attention in linear memory\")");
+  }
+  return fit;
+}
+
+// Opts the kernel in to its dynamic size when static + dynamic passes the default 48 KiB.
+template <class K>
+void opt_in_shared(K kernel, const SharedFit& fit) {
+  if (fit.total > kDefaultSharedBytes) {
     FERRY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)));
+                                          static_cast<int>(fit.dynamic)));
   }
 }
 
@@ -637,6 +879,63 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, int64
   }
 }
 
+// Device scratch for one launcher's kernels, allocated and freed in stream order
+// (cudaMallocAsync / cudaFreeAsync on the launch stream): no host synchronisation, and the
+// memory is reused by the stream's pool as soon as the kernels that read it are done.
+// (Whether the pool keeps it across synchronisations is the device's release threshold:
+// GPU-REVIEW F14, set in nn/cuda_device.cpp.)
+class StreamScratch {
+ public:
+  StreamScratch(cudaStream_t s, size_t bytes) : stream_(s) {
+    FERRY_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  // Only on an error path (a launch threw before release): the error is already on its way.
+  ~StreamScratch() {
+    if (p_ != nullptr) (void)cudaFreeAsync(p_, stream_);
+  }
+  template <class T>
+  T* get() const {
+    return static_cast<T*>(p_);
+  }
+  // Frees after the kernels enqueued so far.
+  void release() {
+    void* p = p_;
+    p_ = nullptr;
+    FERRY_CUDA_CHECK(cudaFreeAsync(p, stream_));
+  }
+
+ private:
+  cudaStream_t stream_;
+  void* p_ = nullptr;
+};
+
+// The two passes of a column reduction of N rows of C columns into out0 (and out1 when
+// Term::K = 2). Row chunks of kRowsPerLane rows per row lane, fewer and longer when the
+// partials would pass kMaxPartials elements (C > 1M columns still gets one chunk).
+template <class A, class Term>
+void reduce_columns(cudaStream_t st, const Term& term, int64_t N, int64_t C, Arr out0, Arr out1) {
+  constexpr int K = Term::K;
+  if (N * C == 0) return;
+  const int threads = block_threads();
+  const int64_t rows_per_chunk = int64_t{threads / 32} * kRowsPerLane;
+  const int64_t cap = std::clamp<int64_t>(kMaxPartials / (K * C), 1, kMaxChunks);
+  int64_t chunks = std::min((N + rows_per_chunk - 1) / rows_per_chunk, cap);
+  const int64_t chunk_rows = (N + chunks - 1) / chunks;
+  chunks = (N + chunk_rows - 1) / chunk_rows;  // no empty chunk
+  StreamScratch partial(st, static_cast<size_t>(K * chunks * C) * sizeof(A));
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
+  A* const part = partial.get<A>();
+  auto& pass1 = column_partials_kernel<A, Term>;  // a reference: FERRY_LAUNCH takes its address
+  FERRY_LAUNCH(pass1, grid, threads, 0, st, term, N, C, chunk_rows, part);
+  FERRY_CUDA_CHECK_LAUNCH();
+  FERRY_LAUNCH(column_finish_kernel<A>, grid_for(K * C), threads, 0, st, out0, out1, K, part,
+               chunks, C);
+  FERRY_CUDA_CHECK_LAUNCH();
+  partial.release();
+}
+
 }  // namespace
 
 // ---- launchers --------------------------------------------------------------------------------
@@ -646,7 +945,7 @@ void cast(Stream s, Arr dst, Arr src, int64_t n) {
   if (n == 0) return;
   // i32 through double too: every i32 and every f32 is exact there.
   by_acc(wide(dst, src) || dst.dtype == DType::i32 || src.dtype == DType::i32, [&](auto a) {
-    FERRY_LAUNCH(cast_kernel<decltype(a)>, grid_for(n), kThreads, 0, as_stream(s), dst, src, n);
+    FERRY_LAUNCH(cast_kernel<decltype(a)>, grid_for(n), block_threads(), 0, as_stream(s), dst, src, n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -655,7 +954,7 @@ void fill(Stream s, Arr dst, double value, int64_t n) {
   if (n == 0) return;
   by_acc(wide(dst) || dst.dtype == DType::i32, [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(fill_kernel<A>, grid_for(n), kThreads, 0, as_stream(s), dst, static_cast<A>(value),
+    FERRY_LAUNCH(fill_kernel<A>, grid_for(n), block_threads(), 0, as_stream(s), dst, static_cast<A>(value),
                  n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -664,7 +963,7 @@ void fill(Stream s, Arr dst, double value, int64_t n) {
 void add(Stream s, Arr out, Arr a, Arr b, int64_t n) {
   if (n == 0) return;
   by_acc(wide(out, a, b), [&](auto t) {
-    FERRY_LAUNCH(add_kernel<decltype(t)>, grid_for(n), kThreads, 0, as_stream(s), out, a, b, n);
+    FERRY_LAUNCH(add_kernel<decltype(t)>, grid_for(n), block_threads(), 0, as_stream(s), out, a, b, n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -677,7 +976,7 @@ void scale(Stream s, Arr x, double factor, int64_t n) {
   if (n == 0) return;
   by_acc(wide(x), [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(scale_kernel<A>, grid_for(n), kThreads, 0, as_stream(s), x, static_cast<A>(factor),
+    FERRY_LAUNCH(scale_kernel<A>, grid_for(n), block_threads(), 0, as_stream(s), x, static_cast<A>(factor),
                  n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -686,23 +985,24 @@ void scale(Stream s, Arr x, double factor, int64_t n) {
 void add_bias(Stream s, Arr out, Arr bias, int64_t N, int64_t C) {
   if (N * C == 0) return;
   by_acc(wide(out, bias), [&](auto a) {
-    FERRY_LAUNCH(add_bias_kernel<decltype(a)>, grid_for(N * C), kThreads, 0, as_stream(s), out,
+    FERRY_LAUNCH(add_bias_kernel<decltype(a)>, grid_for(N * C), block_threads(), 0, as_stream(s), out,
                  bias, N, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
 void column_sums(Stream s, Arr dst, Arr src, int64_t N, int64_t C) {
-  if (C == 0) return;
   by_acc(wide(dst, src), [&](auto a) {
-    FERRY_LAUNCH(column_sums_kernel<decltype(a)>, grid_for(C), kThreads, 0, as_stream(s), dst, src,
-                 N, C);
+    using A = decltype(a);
+    by_storage<A>({src}, {}, [&](auto x, auto) {
+      using X = Operand<A, typename decltype(x)::type>;
+      reduce_columns<A>(as_stream(s), ColumnSumTerm<A, X>{X(src)}, N, C, dst, Arr{});
+    });
   });
-  FERRY_CUDA_CHECK_LAUNCH();
 }
 
 void sum_squares(Stream s, Arr x, int64_t n, double* partial) {
-  FERRY_LAUNCH(sum_squares_kernel<double>, kSumSquaresBlocks, kThreads, 0, as_stream(s), x, n,
+  FERRY_LAUNCH(sum_squares_kernel<double>, kSumSquaresBlocks, block_threads(), 0, as_stream(s), x, n,
                partial);
   FERRY_CUDA_CHECK_LAUNCH();
   FERRY_LAUNCH(sum_partials_kernel, 1, 32, 0, as_stream(s), partial, kSumSquaresBlocks);
@@ -713,7 +1013,7 @@ void embedding_forward(Stream s, Arr out, const int32_t* tokens, Arr wte, Arr wp
                        int64_t T, int64_t C, int64_t V, int* err) {
   if (N * C == 0) return;
   by_acc(wide(out, wte, wpe), [&](auto a) {
-    FERRY_LAUNCH(embedding_forward_kernel<decltype(a)>, grid_for(N * C), kThreads, 0, as_stream(s),
+    FERRY_LAUNCH(embedding_forward_kernel<decltype(a)>, grid_for(N * C), block_threads(), 0, as_stream(s),
                  out, tokens, wte, wpe, N, T, C, V, err);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -724,20 +1024,27 @@ void embedding_backward(Stream s, Arr dwte, Arr dwpe, Arr dout, const int32_t* t
   if (N * C == 0) return;
   by_acc(wide(dwte, dwpe, dout), [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(embedding_backward_wte_kernel<A>, grid_for(C), kThreads, 0, as_stream(s), dwte,
-                 dout, tokens, N, C);
-    FERRY_CUDA_CHECK_LAUNCH();
-    FERRY_LAUNCH(embedding_backward_wpe_kernel<A>, grid_for(T * C), kThreads, 0, as_stream(s), dwpe,
-                 dout, N, T, C);
+    by_storage<A>({dout}, {dwte}, [&](auto x, auto y) {
+      using X = Operand<A, typename decltype(x)::type>;
+      using Y = Operand<A, typename decltype(y)::type>;
+      // Enough blocks to fill a GPU, not so many that the N-token scans add up (see the kernel).
+      const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((N + 15) / 16, 1, 512));
+      auto& wte_kernel = embedding_backward_wte_kernel<A, X, Y>;
+      const Y wte(dwte);
+      const X grad(dout);
+      FERRY_LAUNCH(wte_kernel, blocks, block_threads(), 0, as_stream(s), wte, grad, tokens, N, C);
+      FERRY_CUDA_CHECK_LAUNCH();
+      // dwpe[t, c] += sum over b of dout[b T + t, c]: the column sums of dout as [N / T, T C].
+      reduce_columns<A>(as_stream(s), ColumnSumTerm<A, X>{X(dout)}, N / T, T * C, dwpe, Arr{});
+    });
   });
-  FERRY_CUDA_CHECK_LAUNCH();
 }
 
 void layernorm_forward(Stream s, Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Arr b, int64_t N,
                        int64_t C) {
   if (N == 0) return;
   by_acc(wide(out, mean, rstd, inp, w, b), [&](auto a) {
-    FERRY_LAUNCH(layernorm_forward_kernel<decltype(a)>, static_cast<unsigned>(N), kThreads, 0,
+    FERRY_LAUNCH(layernorm_forward_kernel<decltype(a)>, static_cast<unsigned>(N), block_threads(), 0,
                  as_stream(s), out, mean, rstd, inp, w, b, C);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -748,20 +1055,24 @@ void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, A
   if (N == 0) return;
   by_acc(wide(dinp, dw, db, dout, inp, w, mean, rstd), [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(layernorm_backward_rows_kernel<A>, static_cast<unsigned>(N), kThreads, 0,
+    FERRY_LAUNCH(layernorm_backward_rows_kernel<A>, static_cast<unsigned>(N), block_threads(), 0,
                  as_stream(s), dinp, dout, inp, w, mean, rstd, C);
     FERRY_CUDA_CHECK_LAUNCH();
-    FERRY_LAUNCH(layernorm_backward_params_kernel<A>, grid_for(C), kThreads, 0, as_stream(s), dw,
-                 db, dout, inp, mean, rstd, N, C);
+    by_storage<A>({dout, inp}, {mean, rstd}, [&](auto x, auto y) {
+      using X = Operand<A, typename decltype(x)::type>;
+      using Y = Operand<A, typename decltype(y)::type>;
+      reduce_columns<A>(as_stream(s),
+                        LayerNormParamsTerm<A, X, Y>{X(dout), X(inp), Y(mean), Y(rstd)}, N, C, dw,
+                        db);
+    });
   });
-  FERRY_CUDA_CHECK_LAUNCH();
 }
 
 void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C,
                      double eps) {
   if (N == 0) return;
   by_acc(wide(out, rstd, inp, w), [&](auto a) {
-    FERRY_LAUNCH(rmsnorm_forward_kernel<decltype(a)>, static_cast<unsigned>(N), kThreads, 0,
+    FERRY_LAUNCH(rmsnorm_forward_kernel<decltype(a)>, static_cast<unsigned>(N), block_threads(), 0,
                  as_stream(s), out, rstd, inp, w, C, eps);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -772,13 +1083,16 @@ void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr 
   if (N == 0) return;
   by_acc(wide(dinp, dw, dout, inp, w, rstd), [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(rmsnorm_backward_rows_kernel<A>, static_cast<unsigned>(N), kThreads, 0,
+    FERRY_LAUNCH(rmsnorm_backward_rows_kernel<A>, static_cast<unsigned>(N), block_threads(), 0,
                  as_stream(s), dinp, dout, inp, w, rstd, C);
     FERRY_CUDA_CHECK_LAUNCH();
-    FERRY_LAUNCH(rmsnorm_backward_params_kernel<A>, grid_for(C), kThreads, 0, as_stream(s), dw,
-                 dout, inp, rstd, N, C);
+    by_storage<A>({dout, inp}, {rstd}, [&](auto x, auto y) {
+      using X = Operand<A, typename decltype(x)::type>;
+      using Y = Operand<A, typename decltype(y)::type>;
+      reduce_columns<A>(as_stream(s), RmsNormParamsTerm<A, X, Y>{X(dout), X(inp), Y(rstd)}, N, C,
+                        dw, Arr{});
+    });
   });
-  FERRY_CUDA_CHECK_LAUNCH();
 }
 
 void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
@@ -787,11 +1101,18 @@ void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   by_acc(wide(out, att, qkv), [&](auto a) {
     using A = decltype(a);
-    const size_t smem = static_cast<size_t>(T + sh.hs) * sizeof(A);
-    allow_shared(attention_forward_kernel<A>, smem);
-    const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B));
-    FERRY_LAUNCH(attention_forward_kernel<A>, grid, kAttnThreads, smem, as_stream(s), out, att, qkv,
-                 sh, doc_start);
+    by_storage<A>({qkv}, {}, [&](auto x, auto) {
+      using X = Operand<A, typename decltype(x)::type>;
+      auto& kernel = attention_forward_kernel<A, X>;  // a reference: the opt-in's key is its address
+      const SharedFit fit = fit_shared(kernel, static_cast<size_t>(T + sh.hs) * sizeof(A),
+                                       "attention_forward", sh);
+      opt_in_shared(kernel, fit);
+      const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(NH),
+                      static_cast<unsigned>(B));
+      const X q(qkv);
+      FERRY_LAUNCH(kernel, grid, attn_threads(), fit.dynamic, as_stream(s), out, att, q, sh,
+                   doc_start);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -802,20 +1123,31 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t 
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   by_acc(wide(dqkv, dout, qkv, att), [&](auto a) {
     using A = decltype(a);
-    A* dot = static_cast<A*>(rowdot);
-    const size_t smem_q = static_cast<size_t>(T + sh.hs) * sizeof(A);
-    allow_shared(attention_backward_query_kernel<A>, smem_q);
-    FERRY_LAUNCH(
-        attention_backward_query_kernel<A>,
-        dim3(static_cast<unsigned>(T), static_cast<unsigned>(NH), static_cast<unsigned>(B)),
-        kAttnThreads, smem_q, as_stream(s), dqkv, dout, qkv, att, sh, dot);
-    FERRY_CUDA_CHECK_LAUNCH();
-    const size_t smem_k = static_cast<size_t>(2 * T + 3 * sh.hs) * sizeof(A);
-    allow_shared(attention_backward_key_kernel<A>, smem_k);
-    FERRY_LAUNCH(
-        attention_backward_key_kernel<A>,
-        dim3(static_cast<unsigned>(T), static_cast<unsigned>(KVH), static_cast<unsigned>(B)),
-        kAttnThreads, smem_k, as_stream(s), dqkv, dout, qkv, att, sh, dot);
+    by_storage<A>({qkv, dout}, {att}, [&](auto x, auto y) {
+      using X = Operand<A, typename decltype(x)::type>;
+      using Y = Operand<A, typename decltype(y)::type>;
+      A* dot = static_cast<A*>(rowdot);
+      auto& query = attention_backward_query_kernel<A, X, Y>;
+      auto& key = attention_backward_key_kernel<A, X, Y>;
+      const X grad(dout), q(qkv);
+      const Y p(att);
+      // Both checked before the first launch: a failure leaves dqkv untouched.
+      const SharedFit fit_q = fit_shared(query, static_cast<size_t>(T + sh.hs) * sizeof(A),
+                                         "attention_backward", sh);
+      const SharedFit fit_k = fit_shared(key, static_cast<size_t>(2 * T + 3 * sh.hs) * sizeof(A),
+                                         "attention_backward", sh);
+      opt_in_shared(query, fit_q);
+      opt_in_shared(key, fit_k);
+      const dim3 grid_q(static_cast<unsigned>(T), static_cast<unsigned>(NH),
+                        static_cast<unsigned>(B));
+      FERRY_LAUNCH(query, grid_q, attn_threads(), fit_q.dynamic, as_stream(s), dqkv, grad, q, p, sh,
+                   dot);
+      FERRY_CUDA_CHECK_LAUNCH();
+      const dim3 grid_k(static_cast<unsigned>(T), static_cast<unsigned>(KVH),
+                        static_cast<unsigned>(B));
+      FERRY_LAUNCH(key, grid_k, attn_threads(), fit_k.dynamic, as_stream(s), dqkv, grad, q, p, sh,
+                   dot);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -823,7 +1155,7 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t 
 void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H) {
   if (N * H == 0) return;
   by_acc(wide(out, gate_up), [&](auto a) {
-    FERRY_LAUNCH(swiglu_forward_kernel<decltype(a)>, grid_for(N * H), kThreads, 0, as_stream(s),
+    FERRY_LAUNCH(swiglu_forward_kernel<decltype(a)>, grid_for(N * H), block_threads(), 0, as_stream(s),
                  out, gate_up, N, H);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -832,7 +1164,7 @@ void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H) {
 void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, int64_t H) {
   if (N * H == 0) return;
   by_acc(wide(dgate_up, gate_up, dout), [&](auto a) {
-    FERRY_LAUNCH(swiglu_backward_kernel<decltype(a)>, grid_for(N * H), kThreads, 0, as_stream(s),
+    FERRY_LAUNCH(swiglu_backward_kernel<decltype(a)>, grid_for(N * H), block_threads(), 0, as_stream(s),
                  dgate_up, gate_up, dout, N, H);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -842,7 +1174,7 @@ void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64
           int64_t width, const Rope& rope, bool inverse, bool accumulate) {
   if (N * width == 0) return;
   by_acc(wide(out, inp), [&](auto a) {
-    FERRY_LAUNCH(rope_kernel<decltype(a)>, grid_for(N * width), kThreads, 0, as_stream(s), out, inp,
+    FERRY_LAUNCH(rope_kernel<decltype(a)>, grid_for(N * width), block_threads(), 0, as_stream(s), out, inp,
                  N, T, heads, hd, width, rope, inverse, accumulate);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -851,7 +1183,7 @@ void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64
 void gelu_forward(Stream s, Arr out, Arr inp, int64_t n) {
   if (n == 0) return;
   by_acc(wide(out, inp), [&](auto a) {
-    FERRY_LAUNCH(gelu_forward_kernel<decltype(a)>, grid_for(n), kThreads, 0, as_stream(s), out, inp,
+    FERRY_LAUNCH(gelu_forward_kernel<decltype(a)>, grid_for(n), block_threads(), 0, as_stream(s), out, inp,
                  n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -860,7 +1192,7 @@ void gelu_forward(Stream s, Arr out, Arr inp, int64_t n) {
 void gelu_backward(Stream s, Arr dinp, Arr inp, Arr dout, int64_t n) {
   if (n == 0) return;
   by_acc(wide(dinp, inp, dout), [&](auto a) {
-    FERRY_LAUNCH(gelu_backward_kernel<decltype(a)>, grid_for(n), kThreads, 0, as_stream(s), dinp,
+    FERRY_LAUNCH(gelu_backward_kernel<decltype(a)>, grid_for(n), block_threads(), 0, as_stream(s), dinp,
                  inp, dout, n);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -870,7 +1202,7 @@ void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits,
                                    const int32_t* targets, int64_t N, int64_t V, int* err) {
   if (N == 0) return;
   by_acc(wide(losses, probs, logits), [&](auto a) {
-    FERRY_LAUNCH(softmax_xent_forward_kernel<decltype(a)>, static_cast<unsigned>(N), kThreads, 0,
+    FERRY_LAUNCH(softmax_xent_forward_kernel<decltype(a)>, static_cast<unsigned>(N), block_threads(), 0,
                  as_stream(s), losses, probs, logits, targets, V, err);
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -881,7 +1213,7 @@ void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int3
   if (N * V == 0) return;
   by_acc(wide(dlogits, probs), [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(softmax_xent_backward_kernel<A>, grid_for(N * V), kThreads, 0, as_stream(s),
+    FERRY_LAUNCH(softmax_xent_backward_kernel<A>, grid_for(N * V), block_threads(), 0, as_stream(s),
                  dlogits, probs, targets, N, V, static_cast<A>(dloss));
   });
   FERRY_CUDA_CHECK_LAUNCH();
@@ -890,9 +1222,23 @@ void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int3
 void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n,
            const AdamWConstants& k) {
   if (n == 0) return;
-  FERRY_LAUNCH(adamw_kernel, grid_for(n), kThreads, 0, as_stream(s), p, g, m, v, n, k);
+  FERRY_LAUNCH(adamw_kernel, grid_for(n), block_threads(), 0, as_stream(s), p, g, m, v, n, k);
   FERRY_CUDA_CHECK_LAUNCH();
 }
+
+#ifdef FERRY_CUDA_EMULATION
+void set_emulated_block_threads(int generic, int attention) {
+  for (int t : {generic, attention}) {
+    if (t < 32 || t > kMaxThreads || t % 32 != 0) {
+      throw std::invalid_argument("set_emulated_block_threads: " + std::to_string(t) +
+                                  " threads per block; multiples of 32 in [32, " +
+                                  std::to_string(kMaxThreads) + "] only");
+    }
+  }
+  emulated_threads = generic;
+  emulated_attn_threads = attention;
+}
+#endif
 
 FERRY_CUDA_ABI_END
 }  // namespace ferry::nn::cuda

@@ -7,7 +7,15 @@
 // type, computed there, and rounded once when stored, which is what the CPU device's
 // widening does (nn/cpu_device.cpp). The accumulation type is f32, or f64 when an operand
 // is f64. Reductions run in a fixed order (no atomics on values), so results are
-// deterministic. Shapes have been checked by the caller (nn/cuda_device.cpp).
+// deterministic: the same inputs and shapes give the same bits run after run. The order
+// depends on the block size (a build constant: 256, attention 128), so it differs from the
+// CPU device's at rounding level, except embedding_backward's dwte (token order, as on the
+// CPU). Shapes have been checked by the caller (nn/cuda_device.cpp).
+// Scratch: column_sums, embedding_backward, layernorm_backward and rmsnorm_backward take
+// partial sums in device memory (at most 2^20 values of the accumulation type, or one per
+// output column where there are more columns), allocated and freed on `stream`
+// (cudaMallocAsync / cudaFreeAsync from the device's default pool): stream ordered, no host
+// synchronisation; a failed allocation is std::runtime_error like any CUDA error.
 // Errors that depend on values (a token outside the vocabulary) are written to `err`
 // (device int[3]: flag, index, value) for the caller to read back.
 #pragma once
@@ -51,7 +59,11 @@ void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, A
 void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C, double eps);
 void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N,
                       int64_t C);
-// doc_start: null, or i32 [B*T] on the device (Device::attention_forward).
+// Attention keeps rows of T scores per block in shared memory: when static + dynamic bytes
+// pass the device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin; T above about 29K
+// in backward, 58K in forward with f32 accumulation on an H100) both throw
+// std::invalid_argument naming T, the head size, the bytes and the limit, before anything is
+// enqueued. doc_start: null, or i32 [B*T] on the device (Device::attention_forward).
 void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, int64_t KVH, const int32_t* doc_start);
 // rowdot: device scratch of B*NH*T elements of the accumulation type (f64 if any operand is).
@@ -69,6 +81,15 @@ void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int3
                                     int64_t N, int64_t V, double dloss);
 void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n,
            const AdamWConstants& k);
+
+#ifdef FERRY_CUDA_EMULATION
+// Threads per block of the launches that follow: `generic` for every kernel but attention's,
+// `attention` for attention's row kernels. Multiples of 32 in [32, 1024]; anything else is
+// std::invalid_argument. The emulation's default is 64 and 64 (fibers are slow); a GPU
+// build uses 256 and 128, which tests select with this to run the GPU's block shapes (the
+// in-block summation orders depend on them). Not thread safe: call between launches.
+void set_emulated_block_threads(int generic, int attention);
+#endif
 
 FERRY_CUDA_ABI_END
 }  // namespace ferry::nn::cuda

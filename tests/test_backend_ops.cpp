@@ -19,6 +19,7 @@
 #define BOOST_TEST_MODULE backend_ops
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -29,6 +30,9 @@
 #include "cuda_precondition.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
+#ifdef FERRY_CUDA_EMULATION
+#include "nn/cuda_kernels.h"
+#endif
 #include "nn/gpt.h"
 #include "nn/rng.h"
 #include "staged_comparison.h"
@@ -314,6 +318,48 @@ std::vector<OpCase> all_cases() {
                   d.embedding_backward(t[0], t[1], t[2], t[3], T);
                   return NAN;
                 }});
+  // Tall inputs: the column reductions split their rows into several chunks (64 rows per
+  // chunk at 64 threads, 256 at 256) whose partial sums a second pass adds.
+  constexpr int64_t Tall = 43 * T;  // 301 rows
+  cs.push_back({"bias_backward (tall)",
+                {{Role::wgrad, {C}, true, true}, {Role::act, {Tall, C}}},
+                [](D& d, const Ts& t) {
+                  d.bias_backward(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"embedding_backward (tall)",
+                {{Role::wgrad, {V, C}, true, true},
+                 {Role::wgrad, {T + 2, C}, true, true},
+                 {Role::act, {Tall, C}},
+                 {Role::ids, {Tall}, false, false, 0, V}},
+                [](D& d, const Ts& t) {
+                  d.embedding_backward(t[0], t[1], t[2], t[3], T);
+                  return NAN;
+                }});
+  cs.push_back({"layernorm_backward (tall)",
+                {{Role::act, {Tall, C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::act, {Tall, C}},
+                 {Role::act, {Tall, C}},
+                 {Role::weight, {C}},
+                 {Role::stat, {Tall}, false, false, -0.2, 0.2},
+                 {Role::stat, {Tall}, false, false, 0.5, 2}},
+                [](D& d, const Ts& t) {
+                  d.layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+                  return NAN;
+                }});
+  cs.push_back({"rmsnorm_backward (tall)",
+                {{Role::act, {Tall, C}, true, true},
+                 {Role::wgrad, {C}, true, true},
+                 {Role::act, {Tall, C}},
+                 {Role::act, {Tall, C}},
+                 {Role::weight, {C}},
+                 {Role::stat, {Tall}, false, false, 0.5, 2}},
+                [](D& d, const Ts& t) {
+                  d.rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5]);
+                  return NAN;
+                }});
   cs.push_back({"layernorm_forward",
                 {{Role::act, {N, C}, true},
                  {Role::stat, {N}, true},
@@ -474,9 +520,15 @@ bool oracle_in_f32(const OpCase& c) {
   return c.name == "adamw";
 }
 
-void check_device(nn::Device& dev) {
+// Runs the cases `only` accepts (all by default); seeds follow the full list either way.
+void check_device(nn::Device& dev,
+                  const std::function<bool(const std::string&)>& only = nullptr) {
   uint64_t seed = 1;
   for (const OpCase& c : all_cases()) {
+    if (only && !only(c.name)) {
+      seed += oracle_in_f32(c) ? 1 : 2;
+      continue;
+    }
     for (bool low : {false, true}) {
       if (oracle_in_f32(c)) {
         if (low) continue;
@@ -521,6 +573,78 @@ BOOST_AUTO_TEST_CASE(cuda_device_ops_match_the_cpu_device,
   auto dev = nn::make_cuda_device(size_t{1} << 30);
   check_device(*dev);
 }
+
+#ifdef FERRY_CUDA_EMULATION
+// The emulation runs 64-thread blocks by default; a GPU build runs 256 (attention: 128),
+// which changes the in-block summation orders and the column reductions' chunking. One
+// case per kernel family at the GPU's sizes.
+BOOST_AUTO_TEST_CASE(cuda_kernels_at_the_gpu_block_sizes) {
+  struct Restore {
+    ~Restore() { nn::cuda::set_emulated_block_threads(64, 64); }
+  } restore;
+  nn::cuda::set_emulated_block_threads(256, 128);
+  const std::vector<std::string> names = {"gemm ta=1 tb=0 beta=1",
+                                          "add_bias",
+                                          "bias_backward (tall)",
+                                          "add",
+                                          "cast",
+                                          "fill",
+                                          "sum_squares",
+                                          "embedding_forward",
+                                          "embedding_backward (tall)",
+                                          "layernorm_forward",
+                                          "layernorm_backward (tall)",
+                                          "rmsnorm_forward",
+                                          "rmsnorm_backward (tall)",
+                                          "attention_forward kv_heads=1",
+                                          "attention_backward kv_heads=1",
+                                          "swiglu_backward",
+                                          "rope_backward",
+                                          "gelu_backward",
+                                          "softmax_cross_entropy_forward",
+                                          "softmax_cross_entropy_backward (ignored targets)",
+                                          "adamw"};
+  auto dev = nn::make_cuda_device(size_t{1} << 30);
+  size_t ran = 0;
+  check_device(*dev, [&](const std::string& name) {
+    const bool in = std::find(names.begin(), names.end(), name) != names.end();
+    ran += in;
+    return in;
+  });
+  BOOST_TEST(ran == names.size());  // a renamed case must not drop out silently
+  BOOST_CHECK_THROW(nn::cuda::set_emulated_block_threads(97, 128), std::invalid_argument);
+}
+
+// A sequence too long for attention's row kernels (their rows of T scores in shared
+// memory pass the opt-in limit, 227 KiB here as on an H100) is refused before anything is
+// allocated or launched, naming T and the limit. The launchers are called directly with
+// null arrays: nothing may touch them.
+BOOST_AUTO_TEST_CASE(attention_longer_than_shared_memory_is_refused_naming_t) {
+  auto dev = nn::make_cuda_device(size_t{1} << 20);  // the emulated GPU exists
+  const nn::cuda::Arr none{nullptr, DType::f32};
+  auto names_t_and_limit = [](int64_t t) {
+    return [t](const std::invalid_argument& e) {
+      const std::string m = e.what();
+      BOOST_TEST_MESSAGE(m);
+      return m.find("T = " + std::to_string(t)) != std::string::npos &&
+             m.find("232448") != std::string::npos && m.find("flash-attention") != std::string::npos;
+    };
+  };
+  // Forward: (T + hs) f32 scores per block: T = 60000 needs 240,256 B.
+  BOOST_CHECK_EXCEPTION(nn::cuda::attention_forward(nullptr, none, none, none, 1, 60000, 64, 1, 1,
+                                                    nullptr),
+                        std::invalid_argument, names_t_and_limit(60000));
+  // Backward's key kernel keeps 2 T + 3 hs: T = 30000 needs 240,768 B (the query kernel fits).
+  BOOST_CHECK_EXCEPTION(nn::cuda::attention_backward(nullptr, none, none, none, none, 1, 30000, 64,
+                                                     1, 1, nullptr),
+                        std::invalid_argument, names_t_and_limit(30000));
+  // f64 accumulation halves the reach: T = 30000 forward needs 240,512 B.
+  const nn::cuda::Arr none64{nullptr, DType::f64};
+  BOOST_CHECK_EXCEPTION(nn::cuda::attention_forward(nullptr, none64, none64, none64, 1, 30000, 64,
+                                                    1, 1, nullptr),
+                        std::invalid_argument, names_t_and_limit(30000));
+}
+#endif
 
 // Without a GPU the cuda device must say so, not crash or pretend.
 BOOST_AUTO_TEST_CASE(cuda_device_reports_why_it_is_unavailable) {
