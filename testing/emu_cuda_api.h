@@ -178,7 +178,7 @@ inline cudaError_t cudaDeviceSynchronize() {
 
 inline cudaError_t cudaMalloc(void** p, size_t n) {
   std::lock_guard<std::mutex> lock(ferry_emu::emu().mu);
-  *p = ferry_emu::emu().allocate(n, false);
+  *p = ferry_emu::emu().allocate(n);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 // cudaFree waits for the device, as on a GPU.

@@ -79,8 +79,8 @@ struct Event {
 };
 
 struct Allocation {
-  size_t bytes = 0;
-  bool async = false;
+  size_t bytes = 0;      // rounded up: what the heap gave
+  size_t requested = 0;  // what was asked for: copies and kernels' operands must stay inside
 };
 
 class Emulator {
@@ -115,7 +115,7 @@ class Emulator {
   }
 
   // ---- memory ----
-  void* allocate(size_t bytes, bool async) {
+  void* allocate(size_t bytes) {
     ensure_heap();
     const size_t n = round_up(std::max<size_t>(bytes, 1), 256);
     for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -123,7 +123,7 @@ class Emulator {
       const size_t at = it->first, left = it->second - n;
       free_.erase(it);
       if (left) free_[at + n] = left;
-      used_[at] = {n, async};
+      used_[at] = {n, bytes};
       in_use_ += n;
       grow_extent(at + n);
       open();
@@ -167,7 +167,7 @@ class Emulator {
     auto it = used_.upper_bound(at);
     if (it == used_.begin()) return false;
     --it;
-    return at + n <= it->first + it->second.bytes;
+    return at + n <= it->first + it->second.requested;
   }
   size_t in_use() const { return in_use_; }
   // Host memory from cudaMallocHost or cudaHostRegister.
@@ -241,8 +241,12 @@ class Emulator {
   }
   // A query from a thread that polls: the device progresses by itself on a GPU, so here
   // an unfinished op is finished after a seeded number of "not ready" answers (at most 4).
+  // A test can stall the device (queries answer "not ready"; synchronisations still run
+  // what they need), to look at what is queued without a poller finishing it.
+  bool stalled = false;
   bool progressed(std::unique_lock<std::mutex>& lock, uint64_t id, int& answers) {
     if (done(id)) return true;
+    if (stalled) return false;
     if (answers < 4 && std::uniform_int_distribution<int>(0, 2)(rng_) != 0) {
       ++answers;
       return false;
