@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -96,6 +97,13 @@ WorkPtr Communicator::submit(Op op) {
   }
   auto work = std::make_shared<Work>("rank " + std::to_string(rank()) + ": " + op.describe());
   execute(op, work);
+  // FERRY_CUDA_SYNC=1 (nn/cuda_check.h): a GPU collective is waited for where it is
+  // issued, so a CUDA fault (NCCL's or an earlier kernel's) is reported next to it.
+  static const bool sync_gpu = [] {
+    const char* e = std::getenv("FERRY_CUDA_SYNC");
+    return e && std::string(e) == "1";
+  }();
+  if (sync_gpu && name() == "nccl") work->wait();
   return work;
 }
 

@@ -15,6 +15,7 @@
 #include <nccl.h>
 
 #include "base/log.h"
+#include "comm/gpu_binding.h"
 #include "comm/watchdog.h"
 
 namespace ferry::comm {
@@ -167,13 +168,16 @@ NcclComm::NcclComm(MpiCommunicator& world, void* order_after, double timeout_s)
       order_after_(static_cast<cudaStream_t>(order_after)) {
   int gpus = 0;
   FERRY_COMM_CUDA_CHECK(cudaGetDeviceCount(&gpus));
-  if (local_size_ > gpus) {
-    throw CommError("rank " + std::to_string(rank_) + ": " + std::to_string(local_size_) +
-                    " ranks on this node but " + std::to_string(gpus) +
-                    " GPU(s): NCCL needs one GPU per rank (start as many ranks per node as GPUs)");
-  }
-  gpu_ = local_rank_;
+  const GpuChoice choice = choose_gpu(gpus, local_rank_, local_size_);
+  if (choice.ordinal < 0) throw CommError("rank " + std::to_string(rank_) + ": NCCL: " + choice.problem);
+  gpu_ = choice.ordinal;
   FERRY_COMM_CUDA_CHECK(cudaSetDevice(gpu_));
+  // NCCL itself fails obscurely (or hangs) when two ranks share a GPU: refuse first, on
+  // every rank, naming both.
+  char bus[32] = {};
+  FERRY_COMM_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, gpu_));
+  if (const std::string p = shared_gpu_problem(world, bus); !p.empty())
+    throw CommError("rank " + std::to_string(rank_) + ": NCCL: " + p);
   watchdog_ = std::make_unique<Watchdog>(timeout_s, [this](const std::string& report) {
     const std::string msg =
         "watchdog: rank " + std::to_string(rank_) + " (nccl, GPU " + std::to_string(gpu_) +

@@ -1,7 +1,9 @@
 // The NCCL backend for device buffers: collectives between GPUs, one GPU per rank.
 //
-// Setup (collective over an MPI communicator): the rank's GPU is its local rank on the
-// node (more ranks on a node than GPUs is an error naming both counts); rank 0 makes the
+// Setup (collective over an MPI communicator): the rank's GPU is chosen by
+// comm/gpu_binding.h (its local rank where it sees every GPU of the node, the one GPU it
+// sees under a per-rank binding; otherwise an error naming both counts), and two ranks of
+// a node on one GPU (same PCI bus id) are refused on every rank; rank 0 makes the
 // NCCL unique id and broadcasts it over MPI; every rank joins with ncclCommInitRank under
 // the watchdog, so a rank that never arrives ends the job instead of hanging it.
 // Ordering: collectives run on the communicator's own stream. Each one first makes that

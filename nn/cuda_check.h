@@ -1,11 +1,17 @@
 // Check macros for the CUDA runtime and cuBLAS (STYLE.md: one per foreign API). Every call
 // goes through one; kernel launches are followed by FERRY_CUDA_CHECK_LAUNCH, which reads
 // cudaGetLastError (a bad configuration or a missing image for this GPU surfaces there).
+// A fault inside a kernel (an illegal address) surfaces only at a later synchronising
+// call, often another op or the NCCL poller: with FERRY_CUDA_SYNC=1 in the environment
+// every launch is followed by cudaDeviceSynchronize and a check, so the error names the
+// launch that caused it (slow; for debugging). The variable is read once, at first use.
 // Errors: std::runtime_error naming the call, the file:line and the library's own text.
 // Include only from files built with the CUDA toolkit (FERRY_WITH_CUDA), or for the CPU
 // emulation of tests (FERRY_CUDA_EMULATION).
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -28,6 +34,26 @@ namespace ferry::nn::cuda {
                            std::to_string(line));
 }
 
+// FERRY_CUDA_SYNC=1: synchronise and check after every op (see above).
+inline bool sync_each_launch() {
+  static const bool on = [] {
+    const char* e = std::getenv("FERRY_CUDA_SYNC");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
+inline void check_launch(const char* file, int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw_cuda(e, "a kernel launch", file, line);
+  if (!sync_each_launch()) return;
+  e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    throw_cuda(e, "cudaDeviceSynchronize after the kernel launched here (FERRY_CUDA_SYNC=1)", file,
+               line);
+  }
+}
+
 }  // namespace ferry::nn::cuda
 
 #define FERRY_CUDA_CHECK(call)                                                   \
@@ -38,7 +64,7 @@ namespace ferry::nn::cuda {
     }                                                                            \
   } while (0)
 
-#define FERRY_CUDA_CHECK_LAUNCH() FERRY_CUDA_CHECK(cudaGetLastError())
+#define FERRY_CUDA_CHECK_LAUNCH() ::ferry::nn::cuda::check_launch(__FILE__, __LINE__)
 
 #define FERRY_CUBLAS_CHECK(call)                                                    \
   do {                                                                              \

@@ -1,11 +1,14 @@
 #include "nn/cuda_device.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "nn/cuda_check.h"
 #include "nn/cuda_kernels.h"
@@ -18,6 +21,28 @@ namespace {
 constexpr const char* kDev = "cuda";
 constexpr size_t kBlockAlign = 256;  // cudaMalloc's own alignment; enough for every vector load
 constexpr size_t kCublasWorkspace = 32u << 20;  // what cuBLAS recommends for Hopper
+// GPU memory kept free outside device.memory (checked against cudaMemGetInfo when the
+// device is made and again when its slab is carved). cudaMemGetInfo's free memory already
+// excludes the CUDA context and, in the trainer, NCCL's buffers (the communicator starts
+// before the slab, with NCCL_RUNTIME_CONNECT=0 so it connects then); what comes after is:
+// - cuBLAS's workspace (kCublasWorkspace), allocated with the device;
+// - the default memory pool's stream-ordered allocations, kept by the pool (its release
+//   threshold is raised to "never", so a cudaMallocAsync does not map memory again after
+//   every synchronisation): only NCCL's staging of host buffers (a loss, a norm, the
+//   order check's few bytes), as the device's own scratch comes from the slab;
+// - what arrives lazily: kernel images loaded at first launch (CUDA_MODULE_LOADING=LAZY),
+//   their local memory, cuBLAS's internal buffers, and NCCL's connections where
+//   NCCL_RUNTIME_CONNECT=0 is not honoured (NCCL before 2.22 connects at init anyway).
+// 64 MiB for the pool and 256 MiB for the rest leave room for each with a margin; a run
+// that needs more fails in the named CUDA call, not in the middle of the budget's work.
+constexpr size_t kPoolAllowance = size_t{64} << 20;
+constexpr size_t kLateAllowance = size_t{256} << 20;
+constexpr size_t kReserve = kCublasWorkspace + kPoolAllowance + kLateAllowance;
+
+// FERRY_CUDA_SYNC=1: after every op, wait for the device and check (cuda_check.h).
+bool sync_each_op() {
+  return cuda::sync_each_launch();
+}
 
 using checks::fail;
 using checks::rows_of;
@@ -31,36 +56,117 @@ size_t round_up(size_t n, size_t a) {
   return (std::max<size_t>(n, 1) + a - 1) / a * a;
 }
 
+// Events for fences, reused: a GPT step frees about a thousand tensors per micro-batch,
+// and creating and destroying an event per free is microseconds of driver time each.
+// Re-recording an event is safe while streams still wait on an earlier record
+// (cudaStreamWaitEvent takes the event's state at the call). Thread safe.
+class EventPool {
+ public:
+  EventPool() = default;
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  ~EventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  // An event ready to record; null when one cannot be created.
+  cudaEvent_t get() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();  // not left for the next launch check to misreport
+      return nullptr;
+    }
+    return e;
+  }
+  void put(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+ private:
+  mutable std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
 // A point on the compute stream after which a freed block is no longer used: the event
 // recorded when it was freed (later ops that reuse the block are issued after it).
 struct Fence {
   cudaEvent_t event = nullptr;
-  uint64_t seq = 0;  // later frees have larger numbers
+  uint64_t seq = 0;   // later frees have larger numbers (and later records: one lock)
+  bool done = false;  // a query found it complete (it stays so); under the device's mutex
+  EventPool* pool = nullptr;
   Fence() = default;
   Fence(const Fence&) = delete;
   Fence& operator=(const Fence&) = delete;
   ~Fence() {
-    if (event) cudaEventDestroy(event);  // released by the driver once it has fired
+    if (event) pool->put(event);
   }
 };
 using FencePtr = std::shared_ptr<Fence>;
 
-// First fit over one slab; blocks are coalesced with free neighbours, a coalesced block
-// keeping the later of its parts' fences. Not thread safe (the device's mutex guards it).
+// Whether nothing queued can still use a block with this fence. Asks the driver at most
+// once per fence that has completed.
+bool idle(const FencePtr& f) {
+  if (!f || f->done) return true;
+  const cudaError_t q = cudaEventQuery(f->event);
+  if (q == cudaSuccess) return f->done = true;
+  if (q != cudaErrorNotReady) cudaGetLastError();  // unknown: treated as busy
+  return false;
+}
+
+// First fit over one slab, preferring idle blocks; blocks are coalesced with free
+// neighbours, a coalesced block keeping the later of its parts' fences. Not thread safe
+// (the device's mutex guards it).
 class Arena {
  public:
   Arena(char* base, size_t size) : base_(base) { free_[0] = {size, nullptr}; }
+  // The first free block that fits and is idle (its fence has fired, or it was never
+  // used), else the first that fits: a block freed a moment ago (first fit often hands
+  // back the most recent) would make copy_into_new wait for nearly all queued work,
+  // while compute ops, ordered on the stream, do not care. Fences known to have fired
+  // cost nothing; the driver is asked (in address order, about at most kQueries blocks
+  // before the first known idle one) only where more than one block fits.
   void* take(size_t bytes) {
+    constexpr size_t kQueries = 8;
+    std::vector<std::map<size_t, Block>::iterator> busy;  // fitting, before a known idle one
+    auto known_idle = free_.end();
+    bool more = false;  // a fitting block beyond those collected
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second.len < bytes) continue;
-      const size_t at = it->first, left = it->second.len - bytes;
-      const FencePtr fence = it->second.fence;
-      free_.erase(it);
-      if (left > 0) free_[at + bytes] = {left, fence};
-      used_[at] = {bytes, fence};
-      return base_ + at;
+      const FencePtr& f = it->second.fence;
+      if (!f || f->done) {
+        known_idle = it;
+        break;
+      }
+      if (busy.size() == kQueries) {
+        more = true;
+        break;
+      }
+      busy.push_back(it);
     }
-    return nullptr;
+    auto pick = known_idle;
+    if (!busy.empty() && (busy.size() > 1 || known_idle != free_.end() || more)) {
+      for (auto it : busy) {
+        if (idle(it->second.fence)) {
+          pick = it;
+          break;
+        }
+      }
+    }
+    if (pick == free_.end() && !busy.empty()) pick = busy.front();
+    if (pick == free_.end()) return nullptr;
+    const size_t at = pick->first, left = pick->second.len - bytes;
+    const FencePtr fence = pick->second.fence;
+    free_.erase(pick);
+    if (left > 0) free_[at + bytes] = {left, fence};
+    used_[at] = {bytes, fence};
+    return base_ + at;
   }
   void give(void* p, FencePtr fence) {
     const size_t at = static_cast<size_t>(static_cast<char*>(p) - base_);
@@ -119,6 +225,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return name_; }
   bool host_accessible() const override { return false; }
   cudaStream_t compute_stream() const { return compute_; }
+  int ordinal() const { return ordinal_; }
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
@@ -175,36 +282,48 @@ class CudaDevice final : public Device {
              const AdamWStep& step) override;
 
  private:
-  // Stream-ordered memory outside the budget, freed on the compute stream.
+  // Scratch for one op (the f32 copies of a mixed-dtype GEMM, attention backward's row
+  // sums): a block of the slab, counted against the budget like any tensor, so a GPU run
+  // fails with OutOfDeviceMemory naming device.memory rather than in a driver call, and
+  // the peak shows it. Freed when the op has been issued: later compute work is ordered
+  // after the op's kernels, and copies wait for the block's fence.
   class Scratch {
    public:
     Scratch() = default;
-    Scratch(cudaStream_t s, size_t bytes) : stream_(s) {
-      FERRY_CUDA_CHECK(cudaMallocAsync(&p_, bytes, s));
-    }
-    Scratch(Scratch&& o) noexcept : p_(std::exchange(o.p_, nullptr)), stream_(o.stream_) {}
+    Scratch(CudaDevice& d, size_t bytes) : d_(&d), bytes_(bytes), p_(d.allocate(bytes)) {}
+    Scratch(Scratch&& o) noexcept
+        : d_(o.d_), bytes_(o.bytes_), p_(std::exchange(o.p_, nullptr)) {}
     Scratch& operator=(Scratch&& o) noexcept {
+      std::swap(d_, o.d_);
+      std::swap(bytes_, o.bytes_);
       std::swap(p_, o.p_);
-      std::swap(stream_, o.stream_);
       return *this;
     }
     ~Scratch() {
-      if (p_)
-        cudaFreeAsync(
-            p_, stream_);  // no throw from a destructor; a failure resurfaces at the next check
+      if (p_) d_->deallocate(p_, bytes_);
     }
     void* get() const { return p_; }
 
    private:
+    CudaDevice* d_ = nullptr;
+    size_t bytes_ = 0;
     void* p_ = nullptr;
-    cudaStream_t stream_ = nullptr;
   };
 
   // A copy stream `s` waits for the compute work issued so far; returns nothing.
   void after_compute(cudaStream_t s);
   // Copies on the host-to-device stream, after `wait` (null: nothing), then orders the
-  // compute stream after the copy and waits for it on the host.
-  void upload(const Tensor& dst, const void* src, cudaEvent_t wait);
+  // compute stream after the copy. Waits for the copy on the host only where `src` is
+  // page-locked and `hold_src` is false: a pageable source is staged by the runtime
+  // before cudaMemcpyAsync returns, a page-locked one is read when the copy runs.
+  void upload(const Tensor& dst, const void* src, cudaEvent_t wait, bool hold_src);
+  // The slab, carved at the first allocation (under mu_): after NCCL has started, so
+  // that the free memory checked is what is left once it has taken its buffers.
+  void carve_slab();
+  // "" when `bytes` of slab fit in `free` bytes with `reserve` kept aside, else why.
+  std::string fits(size_t slab, size_t free, size_t reserve, const char* when) const;
+  // FERRY_CUDA_SYNC=1: waits for the device and checks for an error after `what`.
+  void debug_sync(const char* what);
   // Reads the kernels' error flag back (synchronizing the compute stream) and throws the
   // recorded error, if any, as std::out_of_range built by `what(index, value)`.
   template <class What>
@@ -216,7 +335,9 @@ class CudaDevice final : public Device {
   int ordinal_;
   mutable std::mutex mu_;
   MemoryStats stats_;
+  size_t slab_bytes_ = 0;
   char* slab_ = nullptr;
+  EventPool events_;  // before arena_: the arena's fences give their events back to it
   std::unique_ptr<Arena> arena_;
   cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
   cudaEvent_t compute_done_ = nullptr, copy_done_ = nullptr;
@@ -233,11 +354,26 @@ CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
   FERRY_CUDA_CHECK(cudaSetDevice(ordinal));
   cudaDeviceProp prop{};
   FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  name_ = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ", sm_" +
+          std::to_string(prop.major) + std::to_string(prop.minor) + ", cap " +
+          format_bytes(capacity) + ")";
   stats_.capacity = capacity;
   // Room for rounding every block up to 256 bytes: the budget counts the bytes asked for.
-  const size_t slab = capacity + capacity / 64 + (4u << 20);
-  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slab_), slab));
-  arena_ = std::make_unique<Arena>(slab_, slab);
+  slab_bytes_ = capacity + capacity / 64 + (4u << 20);
+  // Refused now, before anything is allocated, when the budget cannot fit; checked again
+  // when the slab is carved (carve_slab).
+  size_t free_bytes = 0, total = 0;
+  FERRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  if (const std::string p = fits(slab_bytes_, free_bytes, kReserve, "when the device was made");
+      !p.empty())
+    throw std::runtime_error(p);
+  // The default pool keeps what it has mapped (F14 of the GPU review): with the default
+  // threshold 0 it gives its memory back at every synchronisation, and the next
+  // cudaMallocAsync maps it again. What it keeps is counted in kReserve.
+  cudaMemPool_t pool = nullptr;
+  FERRY_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, ordinal));
+  uint64_t keep_all = UINT64_MAX;
+  FERRY_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&h2d_, cudaStreamNonBlocking));
   FERRY_CUDA_CHECK(cudaStreamCreateWithFlags(&d2h_, cudaStreamNonBlocking));
@@ -262,9 +398,41 @@ CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
   FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_),
                               (cuda::kSumSquaresBlocks + 1) * sizeof(double)));
   FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&total_host_), sizeof(double)));
-  name_ = "cuda:" + std::to_string(ordinal) + " (" + prop.name + ", sm_" +
-          std::to_string(prop.major) + std::to_string(prop.minor) + ", cap " +
-          format_bytes(capacity) + ")";
+}
+
+std::string CudaDevice::fits(size_t slab, size_t free, size_t reserve, const char* when) const {
+  if (slab <= free && free - slab >= reserve) return "";
+  const size_t room = slab - stats_.capacity;  // the slab's rounding room
+  const size_t most = free > reserve + room ? free - reserve - room : 0;
+  return "key 'device.memory': " + format_bytes(stats_.capacity) + " does not fit on " + name_ +
+         ": " + format_bytes(free) + " of GPU memory free " +
+         when + ", and ferry keeps " + format_bytes(reserve) +
+         " free outside the budget (cuBLAS's workspace, the stream-ordered pool, kernel images "
+         "and NCCL's late allocations) plus " +
+         format_bytes(room) + " of rounding room: set device.memory to at most " +
+         format_bytes(most);
+}
+
+void CudaDevice::carve_slab() {
+  size_t free_bytes = 0, total = 0;
+  FERRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  // cuBLAS's workspace is allocated by now: the rest of the reserve must still be free.
+  if (const std::string p = fits(slab_bytes_, free_bytes, kReserve - kCublasWorkspace,
+                                 "when its slab was carved (after NCCL started)");
+      !p.empty())
+    throw std::runtime_error(p);
+  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&slab_), slab_bytes_));
+  arena_ = std::make_unique<Arena>(slab_, slab_bytes_);
+}
+
+void CudaDevice::debug_sync(const char* what) {
+  if (!sync_each_op()) return;
+  const cudaError_t e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("CUDA error ") + cudaGetErrorName(e) + " (" +
+                             cudaGetErrorString(e) + ") surfaced right after " + what + " on " +
+                             name_ + " (FERRY_CUDA_SYNC=1)");
+  }
 }
 
 CudaDevice::~CudaDevice() {
@@ -283,7 +451,7 @@ CudaDevice::~CudaDevice() {
   cudaStreamDestroy(compute_);
   cudaStreamDestroy(h2d_);
   cudaStreamDestroy(d2h_);
-  cudaFree(slab_);
+  if (slab_) cudaFree(slab_);
 }
 
 void* CudaDevice::allocate(size_t bytes) {
@@ -291,6 +459,7 @@ void* CudaDevice::allocate(size_t bytes) {
   if (bytes > stats_.capacity - stats_.in_use) {
     throw OutOfDeviceMemory("the cuda device", bytes, stats_.in_use, stats_.capacity);
   }
+  if (!arena_) carve_slab();
   void* p = arena_->take(round_up(bytes, kBlockAlign));
   if (!p) {
     // Within the budget but no free block is large enough: the slab is fragmented.
@@ -305,19 +474,27 @@ void* CudaDevice::allocate(size_t bytes) {
 
 // Safe without waiting: the block can be reused only by work issued later, which runs
 // after the queued work on the compute stream, and the copy streams wait for that stream
-// (copy_into_new: for the fence recorded here). A fence that cannot be made degrades to
-// waiting for the stream here and now.
+// (copy_into_new: for the fence recorded here). The event is recorded and numbered under
+// one lock, so when frees come from several threads the larger number is always the later
+// point on the stream (a coalesced block keeps the larger). A thread whose current GPU is
+// another one is switched to this device's first: events belong to the device current
+// when they are made and recorded. A fence that cannot be made degrades to waiting for
+// the stream here and now.
 void CudaDevice::deallocate(void* ptr, size_t bytes) noexcept {
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess || current != ordinal_) cudaSetDevice(ordinal_);
   auto fence = std::make_shared<Fence>();
-  if (cudaEventCreateWithFlags(&fence->event, cudaEventDisableTiming) != cudaSuccess ||
-      cudaEventRecord(fence->event, compute_) != cudaSuccess) {
-    cudaGetLastError();
-    cudaStreamSynchronize(compute_);
-    fence = nullptr;
-  }
+  fence->pool = &events_;
   std::lock_guard<std::mutex> lock(mu_);
-  if (fence) fence->seq = ++frees_;
-  arena_->give(ptr, std::move(fence));
+  fence->event = events_.get();
+  if (!fence->event || cudaEventRecord(fence->event, compute_) != cudaSuccess) {
+    cudaGetLastError();  // cleared: the next launch check must not report it as its own
+    cudaStreamSynchronize(compute_);
+    fence = nullptr;  // gives the event back
+  } else {
+    fence->seq = ++frees_;
+  }
+  if (arena_) arena_->give(ptr, std::move(fence));
   stats_.in_use -= bytes;
 }
 
@@ -338,32 +515,46 @@ void CudaDevice::after_compute(cudaStream_t s) {
 
 void CudaDevice::copy_from_host(const Tensor& dst, const void* src) {
   FERRY_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
-  upload(dst, src, compute_done_);
+  upload(dst, src, compute_done_, /*hold_src=*/false);
+  debug_sync("copy_from_host");
 }
 
 // Waits only for the last use of dst's block before it was freed, so the copy overlaps
-// the queued kernels that do not touch it (StagedUnits' next unit, the next batch).
+// the queued kernels that do not touch it (StagedUnits' next unit, the next batch), and
+// the host does not wait for that fence: a pageable source has been staged by the runtime
+// when cudaMemcpyAsync returns; a page-locked one is read when the copy runs, which the
+// header's contract covers (the caller keeps it until the device is next waited for).
 void CudaDevice::copy_into_new(const Tensor& dst, const void* src) {
   FencePtr fence;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fence = arena_->fence_of(dst.data());
+    fence = arena_ ? arena_->fence_of(dst.data()) : nullptr;
+    if (fence && fence->done) fence = nullptr;  // fired already: nothing to wait for
   }
-  upload(dst, src, fence ? fence->event : nullptr);
+  upload(dst, src, fence ? fence->event : nullptr, /*hold_src=*/true);
+  debug_sync("copy_into_new");
 }
 
-void CudaDevice::upload(const Tensor& dst, const void* src, cudaEvent_t wait) {
+void CudaDevice::upload(const Tensor& dst, const void* src, cudaEvent_t wait, bool hold_src) {
   if (wait) FERRY_CUDA_CHECK(cudaStreamWaitEvent(h2d_, wait, 0));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, h2d_));
   FERRY_CUDA_CHECK(cudaEventRecord(copy_done_, h2d_));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(compute_, copy_done_, 0));
-  FERRY_CUDA_CHECK(cudaEventSynchronize(copy_done_));  // the caller may reuse `src` now
+  if (hold_src) return;
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, src) != cudaSuccess) {
+    cudaGetLastError();
+    a.type = cudaMemoryTypeHost;  // unknown: wait, the safe side
+  }
+  // The caller may reuse `src` once this returns.
+  if (a.type == cudaMemoryTypeHost) FERRY_CUDA_CHECK(cudaEventSynchronize(copy_done_));
 }
 
 void CudaDevice::copy_to_host(void* dst, const Tensor& src) {
   after_compute(d2h_);
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, d2h_));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(d2h_));
+  debug_sync("copy_to_host");
 }
 
 void CudaDevice::copy(const Tensor& dst, const Tensor& src) {
@@ -372,6 +563,7 @@ void CudaDevice::copy(const Tensor& dst, const Tensor& src) {
   }
   FERRY_CUDA_CHECK(
       cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, compute_));
+  debug_sync("copy");
 }
 
 void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
@@ -402,7 +594,7 @@ void CudaDevice::check_flag(What&& what) {
 }
 
 Arr CudaDevice::widen(const Tensor& t, Scratch& keep) {
-  keep = Scratch(compute_, static_cast<size_t>(t.numel()) * 4);
+  keep = Scratch(*this, static_cast<size_t>(t.numel()) * 4);
   const Arr w{keep.get(), DType::f32};
   cuda::cast(st(), w, arr(t), t.numel());
   return w;
@@ -462,7 +654,7 @@ void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b
   }
   const bool direct = Cm.dtype == A.dtype || (is_low_precision(A.dtype) && Cm.dtype == DType::f32);
   if (!direct) {
-    wc = Scratch(compute_, static_cast<size_t>(c.numel()) * 4);
+    wc = Scratch(*this, static_cast<size_t>(c.numel()) * 4);
     Cm = {wc.get(), DType::f32};
     if (beta != 0) cuda::cast(st(), Cm, arr(c), c.numel());
   }
@@ -483,6 +675,7 @@ void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b
         cuda_type(Cm.dtype), ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   if (!direct) cuda::cast(st(), arr(c), Cm, c.numel());
+  debug_sync("gemm (cublasGemmEx)");
 }
 
 void CudaDevice::add_bias(const Tensor& out, const Tensor& bias) {
@@ -594,7 +787,7 @@ void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
   const bool f64 = dqkv.dtype() == DType::f64 || dout.dtype() == DType::f64 ||
                    qkv.dtype() == DType::f64 || att.dtype() == DType::f64;
   const int64_t rows = qkv.dim(0) * n_head * qkv.dim(1);
-  Scratch rowdot(compute_, static_cast<size_t>(rows) * (f64 ? 8 : 4));
+  Scratch rowdot(*this, static_cast<size_t>(rows) * (f64 ? 8 : 4));
   cuda::attention_backward(st(), arr(dqkv), arr(dout), arr(qkv), arr(att), qkv.dim(0), qkv.dim(1),
                            C, n_head, kv, rowdot.get());
 }
@@ -742,6 +935,38 @@ void* cuda_compute_stream(Device& device) {
   if (!d)
     throw std::invalid_argument("cuda_compute_stream: " + device.name() + " is not a cuda device");
   return d->compute_stream();
+}
+
+namespace {
+CudaDevice& cuda_device_of(Device& device, const char* what) {
+  auto* d = dynamic_cast<CudaDevice*>(&device);
+  if (!d) throw std::invalid_argument(std::string(what) + ": " + device.name() + " is not a cuda device");
+  return *d;
+}
+}  // namespace
+
+std::string cuda_pci_bus_id(Device& device) {
+  CudaDevice& d = cuda_device_of(device, "cuda_pci_bus_id");
+  char id[32] = {};
+  FERRY_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, d.ordinal()));
+  return id;
+}
+
+std::string cuda_register_host(Device& device, void* ptr, size_t bytes) {
+  CudaDevice& d = cuda_device_of(device, "cuda_register_host");
+  // The calling thread's current GPU decides where the registration's mappings go.
+  cudaError_t e = cudaSetDevice(d.ordinal());
+  if (e == cudaSuccess) e = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
+  if (e == cudaSuccess) return "";
+  cudaGetLastError();  // not left for the next launch check to misreport
+  return std::string("cudaHostRegister of ") + std::to_string(bytes) + " bytes failed: " +
+         cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+void cuda_unregister_host(Device& device, void* ptr) noexcept {
+  auto* d = dynamic_cast<CudaDevice*>(&device);
+  if (!d || cudaSetDevice(d->ordinal()) != cudaSuccess || cudaHostUnregister(ptr) != cudaSuccess)
+    cudaGetLastError();
 }
 
 FERRY_CUDA_ABI_END

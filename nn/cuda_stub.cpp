@@ -16,4 +16,12 @@ std::unique_ptr<Device> make_cuda_device(size_t, int) { throw std::runtime_error
 
 void* cuda_compute_stream(Device&) { throw std::invalid_argument("cuda_compute_stream: not a cuda device"); }
 
+std::string cuda_pci_bus_id(Device&) { throw std::invalid_argument("cuda_pci_bus_id: not a cuda device"); }
+
+std::string cuda_register_host(Device&, void*, size_t) {
+  throw std::invalid_argument("cuda_register_host: not a cuda device");
+}
+
+void cuda_unregister_host(Device&, void*) noexcept {}
+
 }  // namespace ferry::nn

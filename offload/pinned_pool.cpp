@@ -1,6 +1,5 @@
 #include "offload/pinned_pool.h"
 
-#include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -10,42 +9,9 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 namespace ferry::offload {
-
-namespace {
-
-// The three CUDA runtime calls the pool needs, resolved from libcudart at run time.
-struct CudaRuntime {
-  int (*get_device_count)(int*) = nullptr;
-  int (*host_register)(void*, size_t, unsigned) = nullptr;
-  int (*host_unregister)(void*) = nullptr;
-};
-
-const CudaRuntime* cuda_runtime() {
-  static const CudaRuntime* runtime = []() -> const CudaRuntime* {
-    if (access("/dev/nvidiactl", F_OK) != 0) return nullptr;  // no NVIDIA driver, no GPU
-#ifdef FERRY_CUDART_PATH
-    void* h = dlopen(FERRY_CUDART_PATH, RTLD_NOW | RTLD_LOCAL);
-#else
-    void* h = nullptr;
-#endif
-    if (!h) h = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
-    if (!h) return nullptr;
-    static CudaRuntime r;
-    r.get_device_count = reinterpret_cast<int (*)(int*)>(dlsym(h, "cudaGetDeviceCount"));
-    r.host_register = reinterpret_cast<int (*)(void*, size_t, unsigned)>(dlsym(h, "cudaHostRegister"));
-    r.host_unregister = reinterpret_cast<int (*)(void*)>(dlsym(h, "cudaHostUnregister"));
-    int n = 0;
-    if (!r.get_device_count || !r.host_register || !r.host_unregister || r.get_device_count(&n) != 0 || n < 1) {
-      return nullptr;
-    }
-    return &r;
-  }();
-  return runtime;
-}
-
-}  // namespace
 
 bool may_exceed_memlock() {
   if (geteuid() == 0) return true;
@@ -70,7 +36,8 @@ std::string memlock_problem(size_t bytes, size_t limit, bool privileged) {
          "Slurm; or set zero_optimization.offload_optimizer.pin_memory: false to run unpinned (slower transfers)";
 }
 
-PinnedPool::PinnedPool(const PinnedPoolOptions& options) : options_(options) {
+PinnedPool::PinnedPool(const PinnedPoolOptions& options, HostRegistration registration)
+    : options_(options), registration_(std::move(registration)) {
   if (options_.buffer_count < 1 || options_.buffer_size == 0) {
     throw std::invalid_argument("PinnedPool: buffer_count and buffer_size must be positive");
   }
@@ -106,17 +73,16 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options) : options_(options) {
       warning_ = why + "; continuing unpinned";
     }
   }
-  if (options_.pin) {
-    if (const CudaRuntime* cuda = cuda_runtime()) {
-      cuda_registered_ = cuda->host_register(slab_, bytes_, /*cudaHostRegisterDefault=*/0) == 0;
-      if (!cuda_registered_) warning_ += (warning_.empty() ? "" : "; ") + std::string("cudaHostRegister failed");
-    }
+  if (options_.pin && registration_.add) {
+    const std::string why = registration_.add(slab_, bytes_);
+    cuda_registered_ = why.empty();
+    if (!cuda_registered_) warning_ += (warning_.empty() ? "" : "; ") + why;
   }
   for (int i = options_.buffer_count - 1; i >= 0; --i) free_.push_back(slab_ + static_cast<size_t>(i) * options_.buffer_size);
 }
 
 PinnedPool::~PinnedPool() {
-  if (cuda_registered_) cuda_runtime()->host_unregister(slab_);
+  if (cuda_registered_ && registration_.remove) registration_.remove(slab_);
   if (pinned_) munlock(slab_, bytes_);
   if (options_.count_only) {
     munmap(slab_, bytes_);

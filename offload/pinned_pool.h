@@ -7,9 +7,11 @@
 // says so, with the limit and how to raise it, and either fails (PinnedMemoryError) or,
 // when allow_unpinned, continues with ordinary pages and keeps the message in warning().
 // Registration with io_uring is the Storage's (register_buffers(regions())). With CUDA:
-// where a GPU is present (/dev/nvidiactl exists) the pool loads the toolkit's libcudart
-// at run time and registers the slab with cudaHostRegister, so device copies from it are
-// DMA without staging; where there is none, nothing CUDA is loaded.
+// the pool itself knows nothing of it; a run on a GPU (device.type cuda) passes a
+// HostRegistration (nn::cuda_register_host: cudaHostRegister through the
+// runtime ferry links, with the rank's GPU current), so device copies from the slab are
+// DMA without staging. A CPU run passes none and never touches CUDA (no context on GPU 0
+// of a GPU node, nothing loaded).
 // Threads: acquire()/release() are thread safe; acquire() blocks while every buffer is
 // in use, which bounds the transfers in flight.
 #pragma once
@@ -18,6 +20,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -41,6 +44,14 @@ struct PinnedPoolOptions {
   bool count_only = false;
 };
 
+// Registration of the slab for a GPU's DMA (used only when the pool pins): `add` returns
+// "" or why it failed (kept in warning(); the pool stays usable); `remove` undoes it in
+// the destructor. Left empty, the pool registers nothing.
+struct HostRegistration {
+  std::function<std::string(void*, size_t)> add;
+  std::function<void(void*)> remove;
+};
+
 // The problem with pinning `bytes` under soft limit `limit` ("" if none); `privileged`:
 // the process may exceed the limit (CAP_IPC_LOCK, root).
 std::string memlock_problem(size_t bytes, size_t limit, bool privileged);
@@ -49,7 +60,7 @@ bool may_exceed_memlock();
 
 class PinnedPool {
  public:
-  explicit PinnedPool(const PinnedPoolOptions& options);
+  explicit PinnedPool(const PinnedPoolOptions& options, HostRegistration registration = {});
   ~PinnedPool();
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;
@@ -75,6 +86,7 @@ class PinnedPool {
 
  private:
   PinnedPoolOptions options_;
+  HostRegistration registration_;
   size_t bytes_ = 0;
   char* slab_ = nullptr;
   bool pinned_ = false;

@@ -274,6 +274,9 @@ const std::vector<EnvKnob>& environment_knobs() {
       {"FERRY_LOG_SUBSYS", "all",
        "subsystems whose info/debug/trace lines print, comma-separated, ^name excludes: init, config, comm, offload, "
        "sched, optim, ckpt, train"},
+      {"FERRY_CUDA_SYNC", "0",
+       "1: on GPUs, wait for the device and check for an error after every op and every NCCL collective, so an "
+       "asynchronous fault names the op that caused it (slow; for debugging)"},
       {"FERRY_FAULT_SKIP_COLLECTIVE", "-", "tests only: RANK:SEQ makes that rank skip that collective (watchdog test)"},
       {"FERRY_FAULT_KILL_IN_CHECKPOINT", "-", "tests only: RANK:STEP kills that rank while it writes that checkpoint"},
   };

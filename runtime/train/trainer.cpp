@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -15,6 +16,7 @@
 #include "base/log.h"
 #include "base/stop_signal.h"
 #include "base/version.h"
+#include "comm/gpu_binding.h"
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
 #include "runtime/text/chat_template.h"
@@ -39,17 +41,22 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// device.type cuda: the GPU of this rank's local rank, with the device.memory budget.
-std::unique_ptr<nn::Device> make_gpu(const Config& c, const comm::Communicator& comm) {
+// device.type cuda: this rank's GPU (comm/gpu_binding.h: its local rank's where it sees
+// every GPU of the node, its only one under a per-rank binding), with the device.memory
+// budget; two ranks of a node on one GPU are refused on every rank. Collective over comm.
+std::unique_ptr<nn::Device> make_gpu(const Config& c, comm::Communicator& comm) {
   const nn::CudaStatus s = nn::cuda_status();
   if (!s.available()) {
     throw std::invalid_argument("key 'device.type': cuda, but the cuda device is unavailable: " + s.reason);
   }
-  if (comm.local_size() > s.gpus) {
-    throw std::invalid_argument("key 'device.type': cuda with " + std::to_string(comm.local_size()) +
-                                " ranks on this node but " + std::to_string(s.gpus) + " GPU(s): one GPU per rank");
+  const comm::GpuChoice choice = comm::choose_gpu(s.gpus, comm.local_rank(), comm.local_size());
+  if (choice.ordinal < 0) throw std::invalid_argument("key 'device.type': cuda with " + choice.problem);
+  auto gpu = nn::make_cuda_device(c.device.memory, choice.ordinal);
+  if (comm.size() > 1) {
+    if (const std::string p = comm::shared_gpu_problem(comm, nn::cuda_pci_bus_id(*gpu)); !p.empty())
+      throw std::invalid_argument("key 'device.type': cuda, but " + p);
   }
-  return nn::make_cuda_device(c.device.memory, comm.local_rank());
+  return gpu;
 }
 
 // device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
@@ -183,7 +190,14 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   host_ = std::make_unique<nn::CpuDevice>(SIZE_MAX, device_->threads());
   const auto layout = model_->units();
   if (const auto po = staging_pool_options(off, tiers, layout, comm_.size(), comm_.rank())) {
-    pool_ = std::make_unique<offload::PinnedPool>(*po);
+    // Registered for DMA with this rank's GPU on GPU runs only (after make_gpu chose and
+    // set it): a CPU run on a GPU node must not make a CUDA context on GPU 0.
+    offload::HostRegistration reg;
+    if (nn::Device* gpu = gpu_.get()) {
+      reg.add = [gpu](void* p, size_t n) { return nn::cuda_register_host(*gpu, p, n); };
+      reg.remove = [gpu](void* p) { nn::cuda_unregister_host(*gpu, p); };
+    }
+    pool_ = std::make_unique<offload::PinnedPool>(*po, std::move(reg));
   }
   bool clamped = false;
   Placement place = state_placement(cfg_, tiers, host_.get(), pool_.get(), &clamped);
@@ -206,6 +220,12 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (on_gpu) {
     auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
     if (!mpi) throw std::invalid_argument("device.type cuda without offload starts NCCL over MPI: run under ferry-train");
+    // NCCL starts before the device's slab is carved (at its first allocation), so the
+    // slab's check of free GPU memory sees what NCCL took. NCCL 2.22+ connects lazily, at
+    // the first collective of each kind, unless told otherwise: it is told (where the
+    // user has not chosen), so its buffers exist now and are not taken from under a full
+    // budget in the middle of a run.
+    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     nccl_ = comm::NcclCommunicator::create(*mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
     shard_comm = nccl_.get();
   }
