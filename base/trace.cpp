@@ -1,5 +1,6 @@
 #include "base/trace.h"
 
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 
@@ -73,9 +74,45 @@ void Tracer::write_line(const std::string& line) {
 
 void Tracer::record(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
                     int64_t step_arg, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_locked(activity, name, t0, t1, step_arg, bytes);
+}
+
+void Tracer::record_device(Activity activity, const std::string& name, DeviceClock::Mark m0, DeviceClock::Mark m1,
+                           uint64_t bytes) {
+  if (!m0 || !m1) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  device_spans_.push_back({activity, name, std::move(m0), std::move(m1), bytes});
+}
+
+void Tracer::set_anchor(DeviceClock* clock, DeviceClock::Mark mark, Clock::time_point host) {
+  std::lock_guard<std::mutex> lock(mu_);
+  clock_ = clock;
+  anchor_ = std::move(mark);
+  anchor_host_ = host;
+}
+
+void Tracer::resolve_device_spans() {
+  if (!clock_ || !anchor_) return;
+  std::vector<DeviceSpan> waiting;
+  for (DeviceSpan& d : device_spans_) {
+    const double a = clock_->seconds_between(anchor_, d.m0), b = clock_->seconds_between(anchor_, d.m1);
+    if (std::isnan(a) || std::isnan(b)) {
+      waiting.push_back(std::move(d));
+      continue;
+    }
+    const auto at = [&](double s) {
+      return anchor_host_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    };
+    record_locked(d.activity, d.name, at(a), at(b), -1, d.bytes);
+  }
+  device_spans_.swap(waiting);
+}
+
+void Tracer::record_locked(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
+                           int64_t step_arg, uint64_t bytes) {
   if (t1 < t0) t1 = t0;
   const auto a = static_cast<size_t>(activity);
-  std::lock_guard<std::mutex> lock(mu_);
   busy_[a] += std::chrono::duration<double>(t1 - t0).count();
   bytes_[a] += bytes;
   if (!out_.is_open()) return;
@@ -106,6 +143,7 @@ void Tracer::begin_step(int64_t step) {
 StepBreakdown Tracer::end_step() {
   const Clock::time_point t1 = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
+  resolve_device_spans();
   in_step_ = false;
   StepBreakdown b;
   b.wall_s = std::chrono::duration<double>(t1 - step_t0_).count();

@@ -21,8 +21,10 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace ferry {
 
@@ -48,6 +50,21 @@ struct StepBreakdown {
   std::array<uint64_t, kActivities> bytes{};  // bytes moved per activity: nvme transfers, collective buffers
   double sum() const;
   double overlap() const { return wall_s > 0 ? sum() / wall_s : 0; }
+};
+
+// The clock of a device that runs its work asynchronously (a GPU): a mark is recorded in
+// its queue (a CUDA event) and has a time once the device has passed it. Implemented by
+// nn's cuda device; host devices have none (their host-clock spans are device time).
+class DeviceClock {
+ public:
+  virtual ~DeviceClock() = default;
+  using Mark = std::shared_ptr<void>;
+  // Seconds from mark `a` to mark `b` (negative when b came first), once the device has
+  // passed both; NaN before. Thread safe.
+  virtual double seconds_between(const Mark& a, const Mark& b) = 0;
+  // A mark recorded now, returned once the device has passed it: an anchor for
+  // Tracer::set_anchor (cheap right after a host read, when the queue is empty).
+  virtual Mark passed_mark() = 0;
 };
 
 class Tracer {
@@ -86,6 +103,16 @@ class Tracer {
     Clock::time_point t0_;
   };
 
+  // Device spans (review F6: on a GPU, host spans measure enqueue time): [m0, m1] are
+  // marks in a device's queue, placed on the host timeline through the latest anchor (a
+  // mark the device passed at a known host time, set_anchor: right after a host read
+  // that waited for the device). Spans are resolved at end_step() once the device has
+  // passed both marks; one not yet passed waits for a later end_step (it is counted in
+  // the step in which it is resolved). Thread safe.
+  void record_device(Activity activity, const std::string& name, DeviceClock::Mark m0, DeviceClock::Mark m1,
+                     uint64_t bytes = 0);
+  void set_anchor(DeviceClock* clock, DeviceClock::Mark mark, Clock::time_point host);
+
   void begin_step(int64_t step);  // step is 1-based
   StepBreakdown end_step();       // marks the step's end in the file, returns its totals
   void flush();
@@ -93,6 +120,20 @@ class Tracer {
  private:
   void write_line(const std::string& line);
   double us(Clock::time_point t) const;
+  void resolve_device_spans();  // under mu_: records the spans the device has passed
+  void record_locked(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
+                     int64_t step_arg, uint64_t bytes);
+
+  struct DeviceSpan {
+    Activity activity;
+    std::string name;
+    DeviceClock::Mark m0, m1;
+    uint64_t bytes;
+  };
+  std::vector<DeviceSpan> device_spans_;
+  DeviceClock* clock_ = nullptr;
+  DeviceClock::Mark anchor_;
+  Clock::time_point anchor_host_{};
 
   int rank_;
   Clock::time_point origin_;

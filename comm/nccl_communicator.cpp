@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "base/handle_pool.h"
 #include "base/log.h"
 #include "comm/gpu_binding.h"
 #include "comm/watchdog.h"
@@ -74,46 +75,21 @@ bool on_device(const void* p) {
 
 using EventObj = std::remove_pointer_t<cudaEvent_t>;  // CUevent_st, or the emulation's
 
-// Completion events, reused: creating and destroying one per collective costs driver time
-// on the issuing thread (review F18). A marker returns its event to the pool when the last
-// holder (the Work, the poller) lets go; CUDA allows reusing an event that a stream still
-// waits on, since a wait binds to the record made before it.
-class EventPool {
- public:
-  ~EventPool() {
-    for (cudaEvent_t e : free_) cudaEventDestroy(e);
-  }
-  std::shared_ptr<EventObj> take() {
-    cudaEvent_t e = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        e = free_.back();
-        free_.pop_back();
-      }
-    }
-    if (!e) FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    return std::shared_ptr<EventObj>(e, [self = self_](cudaEvent_t ev) {
-      if (auto pool = self.lock()) {
-        std::lock_guard<std::mutex> lock(pool->mu_);
-        pool->free_.push_back(ev);
-      } else {
-        cudaEventDestroy(ev);
-      }
-    });
-  }
-  static std::shared_ptr<EventPool> make() {
-    auto p = std::shared_ptr<EventPool>(new EventPool());
-    p->self_ = p;
-    return p;
-  }
+// Completion events come from a pool (base/handle_pool.h): creating and destroying one
+// per collective costs driver time on the issuing thread (review F18). CUDA allows
+// re-recording an event a stream still waits on: a wait binds to the record made before
+// it. They keep timing on, so traces can time collectives on the device (review F6).
+using EventPool = HandlePool<cudaEvent_t>;
 
- private:
-  EventPool() = default;
-  std::mutex mu_;
-  std::vector<cudaEvent_t> free_;
-  std::weak_ptr<EventPool> self_;
-};
+std::shared_ptr<EventPool> make_event_pool() {
+  return EventPool::make(
+      [] {
+        cudaEvent_t e = nullptr;
+        FERRY_COMM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+        return e;
+      },
+      [](cudaEvent_t e) { cudaEventDestroy(e); });
+}
 
 class NcclComm final : public NcclCommunicator {
  public:
@@ -151,7 +127,7 @@ class NcclComm final : public NcclCommunicator {
   ncclComm_t comm_ = nullptr;
   void* barrier_buf_ = nullptr;
   std::unique_ptr<Watchdog> watchdog_;
-  std::shared_ptr<EventPool> events_ = EventPool::make();
+  std::shared_ptr<EventPool> events_ = make_event_pool();
   std::atomic<bool> aborting_{false};
   std::mutex mu_;
   std::condition_variable cv_;
@@ -260,6 +236,9 @@ void NcclComm::execute(const Op& op, const WorkPtr& work) {
   void* r = recv_dev ? recv_dev : recv;
   void* s = in_place ? r : (send_dev ? send_dev : send);
   const ncclRedOp_t red = op.reduce == ReduceOp::avg ? ncclAvg : ncclSum;
+  std::shared_ptr<EventObj> start = events_->take();
+  FERRY_COMM_CUDA_CHECK(cudaEventRecord(start.get(), stream_));
+  work->device_start = start;
   const uint64_t watch =
       watchdog_->begin("rank " + std::to_string(rank_) + ": nccl " + op.describe());
   work->mark_started();

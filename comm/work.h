@@ -42,8 +42,9 @@ class Work {
   // A device-side completion marker the backend attaches at issue (NCCL: the event
   // recorded after this collective on its stream), so a consumer can wait for exactly this
   // collective without the host (Communicator::order_consumer). Null for host backends.
-  // Set once by the issuing thread before the Work is handed out.
-  std::shared_ptr<void> device_marker;
+  // Set once by the issuing thread before the Work is handed out. device_start is the
+  // event recorded just before the collective, so a trace can time it on the device.
+  std::shared_ptr<void> device_marker, device_start;
 
  private:
   mutable std::mutex mu_;

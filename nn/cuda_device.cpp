@@ -1,6 +1,8 @@
 #include "nn/cuda_device.h"
 
 #include <algorithm>
+#include <cmath>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -10,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/handle_pool.h"
 #include "nn/cuda_check.h"
 #include "nn/cuda_kernels.h"
 #include "nn/op_checks.h"
@@ -216,7 +219,7 @@ class Arena {
   std::map<size_t, Block> used_;
 };
 
-class CudaDevice final : public Device {
+class CudaDevice final : public Device, private DeviceClock {
  public:
   CudaDevice(size_t capacity, int ordinal);
   ~CudaDevice() override;
@@ -247,6 +250,12 @@ class CudaDevice final : public Device {
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
   void accumulate(const Tensor& dst, const Tensor& src) override;
   double sum_squares(const Tensor& x) override;
+  void sum_squares_to(const Tensor& x, const Tensor& out) override;
+  void check_errors() override;
+  DeviceClock* clock() override { return this; }
+  DeviceClock::Mark mark() override;
+  double seconds_between(const DeviceClock::Mark& a, const DeviceClock::Mark& b) override;
+  DeviceClock::Mark passed_mark() override;
   void scale(const Tensor& x, double factor) override;
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
@@ -326,8 +335,20 @@ class CudaDevice final : public Device {
   void debug_sync(const char* what);
   // Reads the kernels' error flag back (synchronizing the compute stream) and throws the
   // recorded error, if any, as std::out_of_range built by `what(index, value)`.
-  template <class What>
-  void check_flag(What&& what);
+  // Value errors flagged by kernels, one slot per kind (flag, index, value): tokens outside
+  // the vocabulary, targets outside the logits. Checked late: check_errors().
+  static constexpr int kTokenSlot = 0, kTargetSlot = 1, kErrorSlots = 2;
+  static constexpr size_t kErrorBytes = 3 * kErrorSlots * sizeof(int);
+  std::atomic<bool> flags_pending_{false};
+  // Timing events for trace marks, reused (base/handle_pool.h).
+  std::shared_ptr<HandlePool<cudaEvent_t>> marks_ = HandlePool<cudaEvent_t>::make(
+      [] {
+        cudaEvent_t e = nullptr;
+        FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+        return e;
+      },
+      [](cudaEvent_t e) { cudaEventDestroy(e); });
+  int64_t flag_limit_[kErrorSlots] = {0, 0};  // V of the latest launch per slot, for the message
   Arr widen(const Tensor& t, Scratch& keep);
   cuda::Stream st() const { return compute_; }
 
@@ -344,7 +365,7 @@ class CudaDevice final : public Device {
   cublasHandle_t cublas_ = nullptr;
   void* cublas_ws_ = nullptr;
   int* err_ = nullptr;            // device int[3]: flag, index, value
-  int* err_host_ = nullptr;       // pinned int[3]
+  int* err_host_ = nullptr;       // pinned int[3 * kErrorSlots]
   double* partial_ = nullptr;     // device double[kSumSquaresBlocks + 1]
   double* total_host_ = nullptr;  // pinned double
   uint64_t frees_ = 0;            // fences handed out (their order)
@@ -390,11 +411,11 @@ CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   FERRY_CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
   FERRY_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
-  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&err_), 3 * sizeof(int)));
+  FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&err_), kErrorBytes));
   // On the compute stream: the legacy stream's cudaMemset is not ordered before the
   // non-blocking compute stream's kernels.
-  FERRY_CUDA_CHECK(cudaMemsetAsync(err_, 0, 3 * sizeof(int), compute_));
-  FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&err_host_), 3 * sizeof(int)));
+  FERRY_CUDA_CHECK(cudaMemsetAsync(err_, 0, kErrorBytes, compute_));
+  FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&err_host_), kErrorBytes));
   FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partial_),
                               (cuda::kSumSquaresBlocks + 1) * sizeof(double)));
   FERRY_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&total_host_), sizeof(double)));
@@ -555,6 +576,7 @@ void CudaDevice::copy_to_host(void* dst, const Tensor& src) {
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, d2h_));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(d2h_));
   debug_sync("copy_to_host");
+  check_errors();  // a value read back after a flagged op must not hide its error
 }
 
 void CudaDevice::copy(const Tensor& dst, const Tensor& src) {
@@ -580,17 +602,28 @@ void CudaDevice::synchronize() {
   FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(h2d_));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(d2h_));
+  check_errors();
 }
 
-template <class What>
-void CudaDevice::check_flag(What&& what) {
-  FERRY_CUDA_CHECK(
-      cudaMemcpyAsync(err_host_, err_, 3 * sizeof(int), cudaMemcpyDeviceToHost, compute_));
+// One read of every slot, only when a flagging op ran since the last: the step loop pays
+// it at the host read it makes anyway (the loss), not after every op (review F7).
+void CudaDevice::check_errors() {
+  if (!flags_pending_.exchange(false)) return;
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(err_host_, err_, kErrorBytes, cudaMemcpyDeviceToHost, compute_));
   FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
-  if (err_host_[0] == 0) return;
-  const int index = err_host_[1], value = err_host_[2];
-  FERRY_CUDA_CHECK(cudaMemsetAsync(err_, 0, 3 * sizeof(int), compute_));
-  throw std::out_of_range(what(index, value));
+  for (int slot = 0; slot < kErrorSlots; ++slot) {
+    const int* e = err_host_ + 3 * slot;
+    if (e[0] == 0) continue;
+    const int index = e[1], value = e[2];
+    const std::string range = std::to_string(flag_limit_[slot]);
+    FERRY_CUDA_CHECK(cudaMemsetAsync(err_, 0, kErrorBytes, compute_));
+    if (slot == kTokenSlot) {
+      throw std::out_of_range("embedding_forward: token " + std::to_string(value) + " at position " +
+                              std::to_string(index) + " is outside the vocabulary [0, " + range + ")");
+    }
+    throw std::out_of_range("softmax_cross_entropy: target " + std::to_string(value) + " at row " +
+                            std::to_string(index) + " is outside [0, " + range + ")");
+  }
 }
 
 Arr CudaDevice::widen(const Tensor& t, Scratch& keep) {
@@ -700,6 +733,37 @@ void CudaDevice::accumulate(const Tensor& dst, const Tensor& src) {
   cuda::accumulate(st(), arr(dst), arr(src), dst.numel());
 }
 
+DeviceClock::Mark CudaDevice::mark() {
+  auto e = marks_->take();
+  FERRY_CUDA_CHECK(cudaEventRecord(e.get(), compute_));
+  return e;
+}
+
+DeviceClock::Mark CudaDevice::passed_mark() {
+  DeviceClock::Mark m = mark();
+  FERRY_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(m.get())));
+  return m;
+}
+
+double CudaDevice::seconds_between(const DeviceClock::Mark& a, const DeviceClock::Mark& b) {
+  float ms = 0;
+  const cudaError_t e =
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a.get()), static_cast<cudaEvent_t>(b.get()));
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not passed yet (cudaErrorNotReady): asked again later
+    return std::nan("");
+  }
+  return ms / 1e3;
+}
+
+void CudaDevice::sum_squares_to(const Tensor& x, const Tensor& out) {
+  if (out.dtype() != DType::f64 || out.numel() != 1) fail(kDev, "sum_squares_to", "out " + out.describe());
+  cuda::sum_squares(st(), arr(x), x.numel(), partial_);
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(out.data(), partial_ + cuda::kSumSquaresBlocks, sizeof(double),
+                                   cudaMemcpyDeviceToDevice, compute_));
+  debug_sync("sum_squares_to");
+}
+
 double CudaDevice::sum_squares(const Tensor& x) {
   cuda::sum_squares(st(), arr(x), x.numel(), partial_);
   FERRY_CUDA_CHECK(cudaMemcpyAsync(total_host_, partial_ + cuda::kSumSquaresBlocks, sizeof(double),
@@ -722,11 +786,9 @@ void CudaDevice::embedding_forward(const Tensor& out, const Tensor& tokens, cons
              ", wpe " + wpe.describe() + ", T " + std::to_string(T));
   }
   cuda::embedding_forward(st(), arr(out), tokens.data_as<int32_t>(), arr(wte), arr(wpe), N, T, C, V,
-                          err_);
-  check_flag([V](int n, int tok) {
-    return "embedding_forward: token " + std::to_string(tok) + " at position " + std::to_string(n) +
-           " is outside the vocabulary [0, " + std::to_string(V) + ")";
-  });
+                          err_ + 3 * kTokenSlot);
+  flag_limit_[kTokenSlot] = V;
+  flags_pending_ = true;
 }
 
 void CudaDevice::embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
@@ -871,11 +933,9 @@ void CudaDevice::softmax_cross_entropy_forward(const Tensor& losses, const Tenso
              losses.describe());
   }
   cuda::softmax_cross_entropy_forward(st(), arr(losses), arr(probs), arr(logits),
-                                      targets.data_as<int32_t>(), N, V, err_);
-  check_flag([V](int n, int t) {
-    return "softmax_cross_entropy: target " + std::to_string(t) + " at row " + std::to_string(n) +
-           " is outside [0, " + std::to_string(V) + ")";
-  });
+                                      targets.data_as<int32_t>(), N, V, err_ + 3 * kTargetSlot);
+  flag_limit_[kTargetSlot] = V;
+  flags_pending_ = true;
 }
 
 void CudaDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/trace.h"
 #include "nn/adamw_formula.h"
 #include "nn/rope.h"
 #include "nn/tensor.h"
@@ -82,6 +83,21 @@ class Device {
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
   virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;           // dst += src
   virtual double sum_squares(const Tensor& x) = 0;  // in double, for gradient norms
+  // The same into `out` (f64 [1] on this device) without reading it back: a device queues
+  // it and the caller reads many at once (review F7). Default: sum_squares, then a copy.
+  virtual void sum_squares_to(const Tensor& x, const Tensor& out) {
+    const double v = sum_squares(x);
+    copy_from_host(out, &v);
+  }
+  // Throws the first error a queued op recorded on the device (a token outside the
+  // vocabulary, a target outside the logits) that has not been thrown yet. Devices that
+  // check at once have nothing pending. Host reads and synchronize() check too.
+  virtual void check_errors() {}
+  // The device's clock for traces (base/trace.h), and a mark recorded now in its compute
+  // queue. Host devices have none: their work is done when a call returns, so host-clock
+  // spans are device time. A GPU's spans must be timed with these (review F6).
+  virtual DeviceClock* clock() { return nullptr; }
+  virtual DeviceClock::Mark mark() { return nullptr; }
   virtual void scale(const Tensor& x, double factor) = 0;
 
   // ---- model kernels (shapes: B batch, T time, C channels, V vocab, NH heads) -----------

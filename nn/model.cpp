@@ -32,6 +32,16 @@ void Model::check_dtype(const char* model, DType dtype) {
 
 double Model::mean_loss(Device& dev, const Tensor& losses, const Tensor& targets) {
   const int64_t N = losses.numel();
+  if (loss_acc_.defined()) {
+    loss_tokens_ = std::max<int64_t>(1, deferred_tokens_);
+    const Tensor losses64 = Tensor::empty(dev, DType::f64, {N}), sum = Tensor::empty(dev, DType::f64, {1});
+    dev.cast(losses64, losses);
+    dev.fill(sum, 0.0);
+    dev.bias_backward(sum, losses64.view(0, {N, 1}));  // the rows' sum, in a fixed order
+    dev.scale(sum, 1.0 / static_cast<double>(loss_tokens_));
+    dev.accumulate(loss_acc_, sum);
+    return 0.0;
+  }
   std::vector<double> host(static_cast<size_t>(N));
   const Tensor losses64 = Tensor::empty(dev, DType::f64, {N});
   dev.cast(losses64, losses);

@@ -34,6 +34,16 @@ class Model {
   // an undefined tensor: one sequence per row.
   void set_document_starts(const Tensor& doc_start) { doc_start_ = doc_start; }
   double loss_scale() const { return loss_scale_; }
+  // Deferred losses, for a training step that reads the loss once (review F7: no host
+  // synchronisation per micro-batch). While `acc` (f64 [1] on the model's device) is
+  // defined, forward() with targets adds its mean loss to `acc` on the device and returns
+  // 0 instead of reading it back, and backward divides by `counted` (the rows whose
+  // target is not kIgnoreTarget, which the caller counts on the host; at least 1) instead
+  // of counting on the device. An undefined `acc` restores the synchronous forward.
+  void defer_loss(const Tensor& acc, int64_t counted) {
+    loss_acc_ = acc;
+    deferred_tokens_ = counted;
+  }
   // "GPT-2 style, 4 layers, 4 heads, 128 channels, ..." for the run's header.
   virtual std::string describe() const = 0;
 
@@ -53,8 +63,11 @@ class Model {
   // The mean of losses[N] over the rows whose target is not kIgnoreTarget (at least one
   // row counts, so a batch of only ignored targets gives 0), summed in double on the host in
   // row order; sets loss_tokens_, which backward divides by.
+  // Under defer_loss, adds the mean to the accumulator on the device and returns 0.
   double mean_loss(Device& dev, const Tensor& losses, const Tensor& targets);
   int64_t loss_tokens_ = 1;
+  Tensor loss_acc_;
+  int64_t deferred_tokens_ = 1;
   // Writes `host` (f64, view.numel() values) into `view`, cast to its dtype.
   static void write_values(Device& dev, const Tensor& view, const std::vector<double>& host);
 };

@@ -22,14 +22,17 @@ namespace {
 using nn::DType;
 using nn::Tensor;
 
-// One micro-batch as Trainer::train_step runs it: new token and target tensors, forward,
-// backward.
-void micro_batch(const Config& c, nn::Device& dev, nn::Model& model, nn::UnitAccess& units) {
+// One micro-batch as Trainer::train_step runs it: new token and target tensors, forward
+// (its loss added to `loss_acc` on the device when given), backward.
+void micro_batch(const Config& c, nn::Device& dev, nn::Model& model, nn::UnitAccess& units,
+                 const Tensor& loss_acc = Tensor{}) {
   const int64_t B = c.micro_batch, T = c.model.block_size;
   const Tensor tokens = Tensor::empty(dev, DType::i32, {B * T});
   const Tensor targets = Tensor::empty(dev, DType::i32, {B * T});
+  model.defer_loss(loss_acc, B * T);
   model.forward(units, tokens, targets, B, T);
   model.backward(units);
+  model.defer_loss(Tensor{}, 0);
 }
 
 // The activations alone: the model over resident weights kept on another device.
@@ -88,12 +91,15 @@ MemoryPlan plan_memory(const Config& config, int ranks) {
   // is: updated units are gathered again (stages 1-2) before their next use.
   const bool update_at_once = c.grad_clip <= 0 && !c.fp16;
   if (update_at_once) units.on_gradients_ready([&](int u) { units.mark_updating(u); });
+  // The trainer's per-unit gradient norms, on the gradients' device for the whole run.
+  const Tensor norms = Tensor::empty(units.grad_shard(0).device(), DType::f64, {units.num_units()});
   for (int64_t step = 0; step < 2; ++step) {
     units.begin_step(step + 1);
     dev.reset_peak();
+    const Tensor loss_acc = Tensor::empty(dev, DType::f64, {1});  // the step's summed losses
     for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
       units.set_micro_batch(micro == c.grad_accum - 1);
-      micro_batch(c, dev, *model, units);
+      micro_batch(c, dev, *model, units, loss_acc);
     }
     units.finish_gradients();
     units.end_step();

@@ -1,5 +1,6 @@
 #include "runtime/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -259,7 +260,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
   std::vector<std::string> unit_names;
   for (const nn::UnitSpec& spec : layout) unit_names.push_back(spec.name);
-  traced_ = std::make_unique<TracedUnits>(*units_, *tracer_, std::move(unit_names));  // the compute track
+  traced_ = std::make_unique<TracedUnits>(*units_, *tracer_, std::move(unit_names), *compute_);  // the compute track
   if (gpu_ && !on_gpu) staged_ = std::make_unique<nn::StagedUnits>(*traced_, *gpu_);
   // States on a GPU: updates are kernels queued in order on the compute stream, issued
   // from this thread (the Device contract), so there is no host work to overlap.
@@ -393,7 +394,9 @@ void Trainer::gradients_ready(int unit) {
   const Tensor g = units_->grad_shard(unit);
   worker_->submit(unit, [this, unit, g] {
     Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units_->order().unit_name(unit));
-    sumsq_[static_cast<size_t>(unit)] = g.device().sum_squares(g);  // host memory, or the GPU's
+    // Into the step's norms on the gradients' device, read once in optimizer_step: no host
+    // synchronisation per unit on a GPU (review F7).
+    g.device().sum_squares_to(g, norms_.view(unit, {1}));
   });
   // Nothing to wait for: update now. Clipping needs the global norm first, and fp16 needs
   // to know that no rank's gradients overflowed.
@@ -415,6 +418,7 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   // Each rank's shard slices of the gradients partition the whole: their squared norms,
   // summed in unit order (the same sum whatever the schedule), then over ranks.
   sync_updates();  // the norms (and without clipping, the updates themselves)
+  norms_.device().copy_to_host(sumsq_.data(), norms_);
   std::vector<double> sumsq{0.0};
   for (double s : sumsq_) sumsq[0] += s;
   comm_.all_reduce_sum(sumsq);
@@ -458,9 +462,17 @@ StepStats Trainer::train_step(int64_t step) {
   cur_lr_ = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, cur_step_);
   if (scaler_) model_->set_loss_scale(scaler_->scale());
   sumsq_.assign(static_cast<size_t>(model_->num_units()), 0.0);
+  {
+    nn::Device& grads = units_->grad_shard(0).device();
+    if (!norms_.defined()) norms_ = Tensor::empty(grads, DType::f64, {model_->num_units()});
+    grads.fill(norms_, 0.0);
+  }
   units_->begin_step(step + 1);
   compute_->reset_peak();
-  double loss_sum = 0;
+  // The micro-batches' mean losses add up on the compute device and are read once, at the
+  // step's end (review F7: no host synchronisation per micro-batch).
+  const Tensor loss_acc = Tensor::empty(*compute_, DType::f64, {1});
+  compute_->fill(loss_acc, 0.0);
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
     const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size(), cfg_.grad_accum);
     // New tensors per micro-batch: the previous one's kernels may still read theirs.
@@ -475,11 +487,20 @@ StepStats Trainer::train_step(int64_t step) {
     }
     model_->set_document_starts(doc_start);
     units_->set_micro_batch(micro == cfg_.grad_accum - 1);
-    loss_sum += model_->forward(model_units(), tokens, targets, B, T);
+    const int64_t counted = std::count_if(batch.targets.begin(), batch.targets.end(),
+                                          [](int32_t t) { return t != nn::kIgnoreTarget; });
+    model_->defer_loss(loss_acc, counted);
+    model_->forward(model_units(), tokens, targets, B, T);
     model_->backward(model_units());
   }
+  model_->defer_loss(Tensor{}, 0);
   units_->finish_gradients();
   units_->end_step();
+  double loss_sum = 0;
+  compute_->copy_to_host(&loss_sum, loss_acc);
+  // The compute queue is empty now: a mark passed at a known host time places this step's
+  // device spans on the host timeline (review F6).
+  if (DeviceClock* clock = compute_->clock()) tracer_->set_anchor(clock, clock->passed_mark(), std::chrono::steady_clock::now());
   // The stop flag rides on the loss's reduction: every rank learns of a signal any rank got.
   std::vector<double> reduce{loss_sum, stop_signal() != 0 ? 1.0 : 0.0};
   comm_.all_reduce_sum(reduce);

@@ -159,6 +159,7 @@ class Trainer {
   MetricsWriter metrics_;
   std::unique_ptr<Tracer> tracer_;
   std::vector<double> sumsq_;  // per unit: this rank's squared gradient norm, this step
+  nn::Tensor norms_;           // the same, f64 [units] on the gradients' device, until read
   int64_t cur_step_ = 0;       // 0-based optimizer step in progress (fp16: skipped steps not counted)
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   double cur_lr_ = 0;

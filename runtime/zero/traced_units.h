@@ -12,14 +12,17 @@
 #include <vector>
 
 #include "base/trace.h"
+#include "nn/device.h"
 #include "nn/unit.h"
 
 namespace ferry::runtime {
 
 class TracedUnits final : public nn::UnitAccess {
  public:
-  TracedUnits(nn::UnitAccess& inner, Tracer& tracer, std::vector<std::string> unit_names)
-      : inner_(inner), tracer_(tracer), names_(std::move(unit_names)) {}
+  // `compute`: the device the model computes on; where it has a clock (a GPU), spans are
+  // timed on the device, not by when the host queued the kernels (review F6).
+  TracedUnits(nn::UnitAccess& inner, Tracer& tracer, std::vector<std::string> unit_names, nn::Device& compute)
+      : inner_(inner), tracer_(tracer), names_(std::move(unit_names)), compute_(compute) {}
 
   nn::Tensor acquire_weights(int unit) override {
     nn::Tensor t = inner_.acquire_weights(unit);
@@ -45,9 +48,14 @@ class TracedUnits final : public nn::UnitAccess {
     if (depth_++ > 0) return;
     unit_ = unit;
     t0_ = Tracer::Clock::now();
+    if (compute_.clock()) m0_ = compute_.mark();
   }
   void end() {
     if (depth_ == 0 || --depth_ > 0) return;
+    if (compute_.clock()) {
+      tracer_.record_device(Activity::compute, names_.at(static_cast<size_t>(unit_)), std::move(m0_), compute_.mark());
+      return;
+    }
     tracer_.record(Activity::compute, names_.at(static_cast<size_t>(unit_)), t0_, Tracer::Clock::now());
   }
 
@@ -57,6 +65,8 @@ class TracedUnits final : public nn::UnitAccess {
   int depth_ = 0;
   int unit_ = -1;
   Tracer::Clock::time_point t0_{};
+  nn::Device& compute_;
+  DeviceClock::Mark m0_;
 };
 
 }  // namespace ferry::runtime

@@ -39,6 +39,10 @@ void PendingCollective::finish(Tracer* tracer) {
   } else {
     for (const comm::WorkPtr& w : works_) w->wait();
   }
+  if (tracer && on_device) {
+    // Timed on the device: the host only queued it (review F6).
+    tracer->record_device(activity_, name_, works_.front()->device_start, works_.back()->device_marker, bytes_);
+  }
   if (tracer && !works_.empty() && !on_device) {
     auto t0 = works_.front()->started_at(), t1 = works_.front()->finished_at();
     for (const comm::WorkPtr& w : works_) t0 = std::min(t0, w->started_at()), t1 = std::max(t1, w->finished_at());
