@@ -7,7 +7,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -207,16 +206,30 @@ long attention_max_seq(long optin_bytes, int head_size, int accumulator_bytes) {
 DoctorCheck mpi_cuda_verdict(int status, const std::string& probe_output, const char* enable_gpu) {
   const std::string cvar =
       enable_gpu ? std::string(" (MPIR_CVAR_ENABLE_GPU=") + enable_gpu + ")" : std::string(" (MPIR_CVAR_ENABLE_GPU unset)");
-  static const std::regex line(R"(gpu mpi probe: contexts before ([01,]*) after ([01,]*); new libraries ([^\n]*))");
-  std::smatch m;
-  if (status != 0 || !std::regex_search(probe_output, m, line)) {
+  // "gpu mpi probe: contexts before 0,1 after 1,1; new libraries NAMES" (parsed by hand:
+  // <regex> trips GCC 12's -Wmaybe-uninitialized in the sanitizer build).
+  std::string before, after, libs;
+  const auto parse = [&] {
+    const std::string lead = "gpu mpi probe: contexts before ", mid = " after ", tail = "; new libraries ";
+    const size_t a = probe_output.find(lead);
+    if (a == std::string::npos) return false;
+    const size_t b = probe_output.find(mid, a + lead.size());
+    const size_t c = b == std::string::npos ? b : probe_output.find(tail, b + mid.size());
+    if (c == std::string::npos) return false;
+    before = probe_output.substr(a + lead.size(), b - a - lead.size());
+    after = probe_output.substr(b + mid.size(), c - b - mid.size());
+    const size_t end = probe_output.find('\n', c + tail.size());
+    libs = probe_output.substr(c + tail.size(), end == std::string::npos ? std::string::npos : end - c - tail.size());
+    const auto flags = [](const std::string& f) { return f.find_first_not_of("01,") == std::string::npos; };
+    return flags(before) && flags(after);
+  };
+  if (status != 0 || !parse()) {
     std::string tail = probe_output.size() > 300 ? probe_output.substr(probe_output.size() - 300) : probe_output;
     while (!tail.empty() && tail.back() == '\n') tail.pop_back();
     return make(DoctorCheck::warn, "mpi+cuda",
                 "the 1-rank probe did not answer (exit " + std::to_string(status) + ")" + (tail.empty() ? "" : ": " + tail),
                 "run `mpiexec -n 1 ferry doctor --gpu-mpi-probe` by hand and read its error");
   }
-  const std::string before = m[1], after = m[2], libs = m[3];
   std::string created;
   for (size_t i = 0; i < after.size(); i += 2) {
     if (after[i] == '1' && (i >= before.size() || before[i] == '0')) {
