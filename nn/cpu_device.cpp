@@ -135,13 +135,51 @@ void* CpuDevice::allocate(size_t bytes) {
     stats_.in_use -= bytes;
     throw std::bad_alloc();
   }
+  Pinning pin;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pinning_.pin && bytes >= pinning_.min_bytes) pin = pinning_;
+  }
+  if (pin.pin) {
+    const std::string why = pin.pin(p, rounded);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (why.empty()) {
+      pinned_.insert(p);
+      pinned_bytes_ += rounded;
+    } else if (pin_problem_.empty()) {
+      pin_problem_ = why;
+    }
+  }
   return p;
 }
 
 void CpuDevice::deallocate(void* ptr, size_t bytes) noexcept {
+  std::function<void(void*)> unpin;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.in_use -= bytes;
+    if (pinned_.erase(ptr) > 0) {
+      unpin = pinning_.unpin;
+      pinned_bytes_ -= (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  if (unpin) unpin(ptr);
   std::free(ptr);
+}
+
+void CpuDevice::set_pinning(Pinning p) {
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.in_use -= bytes;
+  pinning_ = std::move(p);
+}
+
+std::string CpuDevice::pinning_problem() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pin_problem_;
+}
+
+size_t CpuDevice::pinned_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pinned_bytes_;
 }
 
 MemoryStats CpuDevice::memory() const {

@@ -11,8 +11,11 @@
 // Thread safety: allocation accounting is guarded by a mutex; ops are issued by one thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_set>
 
 #include "nn/device.h"
 
@@ -28,6 +31,20 @@ class CpuDevice final : public Device {
   std::string name() const override;
   bool host_accessible() const override { return true; }
   int threads() const { return threads_; }
+
+  // Host memory for a GPU's offloaded states (gradient and parameter shards): from now on
+  // every allocation of at least `min_bytes` is page-locked through `pin` (undone by
+  // `unpin` before it is freed), so the GPU's uploads and downloads from it overlap
+  // (Device::upload/download). A pin that fails ("" = success, else why) leaves the
+  // memory pageable: copies are then staged, slower but correct; the first reason is kept.
+  struct Pinning {
+    std::function<std::string(void*, size_t)> pin;
+    std::function<void(void*)> unpin;
+    size_t min_bytes = size_t{1} << 16;
+  };
+  void set_pinning(Pinning p);
+  std::string pinning_problem() const;  // the first failed pin's reason, "" if none
+  size_t pinned_bytes() const;          // allocations page-locked now
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
@@ -87,6 +104,10 @@ class CpuDevice final : public Device {
   static constexpr size_t kScratchCapacity = size_t{1} << 62;
   mutable std::mutex mu_;
   MemoryStats stats_;
+  Pinning pinning_;                       // under mu_
+  std::unordered_set<void*> pinned_;      // under mu_
+  size_t pinned_bytes_ = 0;               // under mu_
+  std::string pin_problem_;               // under mu_
   int threads_;
   std::unique_ptr<CpuDevice> scratch_;  // f32 copies of low-precision operands, outside the budget
 };

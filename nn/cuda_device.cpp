@@ -238,6 +238,9 @@ class CudaDevice final : public Device, private DeviceClock {
   void copy_from_host(const Tensor& dst, const void* src) override;
   void copy_into_new(const Tensor& dst, const void* src) override;
   void copy_to_host(void* dst, const Tensor& src) override;
+  TransferPtr upload(const Tensor& dst, const void* src) override;
+  TransferPtr download(void* dst, const Tensor& src, const std::shared_ptr<void>& after) override;
+  TransferBytes transfer_bytes() const override { return {to_device_.load(), to_host_.load()}; }
   void copy(const Tensor& dst, const Tensor& src) override;
   void cast(const Tensor& dst, const Tensor& src) override;
   void fill(const Tensor& dst, double value) override;
@@ -325,7 +328,9 @@ class CudaDevice final : public Device, private DeviceClock {
   // compute stream after the copy. Waits for the copy on the host only where `src` is
   // page-locked and `hold_src` is false: a pageable source is staged by the runtime
   // before cudaMemcpyAsync returns, a page-locked one is read when the copy runs.
-  void upload(const Tensor& dst, const void* src, cudaEvent_t wait, bool hold_src);
+  void upload_on(const Tensor& dst, const void* src, cudaEvent_t wait, bool hold_src);
+  // The block's fence when it has not fired yet (copy_into_new's and upload's wait).
+  cudaEvent_t pending_fence(const Tensor& dst, FencePtr& keep);
   // The slab, carved at the first allocation (under mu_): after NCCL has started, so
   // that the free memory checked is what is left once it has taken its buffers.
   void carve_slab();
@@ -348,6 +353,15 @@ class CudaDevice final : public Device, private DeviceClock {
         return e;
       },
       [](cudaEvent_t e) { cudaEventDestroy(e); });
+  // Completion events of upload/download, reused.
+  std::shared_ptr<HandlePool<cudaEvent_t>> transfers_ = HandlePool<cudaEvent_t>::make(
+      [] {
+        cudaEvent_t e = nullptr;
+        FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        return e;
+      },
+      [](cudaEvent_t e) { cudaEventDestroy(e); });
+  std::atomic<uint64_t> to_device_{0}, to_host_{0};  // transfer_bytes()
   int64_t flag_limit_[kErrorSlots] = {0, 0};  // V of the latest launch per slot, for the message
   Arr widen(const Tensor& t, Scratch& keep);
   cuda::Stream st() const { return compute_; }
@@ -536,7 +550,7 @@ void CudaDevice::after_compute(cudaStream_t s) {
 
 void CudaDevice::copy_from_host(const Tensor& dst, const void* src) {
   FERRY_CUDA_CHECK(cudaEventRecord(compute_done_, compute_));
-  upload(dst, src, compute_done_, /*hold_src=*/false);
+  upload_on(dst, src, compute_done_, /*hold_src=*/false);
   debug_sync("copy_from_host");
 }
 
@@ -547,18 +561,85 @@ void CudaDevice::copy_from_host(const Tensor& dst, const void* src) {
 // header's contract covers (the caller keeps it until the device is next waited for).
 void CudaDevice::copy_into_new(const Tensor& dst, const void* src) {
   FencePtr fence;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fence = arena_ ? arena_->fence_of(dst.data()) : nullptr;
-    if (fence && fence->done) fence = nullptr;  // fired already: nothing to wait for
-  }
-  upload(dst, src, fence ? fence->event : nullptr, /*hold_src=*/true);
+  upload_on(dst, src, pending_fence(dst, fence), /*hold_src=*/true);
   debug_sync("copy_into_new");
 }
 
-void CudaDevice::upload(const Tensor& dst, const void* src, cudaEvent_t wait, bool hold_src) {
+cudaEvent_t CudaDevice::pending_fence(const Tensor& dst, FencePtr& keep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  keep = arena_ ? arena_->fence_of(dst.data()) : nullptr;
+  if (keep && keep->done) keep = nullptr;  // fired already: nothing to wait for
+  return keep ? keep->event : nullptr;
+}
+
+namespace {
+
+// An upload's or download's completion: an event recorded after the copy on its stream.
+class CudaTransfer final : public Transfer {
+ public:
+  CudaTransfer(std::shared_ptr<std::remove_pointer_t<cudaEvent_t>> event, const char* what) : event_(std::move(event)), what_(what) {}
+  bool done() override {
+    if (done_) return true;
+    const cudaError_t q = cudaEventQuery(event_.get());
+    if (q == cudaErrorNotReady) return false;
+    if (q != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error(std::string("cuda device: ") + what_ + " failed: " + cudaGetErrorString(q));
+    }
+    return done_ = true;
+  }
+  void wait() override {
+    if (done_) return;
+    const cudaError_t e = cudaEventSynchronize(event_.get());
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error(std::string("cuda device: ") + what_ + " failed: " + cudaGetErrorString(e));
+    }
+    done_ = true;
+  }
+
+ private:
+  std::shared_ptr<std::remove_pointer_t<cudaEvent_t>> event_;
+  const char* what_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+// Like copy_into_new, but the host never waits (not even to stage a pageable source: the
+// caller keeps `src` unchanged until done()), and the caller gets the completion.
+TransferPtr CudaDevice::upload(const Tensor& dst, const void* src) {
+  FencePtr fence;
+  if (cudaEvent_t wait = pending_fence(dst, fence)) FERRY_CUDA_CHECK(cudaStreamWaitEvent(h2d_, wait, 0));
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, h2d_));
+  to_device_ += dst.nbytes();
+  auto done = transfers_->take();
+  FERRY_CUDA_CHECK(cudaEventRecord(done.get(), h2d_));
+  FERRY_CUDA_CHECK(cudaStreamWaitEvent(compute_, done.get(), 0));
+  debug_sync("upload");
+  return std::make_shared<CudaTransfer>(std::move(done), "upload");
+}
+
+// On the device-to-host stream after `after` (a collective's completion event) or after
+// the compute work issued so far.
+TransferPtr CudaDevice::download(void* dst, const Tensor& src, const std::shared_ptr<void>& after) {
+  if (after) {
+    FERRY_CUDA_CHECK(cudaStreamWaitEvent(d2h_, static_cast<cudaEvent_t>(after.get()), 0));
+  } else {
+    after_compute(d2h_);
+  }
+  FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, d2h_));
+  to_host_ += src.nbytes();
+  auto done = transfers_->take();
+  FERRY_CUDA_CHECK(cudaEventRecord(done.get(), d2h_));
+  debug_sync("download");
+  return std::make_shared<CudaTransfer>(std::move(done), "download");
+}
+
+void CudaDevice::upload_on(const Tensor& dst, const void* src, cudaEvent_t wait, bool hold_src) {
   if (wait) FERRY_CUDA_CHECK(cudaStreamWaitEvent(h2d_, wait, 0));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, h2d_));
+  to_device_ += dst.nbytes();
   FERRY_CUDA_CHECK(cudaEventRecord(copy_done_, h2d_));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(compute_, copy_done_, 0));
   if (hold_src) return;
@@ -574,6 +655,7 @@ void CudaDevice::upload(const Tensor& dst, const void* src, cudaEvent_t wait, bo
 void CudaDevice::copy_to_host(void* dst, const Tensor& src) {
   after_compute(d2h_);
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, d2h_));
+  to_host_ += src.nbytes();
   FERRY_CUDA_CHECK(cudaStreamSynchronize(d2h_));
   debug_sync("copy_to_host");
   check_errors();  // a value read back after a flagged op must not hide its error
@@ -610,6 +692,7 @@ void CudaDevice::synchronize() {
 void CudaDevice::check_errors() {
   if (!flags_pending_.exchange(false)) return;
   FERRY_CUDA_CHECK(cudaMemcpyAsync(err_host_, err_, kErrorBytes, cudaMemcpyDeviceToHost, compute_));
+  to_host_ += kErrorBytes;
   FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
   for (int slot = 0; slot < kErrorSlots; ++slot) {
     const int* e = err_host_ + 3 * slot;
@@ -768,6 +851,7 @@ double CudaDevice::sum_squares(const Tensor& x) {
   cuda::sum_squares(st(), arr(x), x.numel(), partial_);
   FERRY_CUDA_CHECK(cudaMemcpyAsync(total_host_, partial_ + cuda::kSumSquaresBlocks, sizeof(double),
                                    cudaMemcpyDeviceToHost, compute_));
+  to_host_ += sizeof(double);
   FERRY_CUDA_CHECK(cudaStreamSynchronize(compute_));
   return *total_host_;
 }

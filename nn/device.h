@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -47,6 +49,31 @@ class OutOfDeviceMemory : public std::runtime_error {
 
 std::string format_bytes(size_t bytes);  // "1.50 GiB (1610612736 bytes)"
 
+// An asynchronous copy between a device and host memory (Device::upload/download).
+// done() polls without blocking; wait() blocks. Either may be called from any one thread
+// at a time. A transfer that failed throws from done()/wait() naming the copy.
+class Transfer {
+ public:
+  virtual ~Transfer() = default;
+  // Finished: the host may read the memory the copy wrote and reuse what it read.
+  virtual bool done() = 0;
+  virtual void wait() = 0;
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+// A transfer that completed before it was handed out (devices that copy synchronously).
+class CompletedTransfer final : public Transfer {
+ public:
+  bool done() override { return true; }
+  void wait() override {}
+};
+
+// Bytes copied between host memory and a device since it was made, by direction: every
+// copy of every kind (the PCIe traffic on a GPU). Host-accessible devices move nothing.
+struct TransferBytes {
+  uint64_t to_device = 0, to_host = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -69,6 +96,25 @@ class Device {
   // with them). Returns, like copy_from_host, once `src` may be reused.
   virtual void copy_into_new(const Tensor& dst, const void* src) { copy_from_host(dst, src); }
   virtual void copy_to_host(void* dst, const Tensor& src) = 0;          // src.nbytes() bytes
+  // The tiered offload path's copies (ZeRO-Infinity's shards over PCIe), which return at
+  // once on a device with copy queues and never make the host wait:
+  // upload: dst (allocated as for copy_into_new) <- src; every op issued after this call
+  // sees dst's data. `src` must stay unchanged until the transfer is done; it overlaps
+  // only from page-locked memory (pageable memory is staged by the call).
+  virtual TransferPtr upload(const Tensor& dst, const void* src) {
+    copy_from_host(dst, src);
+    return std::make_shared<CompletedTransfer>();
+  }
+  // download: dst (host memory, src.nbytes() bytes) <- src, after every op issued before
+  // this call, or, when `after` is given (a device marker: a collective's
+  // comm::Work::device_marker), after that marker only. The host must neither read nor
+  // write dst, and src must stay allocated, until the transfer is done.
+  virtual TransferPtr download(void* dst, const Tensor& src, const std::shared_ptr<void>& after = nullptr) {
+    (void)after;
+    copy_to_host(dst, src);
+    return std::make_shared<CompletedTransfer>();
+  }
+  virtual TransferBytes transfer_bytes() const { return {}; }
   virtual void copy(const Tensor& dst, const Tensor& src) = 0;          // same dtype and numel
   virtual void cast(const Tensor& dst, const Tensor& src) = 0;          // numeric conversion
   virtual void fill(const Tensor& dst, double value) = 0;

@@ -30,12 +30,14 @@ int64_t round_up(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
 
 ShardStore::ShardStore(Tier tier, nn::Device& device, nn::Device& host, const std::vector<int64_t>& sizes,
                        const std::vector<std::string>& nvme_paths, const std::string& name,
-                       const offload::AioConfig& aio, std::string* warning, const offload::FaultHook& fault)
-    : tier_(tier), sizes_(sizes) {
+                       const offload::AioConfig& aio, std::string* warning, const offload::FaultHook& fault,
+                       nn::DType dtype)
+    : tier_(tier), dtype_(dtype), esize_(nn::dtype_size(dtype)), sizes_(sizes) {
+  if (dtype_ != DType::f32 && dtype_ != DType::bf16) throw std::invalid_argument("ShardStore: fp32 or bf16 regions");
   if (tier_ != Tier::nvme) {
     nn::Device& d = tier_ == Tier::device ? device : host;
     for (int64_t n : sizes_) {
-      tensors_.push_back(Tensor::empty(d, DType::f32, {n}));
+      tensors_.push_back(Tensor::empty(d, dtype_, {n}));
       d.fill(tensors_.back(), 0.0);
     }
     return;
@@ -43,7 +45,7 @@ ShardStore::ShardStore(Tier tier, nn::Device& device, nn::Device& host, const st
   uint64_t total = 0;
   for (int64_t n : sizes_) {
     offsets_.push_back(total);
-    total += static_cast<uint64_t>(round_up(std::max<int64_t>(n, 1), kNvmeQuantum)) * 4;
+    total += static_cast<uint64_t>(round_up(std::max<int64_t>(n, 1), quantum())) * esize_;
   }
   offload::StorageOptions o;
   o.paths = nvme_paths;
@@ -79,7 +81,7 @@ std::string ShardStore::where() const {
 
 size_t ShardStore::bytes() const {
   size_t b = 0;
-  for (int64_t n : sizes_) b += static_cast<size_t>(n) * 4;
+  for (int64_t n : sizes_) b += static_cast<size_t>(n) * esize_;
   return b;
 }
 
@@ -88,27 +90,27 @@ Tensor ShardStore::tensor(int region) const {
   return tensors_.at(static_cast<size_t>(region));
 }
 
-void ShardStore::read(int region, int64_t offset, int64_t n, float* dst) {
+void ShardStore::read(int region, int64_t offset, int64_t n, void* dst) {
   const auto r = static_cast<size_t>(region);
   if (offset < 0 || n < 0 || offset + n > sizes_.at(r)) throw std::out_of_range("ShardStore::read out of its region");
   if (tier_ != Tier::nvme) {
     if (n > 0) tensors_[r].device().copy_to_host(dst, tensors_[r].view(offset, {n}));  // a GPU's too
     return;
   }
-  if (offset % kNvmeQuantum) throw std::invalid_argument("ShardStore::read: nvme offsets are multiples of 1024 elements");
-  storage_->read(offsets_[r] + static_cast<uint64_t>(offset) * 4, dst, static_cast<size_t>(round_up(n, kNvmeQuantum)) * 4);
+  if (offset % quantum()) throw std::invalid_argument("ShardStore::read: nvme offsets are multiples of 4 KiB");
+  storage_->read(offsets_[r] + static_cast<uint64_t>(offset) * esize_, dst, static_cast<size_t>(round_up(n, quantum())) * esize_);
 }
 
-void ShardStore::write(int region, int64_t offset, int64_t n, const float* src) {
+void ShardStore::write(int region, int64_t offset, int64_t n, const void* src) {
   const auto r = static_cast<size_t>(region);
   if (offset < 0 || n < 0 || offset + n > sizes_.at(r)) throw std::out_of_range("ShardStore::write out of its region");
   if (tier_ != Tier::nvme) {
     if (n > 0) tensors_[r].device().copy_from_host(tensors_[r].view(offset, {n}), src);
     return;
   }
-  if (offset % kNvmeQuantum) throw std::invalid_argument("ShardStore::write: nvme offsets are multiples of 1024 elements");
-  // The rounded-up tail lands in the region's own padding (regions are 1024-element multiples).
-  storage_->write(offsets_[r] + static_cast<uint64_t>(offset) * 4, src, static_cast<size_t>(round_up(n, kNvmeQuantum)) * 4);
+  if (offset % quantum()) throw std::invalid_argument("ShardStore::write: nvme offsets are multiples of 4 KiB");
+  // The rounded-up tail lands in the region's own padding (regions are 4 KiB multiples).
+  storage_->write(offsets_[r] + static_cast<uint64_t>(offset) * esize_, src, static_cast<size_t>(round_up(n, quantum())) * esize_);
 }
 
 }  // namespace ferry::offload

@@ -8,7 +8,7 @@
 #include "nn/cpu_device.h"
 #include "nn/gpt.h"
 #include "nn/rng.h"
-#include "nn/staged_units.h"
+#include "testing/staged_units.h"
 
 namespace ferry::test {
 
@@ -32,7 +32,7 @@ inline StagedComparison compare_staged(nn::Device& compute, int micro_batches, i
   }
   a.zero_grads();
   b.zero_grads();
-  nn::StagedUnits staged(b, compute);
+  testing::StagedUnits staged(b, compute);
   nn::Rng rng(data_seed);
   StagedComparison r;
   for (int micro = 0; micro < micro_batches; ++micro) {

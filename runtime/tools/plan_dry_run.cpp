@@ -74,7 +74,7 @@ MemoryPlan plan_memory(const Config& config, int ranks) {
   // The initial weights' values do not matter here: nothing is initialised.
   ShardedUnits units(dev, comm, layout, c.zero, [](int, const Tensor&) {}, place);
   offload::CpuAdam adam(c.optimizer);
-  OptimizerState opt(opt_tier, units, dev, host, adam, off, pool.get(), 0, nullptr);
+  OptimizerState opt(opt_tier, units, dev, host, adam, off, pool.get(), 0, nullptr, [](int, float*) {});
 
   MemoryPlan m;
   m.device_construction_peak = dev.memory().peak;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -212,15 +213,14 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (const std::string w = schedule_warning(cfg_.scheduler); !w.empty() && comm_.rank() == 0) {
     log::warn(log::Subsys::optim, w);
   }
-  // On a GPU, states stay on it when nothing is offloaded (gathers and reductions over
-  // NCCL, AdamW on the device); with offload they live on the host side and the model
-  // reaches them through StagedUnits (reductions over MPI, CPU Adam).
-  const bool on_gpu = gpu_ && opt_tier == offload::Tier::device && param_tier == offload::Tier::device;
-  nn::Device& state = on_gpu ? *gpu_ : static_cast<nn::Device&>(*device_);
+  // One path on every device (ZeRO-Infinity's): the units live on the compute device and
+  // their collectives run where it computes (NCCL on a GPU, the communicator on the CPU
+  // device); offloaded shards live in host memory (page-locked on a GPU, so uploads and
+  // downloads overlap) or on NVMe, and only shards cross between them.
   comm::Communicator* shard_comm = &comm_;
-  if (on_gpu) {
+  if (gpu_) {
     auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
-    if (!mpi) throw std::invalid_argument("device.type cuda without offload starts NCCL over MPI: run under ferry-train");
+    if (!mpi) throw std::invalid_argument("device.type cuda starts NCCL over MPI: run under ferry-train");
     // NCCL starts before the device's slab is carved (at its first allocation), so the
     // slab's check of free GPU memory sees what NCCL took. NCCL 2.22+ connects lazily, at
     // the first collective of each kind, unless told otherwise: it is told (where the
@@ -229,14 +229,28 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
     nccl_ = comm::NcclCommunicator::create(*mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
     shard_comm = nccl_.get();
+    nn::Device* gpu = gpu_.get();
+    nn::CpuDevice::Pinning pin;
+    pin.pin = [gpu](void* p, size_t n) { return nn::cuda_register_host(*gpu, p, n); };
+    pin.unpin = [gpu](void* p) { nn::cuda_unregister_host(*gpu, p); };
+    host_->set_pinning(std::move(pin));
   }
   if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), layout);
-  units_ = std::make_unique<ShardedUnits>(state, *shard_comm, layout, cfg_.zero,
+  units_ = std::make_unique<ShardedUnits>(*compute_, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
   loaded_rss_ = peak_resident_bytes();
   std::string warning;
-  opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, state, *host_, adam_, off, pool_.get(), comm_.rank(),
-                                          &warning);
+  // bf16 parameter shards keep rounded weights: the fp32 master starts from the
+  // initialisation itself, made again on the host for one unit at a time.
+  const auto master_init = [&](int u, float* dst) {
+    const Partition& p = units_->partition_of(u);
+    const Tensor full = Tensor::empty(*host_, DType::f32, {p.padded});
+    host_->fill(full, 0.0);
+    init_unit(u, full.view(0, {p.numel}));
+    std::memcpy(dst, full.data_as<float>() + p.begin(), static_cast<size_t>(p.shard) * 4);
+  };
+  opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, *compute_, *host_, adam_, off, pool_.get(), comm_.rank(),
+                                          &warning, master_init);
   if (!warning.empty()) log::warn(log::Subsys::optim, "optimizer state: " + warning);
   log::info(log::Subsys::optim, "optimizer state: " + nn::format_bytes(opt_->bytes()) + " in " + opt_->where());
   if (pool_) {
@@ -261,10 +275,17 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   std::vector<std::string> unit_names;
   for (const nn::UnitSpec& spec : layout) unit_names.push_back(spec.name);
   traced_ = std::make_unique<TracedUnits>(*units_, *tracer_, std::move(unit_names), *compute_);  // the compute track
-  if (gpu_ && !on_gpu) staged_ = std::make_unique<nn::StagedUnits>(*traced_, *gpu_);
-  // States on a GPU: updates are kernels queued in order on the compute stream, issued
-  // from this thread (the Device contract), so there is no host work to overlap.
-  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload && !nccl_);
+  // The update overlaps compute on its own thread when it touches only host memory: CPU
+  // Adam over host shards. An optimizer on a GPU queues kernels, and stages 0-2 (or
+  // stage 3 with parameters on the GPU) write the updated range into device memory, which
+  // only this thread may do (the Device contract): those updates run inline.
+  const bool host_update = compute_->host_accessible() ||
+                           (opt_tier != offload::Tier::device && units_->stage() == 3 && param_tier != offload::Tier::device);
+  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload && host_update);
+  if (gpu_ && comm_.rank() == 0 && !host_->pinning_problem().empty()) {
+    log::warn(log::Subsys::offload, "host state memory is not page-locked (" + host_->pinning_problem() +
+                                        "): copies to and from the GPU are staged and do not overlap");
+  }
   units_->set_tracer(tracer_.get());
   units_->set_update_worker(worker_.get());
   units_->on_gradients_ready([this](int u) { gradients_ready(u); });
@@ -283,8 +304,6 @@ TierMemory Trainer::memory_by_tier() const {
   m.host_pinned = pool_ ? pool_->bytes() : 0;
   m.host_states = sb.gradients_host +
                   (opt_->tier() == offload::Tier::cpu ? opt_->bytes() : 0) + sb.weights_host;
-  // Offload on a GPU: the state arena itself is host memory (the GPU's is device_*).
-  if (staged_) m.host_states += device_->memory().in_use;
   m.nvme = (opt_->tier() == offload::Tier::nvme ? opt_->bytes() : 0) + sb.weights_nvme;
   return m;
 }
@@ -345,12 +364,11 @@ void Trainer::describe_placement() {
   const auto& off = cfg_.offload;
   std::string cached;  // nvme with offload_param.max_in_cpu: the shards kept in memory
   if (sb.weights_host > 0) cached.append(", ").append(nn::format_bytes(sb.weights_host)).append(" of them in host memory (max_in_cpu)");
-  // With offload on a GPU the state arena is host memory; the GPU holds staged copies.
-  const std::string arena = staged_ ? "host memory (staged to the GPU per unit)" : "the device arena";
+  const std::string arena = "the device arena";
   const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")" + cached
                                  : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
                                                                                      : arena;
-  const std::string opt_at = staged_ && opt_->tier() == offload::Tier::device ? arena : opt_->where();
+  const std::string opt_at = opt_->where();
   out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
        << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
   if (hf_) {
@@ -364,7 +382,9 @@ void Trainer::describe_placement() {
        << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
        << (units_->placement().grads_on_host ? "host memory (shards)" : arena) << "\n"
        << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
-       << nn::format_bytes(opt_->bytes()) << "  in " << opt_at << (nccl_ ? ", updated on the GPU" : "") << "\n";
+       << nn::format_bytes(opt_->bytes()) << "  in " << opt_at
+       << (nccl_ ? (opt_->tier() == offload::Tier::device ? ", updated on the GPU" : ", CPU Adam on the host") : "")
+       << "\n";
   if (nccl_) out_ << "  collectives                  NCCL on GPU " << nccl_->gpu() << ", ordered by CUDA events\n";
   if (nn::is_low_precision(cfg_.zero.compute)) {
     const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names
@@ -467,6 +487,7 @@ StepStats Trainer::train_step(int64_t step) {
     if (!norms_.defined()) norms_ = Tensor::empty(grads, DType::f64, {model_->num_units()});
     grads.fill(norms_, 0.0);
   }
+  const nn::TransferBytes moved_before = compute_->transfer_bytes();
   units_->begin_step(step + 1);
   compute_->reset_peak();
   // The micro-batches' mean losses add up on the compute device and are read once, at the
@@ -490,8 +511,8 @@ StepStats Trainer::train_step(int64_t step) {
     const int64_t counted = std::count_if(batch.targets.begin(), batch.targets.end(),
                                           [](int32_t t) { return t != nn::kIgnoreTarget; });
     model_->defer_loss(loss_acc, counted);
-    model_->forward(model_units(), tokens, targets, B, T);
-    model_->backward(model_units());
+    model_->forward(*traced_, tokens, targets, B, T);
+    model_->backward(*traced_);
   }
   model_->defer_loss(Tensor{}, 0);
   units_->finish_gradients();
@@ -515,6 +536,9 @@ StepStats Trainer::train_step(int64_t step) {
   const int64_t skipped_before = scaler_ ? scaler_->skipped() : 0;
   s.lr = optimizer_step(step, &s.grad_norm);
   s.skipped = scaler_ && scaler_->skipped() > skipped_before;
+  const nn::TransferBytes moved = compute_->transfer_bytes();
+  s.to_device_bytes = moved.to_device - moved_before.to_device;
+  s.to_host_bytes = moved.to_host - moved_before.to_host;
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
   s.tflops = model_->flops_per_token(T) * s.tokens_per_s / 1e12;
@@ -538,7 +562,7 @@ double Trainer::evaluate() {
     const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
     compute_->copy_into_new(tokens, batch.inputs.data());
     compute_->copy_into_new(targets, batch.targets.data());
-    sum += model_->forward(model_units(), tokens, targets, B, T);
+    sum += model_->forward(*traced_, tokens, targets, B, T);
   }
   model_->free_activations();
   return sum / static_cast<double>(cfg_.train.eval_batches);
@@ -559,7 +583,7 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
     std::vector<int32_t> ctx(seq.end() - T, seq.end());
     const Tensor tokens = Tensor::empty(*compute_, DType::i32, {T});
     compute_->copy_into_new(tokens, ctx.data());
-    model_->forward(model_units(), tokens, Tensor{}, 1, T);
+    model_->forward(*traced_, tokens, Tensor{}, 1, T);
     const Tensor last = model_->logits().view((T - 1) * V, {V});
     const Tensor wide = Tensor::empty(*compute_, DType::f32, {V});  // bf16/f16 logits under mixed precision
     compute_->cast(wide, last);

@@ -7,11 +7,12 @@
 // Placement follows zero_optimization.offload_optimizer / offload_param: by default every
 // state lives in the device arena; offloaded states live in host memory or on NVMe
 // (staged through a pinned pool). Activations are allocated in the arena per micro-batch.
-// device.type cuda: the model computes on the rank's GPU (its local rank). Without offload
-// every state lives in the GPU arena, NCCL (started over comm, which must then be the MPI
-// communicator) gathers and reduce-scatters them, and AdamW runs on the device; with
-// offload the states live on the host side as above and the model reaches them through
-// nn::StagedUnits (MPI reductions, CPU Adam).
+// device.type cuda: the model computes on the rank's GPU (its local rank), and NCCL
+// (started over comm, which must then be the MPI communicator) gathers and reduce-scatters
+// on it. Without offload every state lives in the GPU arena and AdamW runs on the device;
+// with offload the shards live in page-locked host memory or on NVMe and only they cross
+// PCIe: stage 3's parameter shards up for each gather, this rank's reduced gradient down
+// for CPU Adam (runtime/zero/sharded_units.h).
 // Only rank 0 writes to `out` and the metrics file; every rank must call the same methods
 // in the same order (they communicate).
 // Errors: ConfigError-style problems surface as std::runtime_error naming the key or
@@ -37,7 +38,6 @@
 #include "comm/nccl_communicator.h"
 #include "nn/cpu_device.h"
 #include "nn/model.h"
-#include "nn/staged_units.h"
 #include "offload/cpu_adam.h"
 #include "runtime/config/config.h"
 #include "runtime/hf/hf_weights.h"
@@ -60,6 +60,9 @@ struct StepStats {
   double loss_scale = 1;  // fp16: the scale this step's backward used
   bool skipped = false;   // fp16: the gradients overflowed; no update was made
   StepBreakdown time;  // this rank's seconds per activity and the step's wall time
+  // Bytes this rank copied host -> device and device -> host during the step (PCIe on a
+  // GPU; 0 on the CPU device): docs/design.md, "Bytes over PCIe", gives the minimum.
+  uint64_t to_device_bytes = 0, to_host_bytes = 0;
 };
 
 struct TrainReport {
@@ -149,8 +152,6 @@ class Trainer {
   size_t loaded_rss_ = 0;           // peak resident bytes once the weights were in place
   std::unique_ptr<ShardedUnits> units_;
   std::unique_ptr<TracedUnits> traced_;      // units_ with the model's compute spans traced
-  std::unique_ptr<nn::StagedUnits> staged_;  // device.type cuda: traced_ copied to and from the GPU
-  nn::UnitAccess& model_units() { return staged_ ? static_cast<nn::UnitAccess&>(*staged_) : *traced_; }
   offload::CpuAdam adam_;
   std::unique_ptr<OptimizerState> opt_;
   std::vector<std::vector<DecayRange>> decay_;  // per unit, within its owned range

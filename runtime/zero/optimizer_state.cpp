@@ -11,7 +11,7 @@ namespace ferry::runtime {
 
 OptimizerState::OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Device& device, nn::Device& host,
                                const offload::CpuAdam& adam, const OffloadConfig& offload, offload::PinnedPool* pool,
-                               int rank, std::string* warning)
+                               int rank, std::string* warning, const MasterInit& master_init)
     : tier_(tier), units_(units), adam_(adam), pool_(pool) {
   std::vector<int64_t> lengths;
   for (int u = 0; u < units.num_units(); ++u) lengths.push_back(units.owned(u).length);
@@ -34,19 +34,44 @@ OptimizerState::OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Devi
     buffers_ = std::min(pool_->buffer_count(), offload.optimizer_buffers);
     swapper_ = std::make_unique<offload::Swapper>(*pool_, buffers_);
   }
+  if (pool_) {
+    // Tiles start where both stores accept an offset: the optimizer's fp32 one and, for
+    // nvme parameters, the shards' (2048 elements for bf16 shards).
+    const int64_t q = std::max<int64_t>(units.owned_quantum(), offload::kNvmeQuantum);
+    tile_ = static_cast<int64_t>(pool_->buffer_size() / 4) / q * q;
+    if (tile_ == 0) {
+      throw std::invalid_argument("OptimizerState: a pinned buffer of " + std::to_string(pool_->buffer_size()) +
+                                  " bytes holds less than one nvme tile (" + std::to_string(q * 4) +
+                                  " bytes); raise offload_param.buffer_size");
+    }
+  }
   if (alias_) return;
-  // Master weights start as the compute weights.
-  const int64_t tile = pool_ ? static_cast<int64_t>(pool_->buffer_size() / 4) : 0;
+  // Master weights start as the compute weights, or, where those are kept rounded to bf16
+  // (ParamShards), as the fp32 values the run was initialised with.
+  if (units.owned_bf16() && !master_init) throw std::logic_error("OptimizerState: bf16 shards need the fp32 initial weights");
   for (size_t u = 0; u < lengths.size(); ++u) {
     const int unit = static_cast<int>(u);
+    std::vector<float> initial;
+    if (units.owned_bf16()) {
+      initial.resize(static_cast<size_t>(lengths[u]));
+      master_init(unit, initial.data());
+    }
+    auto read = [&](int64_t k, int64_t len, float* dst) {
+      if (initial.empty()) return units.read_owned_weights(unit, k, len, dst);
+      pool_->copy(dst, initial.data() + k, static_cast<size_t>(len) * 4);  // dst: a pool buffer
+    };
+    if (tier_ != offload::Tier::nvme && !initial.empty()) {
+      store_->write(region(unit, kMaster), 0, lengths[u], initial.data());
+      continue;
+    }
     if (tier_ != offload::Tier::nvme && units.placement().params != offload::Tier::nvme) {
-      units.read_owned_weights(unit, 0, lengths[u], store_->tensor(region(unit, kMaster)).data_as<float>());
+      read(0, lengths[u], store_->tensor(region(unit, kMaster)).data_as<float>());
       continue;
     }
     float* buf = static_cast<float*>(pool_->acquire());
-    for (int64_t k = 0; k < lengths[u]; k += tile) {
-      const int64_t len = std::min(tile, lengths[u] - k);
-      units.read_owned_weights(unit, k, len, buf);
+    for (int64_t k = 0; k < lengths[u]; k += tile_) {
+      const int64_t len = std::min(tile_, lengths[u] - k);
+      read(k, len, buf);
       store_->write(region(unit, kMaster), k, len, buf);
     }
     pool_->release(buf);
@@ -57,13 +82,26 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
                           double lr, double grad_scale) {
   const float* g = grads.data_as<float>();
   const std::string& name = units_.order().unit_name(unit);
+  // bf16 parameter shards: CPU Adam writes the rounded weights in the same pass (its fused
+  // copy-out), into `low` ([t0, t0 + n) of the owned range; padding stays 0).
+  const bool fused = units_.owned_bf16();
+  std::vector<uint16_t> low;
   auto adam_over = [&](float* p, float* m, float* v, int64_t t0, int64_t n) {
     Tracer::Span span(tracer_, Activity::adam, name);
+    if (fused) low.assign(static_cast<size_t>(n), 0);
     // Parts of [t0, t0 + n) that hold parameters, each with its own weight decay.
     for (const DecayRange& r : ranges) {
       const int64_t lo = std::max(r.begin, t0), hi = std::min(r.end, t0 + n);
-      if (lo < hi) adam_.update(p + (lo - t0), g + lo, m + (lo - t0), v + (lo - t0), hi - lo, step, lr, r.weight_decay, grad_scale);
+      if (lo < hi) {
+        adam_.update(p + (lo - t0), g + lo, m + (lo - t0), v + (lo - t0), hi - lo, step, lr, r.weight_decay, grad_scale,
+                     fused ? low.data() + (lo - t0) : nullptr);
+      }
     }
+  };
+  // The updated weights of [t0, t0 + n) to the parameter shards: the fused copy-out, or fp32.
+  auto publish = [&](int64_t t0, int64_t n, const float* p) {
+    if (fused) return units_.write_owned_bf16(unit, t0, n, low.data());
+    units_.write_owned_weights(unit, t0, n, p);
   };
   const ShardedUnits::Owned o = units_.owned(unit);
   if (alias_ && !o.weights.device().host_accessible()) {
@@ -87,9 +125,9 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     float* p = alias_ ? o.weights.data_as<float>() : store_->tensor(region(unit, kMaster)).data_as<float>();
     adam_over(p, m, v, 0, o.length);
     if (alias_) return;
-    if (units_.placement().params != offload::Tier::nvme) return units_.write_owned_weights(unit, 0, o.length, p);
+    if (units_.placement().params != offload::Tier::nvme || fused) return publish(0, o.length, p);
     // nvme parameters want aligned pinned buffers: copy through one, tile by tile.
-    const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+    const int64_t tile = tile_;
     float* buf = static_cast<float*>(pool_->acquire());
     for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
       const int64_t n = std::min(tile, o.length - t0);
@@ -101,7 +139,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
   }
   // nvme: stream tiles of master, m, v through pinned buffers. The swapper reads the next
   // tiles' three arrays while Adam updates this one; the pool bounds how far ahead.
-  const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+  const int64_t tile = tile_;
   const int64_t tiles = (o.length + tile - 1) / tile;
   const int64_t ahead = read_ahead_ ? std::max(0, buffers_ / 3 - 1) : 0;
   std::deque<std::array<offload::Swapper::Ticket, 3>> queued;
@@ -135,7 +173,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
         store_->write(region(unit, kM, next_slot), t0, n, m);
         store_->write(region(unit, kV, next_slot), t0, n, v);
       }
-      units_.write_owned_weights(unit, t0, n, p);
+      publish(t0, n, p);
       swapper_->release(p), swapper_->release(m), swapper_->release(v);
       if (next < tiles) enqueue();
     }
@@ -166,7 +204,7 @@ void OptimizerState::read_state(int unit, Array array, int64_t offset, int64_t n
     store_->read(region(unit, array), offset, n, dst);
   } else {
     // Whole aligned tiles from the current slot; the part inside [offset, offset + n) kept.
-    const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+    const int64_t tile = tile_;
     float* buf = static_cast<float*>(pool_->acquire());
     for (int64_t t0 = offset / tile * tile; t0 < offset + n; t0 += tile) {
       const int64_t len = std::min(tile, o.length - t0);
@@ -189,7 +227,7 @@ void OptimizerState::write_state(int unit, Array array, const float* src) {
     return;
   }
   // nvme on either side wants aligned pinned buffers: one tile at a time.
-  const int64_t tile = static_cast<int64_t>(pool_->buffer_size() / 4);
+  const int64_t tile = tile_;
   float* buf = static_cast<float*>(pool_->acquire());
   try {
     for (int64_t t0 = 0; t0 < o.length; t0 += tile) {

@@ -18,6 +18,7 @@
 // Trace: the update itself is "cpu adam"; its NVMe tile reads and writes have their tracks.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -38,9 +39,15 @@ struct DecayRange {
 
 class OptimizerState {
  public:
-  // Initialises the master weights from the units' owned compute weights, m = v = 0.
+  // Writes unit's owned range of the initial fp32 weights (owned length) into `dst`.
+  using MasterInit = std::function<void(int unit, float* dst)>;
+  // Initialises the master weights from the units' owned compute weights, m = v = 0; where
+  // those are kept rounded (bf16 parameter shards: ShardedUnits::owned_bf16), from
+  // `master_init`, which is then required. Updated weights go back to bf16 shards through
+  // CPU Adam's fused copy-out.
   OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Device& device, nn::Device& host, const offload::CpuAdam& adam,
-                 const OffloadConfig& offload, offload::PinnedPool* pool, int rank, std::string* warning);
+                 const OffloadConfig& offload, offload::PinnedPool* pool, int rank, std::string* warning,
+                 const MasterInit& master_init = {});
 
   // One AdamW step over unit u's owned range with its reduced gradient shard `grads`
   // (host-accessible, owned length); `ranges` are the parts that hold parameters.
@@ -79,6 +86,7 @@ class OptimizerState {
   int slots_ = 1;
   int current_ = 0;  // nvme: the slot holding the last committed step
   int buffers_ = 0;  // nvme: pool buffers this state may hold at once (its share of the pool)
+  int64_t tile_ = 0;  // elements per pinned buffer, a multiple of both stores' nvme quantum
   bool read_ahead_ = true;  // nvme: read the next tiles while updating this one
   ShardedUnits& units_;
   const offload::CpuAdam& adam_;

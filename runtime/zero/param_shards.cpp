@@ -1,5 +1,10 @@
 #include "runtime/zero/param_shards.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
 #include "base/log.h"
 #include "offload/staged_copy.h"
 
@@ -8,11 +13,28 @@ namespace ferry::runtime {
 using nn::DType;
 using nn::Tensor;
 
+namespace {
+
+// Aligned host scratch for one range in the store's dtype (nvme wants 4 KiB alignment
+// and room for the rounded-up tail).
+struct Scratch {
+  explicit Scratch(size_t bytes) : p(std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096)) {
+    if (!p) throw std::bad_alloc();
+  }
+  ~Scratch() { std::free(p); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* p;
+};
+
+}  // namespace
+
 // With nvme, the first units' shards up to max_in_cpu elements stay in host memory; the
 // rest go to the configured tier.
 ParamShards::ParamShards(nn::Device& device, const std::vector<Partition>& parts,
-                         const std::vector<std::string>& names, int rank, const Placement& place)
+                         const std::vector<std::string>& names, int rank, const Placement& place, DType compute)
     : dev_(device), parts_(parts), names_(names), place_(place) {
+  if (place_.params != offload::Tier::device && compute == DType::bf16) dtype_ = DType::bf16;
   const size_t n = parts.size();
   std::vector<int64_t> main_sizes, cpu_sizes;
   std::vector<bool> in_cpu(n, false);
@@ -30,10 +52,11 @@ ParamShards::ParamShards(nn::Device& device, const std::vector<Partition>& parts
   std::string warning;
   params_ = std::make_unique<offload::ShardStore>(place_.params, dev_, place_.host ? *place_.host : dev_, main_sizes,
                                                   place_.param_paths, "ferry-params-rank" + std::to_string(rank),
-                                                  place_.aio, &warning, place_.fault);
+                                                  place_.aio, &warning, place_.fault, dtype_);
   if (!cpu_sizes.empty()) {
     params_cpu_ = std::make_unique<offload::ShardStore>(offload::Tier::cpu, dev_, *place_.host, cpu_sizes,
-                                                        std::vector<std::string>{}, "", place_.aio, nullptr);
+                                                        std::vector<std::string>{}, "", place_.aio, nullptr,
+                                                        offload::FaultHook{}, dtype_);
   }
   int main_index = 0, cpu_index = 0;
   for (size_t u = 0; u < n; ++u) {
@@ -48,44 +71,111 @@ ParamShards::ParamShards(nn::Device& device, const std::vector<Partition>& parts
 
 void ParamShards::init(int unit, const Tensor& full) {
   const Partition& p = parts_.at(static_cast<size_t>(unit));
-  std::vector<float> host;  // a GPU's shard comes through host memory once, at start
-  const float* src = nullptr;
-  if (!dev_.host_accessible()) {
-    host.resize(static_cast<size_t>(p.shard));
-    if (p.shard > 0) dev_.copy_to_host(host.data(), full.view(p.begin(), {p.shard}));
-    src = host.data();
-  } else {
-    src = full.data_as<float>() + p.begin();
+  if (p.shard == 0) return;
+  // This rank's slice in the shards' dtype (rounded by the device, as every gather of the
+  // fp32 shard would round it), then through host memory into the store, once, at start.
+  Tensor slice = full.view(p.begin(), {p.shard});
+  if (dtype_ != slice.dtype()) {
+    const Tensor low = Tensor::empty(dev_, dtype_, {p.shard});
+    dev_.cast(low, slice);
+    slice = low;
   }
-  offload::write_staged(store(unit), region(unit), src, p.shard, place_.pool);
+  const size_t esize = nn::dtype_size(dtype_);
+  const size_t bytes = static_cast<size_t>(p.shard) * esize;
+  std::unique_ptr<Scratch> host;
+  const char* src = nullptr;
+  if (!dev_.host_accessible()) {
+    host = std::make_unique<Scratch>(bytes);
+    dev_.copy_to_host(host->p, slice);
+    src = static_cast<const char*>(host->p);
+  } else {
+    src = static_cast<const char*>(slice.data());
+  }
+  if (!on_nvme(unit)) return store(unit).write(region(unit), 0, p.shard, src);
+  offload::PooledBuffer staging(*place_.pool);
+  const int64_t piece = buffer_elements();
+  for (int64_t k = 0; k < p.shard; k += piece) {
+    const int64_t len = std::min(piece, p.shard - k);
+    std::memcpy(staging.get(), src + static_cast<size_t>(k) * esize, static_cast<size_t>(len) * esize);
+    store(unit).write(region(unit), k, len, staging.get());
+  }
 }
 
 Tensor ParamShards::fetch(int unit) {
-  if (!on_nvme(unit)) return resident(unit);
+  const Tensor home = on_nvme(unit) ? Tensor{} : resident(unit);
+  if (home.defined() && (dev_.host_accessible() || &home.device() == &dev_)) return home;
   const int64_t n = parts_.at(static_cast<size_t>(unit)).shard;
-  Tensor shard = Tensor::empty(dev_, DType::f32, {n});
-  Tracer::Span span(tracer_, Activity::param_read, names_.at(static_cast<size_t>(unit)), static_cast<uint64_t>(n) * 4);
-  offload::read_staged(store(unit), region(unit), shard.data_as<float>(), n, *place_.pool);
+  Tensor shard = Tensor::empty(dev_, dtype_, {n});
+  if (!on_nvme(unit)) {
+    // Host memory, page-locked on a GPU run: up as a shard; ops issued next see it. The
+    // optimizer rewrites the host shard only after this unit's gradient has come down,
+    // which is after every kernel that read this copy.
+    upload(shard, home.data());
+    return shard;
+  }
+  const size_t esize = nn::dtype_size(dtype_);
+  Tracer::Span span(tracer_, Activity::param_read, names_.at(static_cast<size_t>(unit)), static_cast<uint64_t>(n) * esize);
+  // Not read ahead (the prefetcher's path is the usual one): through one pool buffer at a
+  // time; on a GPU each piece is uploaded and waited for before the buffer is reused.
+  offload::PooledBuffer buf(*place_.pool);
+  for (int64_t k = 0; k < n; k += buffer_elements()) {
+    const int64_t len = std::min(buffer_elements(), n - k);
+    store(unit).read(region(unit), k, len, buf.get());
+    if (dev_.host_accessible()) {
+      place_.pool->copy(static_cast<char*>(shard.data()) + static_cast<size_t>(k) * esize, buf.get(),
+                        static_cast<size_t>(len) * esize);
+    } else {
+      upload(shard.view(k, {len}), buf.get())->wait();
+    }
+  }
   return shard;
 }
 
-void ParamShards::read_into(int unit, float* buf) {
+nn::TransferPtr ParamShards::upload(const Tensor& dst, const void* src) { return dev_.upload(dst, src); }
+
+void ParamShards::read_into(int unit, void* buf) {
   const int64_t n = parts_.at(static_cast<size_t>(unit)).shard;
-  Tracer::Span span(tracer_, Activity::param_read, names_.at(static_cast<size_t>(unit)), static_cast<uint64_t>(n) * 4);
+  Tracer::Span span(tracer_, Activity::param_read, names_.at(static_cast<size_t>(unit)),
+                    static_cast<uint64_t>(n) * nn::dtype_size(dtype_));
   store(unit).read(region(unit), 0, n, buf);
 }
 
-void ParamShards::read(int unit, int64_t offset, int64_t n, float* buf) { store(unit).read(region(unit), offset, n, buf); }
+void ParamShards::read(int unit, int64_t offset, int64_t n, float* buf) {
+  if (dtype_ == DType::f32) return store(unit).read(region(unit), offset, n, buf);
+  // bf16: through aligned scratch (nvme's rules), then widened.
+  Scratch low(static_cast<size_t>(n) * 2 + 4096);
+  store(unit).read(region(unit), offset, n, low.p);
+  const auto* h = static_cast<const uint16_t*>(low.p);
+  for (int64_t i = 0; i < n; ++i) buf[i] = nn::bf16_to_f32(h[i]);
+}
 
 void ParamShards::write(int unit, int64_t offset, int64_t n, const float* buf) {
+  if (dtype_ == DType::f32) {
+    Tracer::Span span(on_nvme(unit) ? tracer_ : nullptr, Activity::param_write, names_.at(static_cast<size_t>(unit)),
+                      static_cast<uint64_t>(n) * 4);
+    return store(unit).write(region(unit), offset, n, buf);
+  }
+  Scratch low(static_cast<size_t>(n) * 2 + 4096);
+  auto* h = static_cast<uint16_t*>(low.p);
+  for (int64_t i = 0; i < n; ++i) h[i] = nn::f32_to_bf16(buf[i]);
+  write_bf16(unit, offset, n, h);
+}
+
+void ParamShards::write_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf) {
+  if (dtype_ != DType::bf16) throw std::logic_error("ParamShards::write_bf16 on fp32 shards");
   Tracer::Span span(on_nvme(unit) ? tracer_ : nullptr, Activity::param_write, names_.at(static_cast<size_t>(unit)),
-                    static_cast<uint64_t>(n) * 4);
-  store(unit).write(region(unit), offset, n, buf);
+                    static_cast<uint64_t>(n) * 2);
+  if (!on_nvme(unit)) return store(unit).write(region(unit), offset, n, buf);
+  Scratch aligned(static_cast<size_t>(n) * 2 + 4096);  // O_DIRECT: aligned, room for the rounded tail
+  std::memcpy(aligned.p, buf, static_cast<size_t>(n) * 2);
+  store(unit).write(region(unit), offset, n, aligned.p);
 }
 
 int64_t ParamShards::buffer_elements() const {
-  return place_.pool ? static_cast<int64_t>(place_.pool->buffer_size() / 4) : 0;
+  return place_.pool ? static_cast<int64_t>(place_.pool->buffer_size() / nn::dtype_size(dtype_)) : 0;
 }
+
+int64_t ParamShards::quantum() const { return params_->quantum(); }
 
 ParamShards::Bytes ParamShards::bytes() const {
   Bytes b;

@@ -23,6 +23,10 @@ namespace ferry::runtime {
 
 // Where the persistent shards live besides the device (DeepSpeed's offload_param and the
 // gradient half of offload_optimizer).
+// Shards off the device are kept in the compute dtype when it is bf16 (ZeRO-Infinity's
+// fp16 parameters: half the bytes read from NVMe and sent over PCIe); the fp32 master
+// is the optimizer's (runtime/zero/optimizer_state.h), which writes the rounded weights
+// back through write_bf16 (CPU Adam's fused copy-out) or write (rounding here).
 struct Placement {
   offload::Tier params = offload::Tier::device;   // stage 3's weight shards between uses
   bool grads_on_host = false;   // gradient shards in host memory (optimizer offloaded)
@@ -38,9 +42,12 @@ struct Placement {
 
 class ParamShards {
  public:
-  // Opens the stores for every unit's shard (zeroed); `names` label trace spans.
+  // Opens the stores for every unit's shard (zeroed); `names` label trace spans. `compute`:
+  // the dtype the model computes in (bf16 shards off the device when it is bf16).
   ParamShards(nn::Device& device, const std::vector<Partition>& parts, const std::vector<std::string>& names,
-              int rank, const Placement& place);
+              int rank, const Placement& place, nn::DType compute = nn::DType::f32);
+  // The dtype shards are kept in: bf16 off the device in a bf16 run, fp32 otherwise.
+  nn::DType dtype() const { return dtype_; }
 
   // Stores this rank's shard of `full` ([padded] on the device), once, at start.
   void init(int unit, const nn::Tensor& full);
@@ -48,15 +55,24 @@ class ParamShards {
   bool on_nvme(int unit) const { return tier(unit) == offload::Tier::nvme; }
   // The shard in memory (device and cpu homes; undefined on nvme), used in place.
   nn::Tensor resident(int unit) const { return store(unit).tensor(region(unit)); }
-  // The shard as a device tensor: resident, or read from nvme now through the pool.
+  // The shard as a device tensor: resident (used in place on a host-accessible device or
+  // when its home is the device), uploaded from host memory (a GPU: the compute stream
+  // orders after the copy, the host does not wait), or read from nvme now through the pool.
   nn::Tensor fetch(int unit);
-  // nvme: the whole shard into a pool buffer (the prefetcher's swapper job).
-  void read_into(int unit, float* buf);
-  // [offset, offset + n) of the shard through host memory (ShardStore's rules for nvme).
+  // dst (the device) <- src (host memory: a pool buffer or a host shard), counted.
+  nn::TransferPtr upload(const nn::Tensor& dst, const void* src);
+  // nvme: the whole shard, in dtype(), into a pool buffer (the prefetcher's swapper job).
+  void read_into(int unit, void* buf);
+  // [offset, offset + n) of the shard as fp32 through host memory (ShardStore's rules for
+  // nvme: `buf` a pool buffer, `offset` a multiple of quantum()); bf16 shards widen on
+  // read and round to nearest even on write.
   void read(int unit, int64_t offset, int64_t n, float* buf);
   void write(int unit, int64_t offset, int64_t n, const float* buf);
-  // Elements one pool buffer holds (0 without a pool): longer shards are not read ahead.
+  // The same range, already rounded (bf16 shards only): CPU Adam's fused copy-out.
+  void write_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf);
+  // Elements of dtype() one pool buffer holds (0 without a pool): longer shards are not read ahead.
   int64_t buffer_elements() const;
+  int64_t quantum() const;  // nvme offsets of read/write, elements
 
   struct Bytes {
     size_t total = 0, host = 0, nvme = 0;
@@ -69,6 +85,7 @@ class ParamShards {
   int region(int unit) const { return home_.at(static_cast<size_t>(unit)).second; }
 
   nn::Device& dev_;
+  nn::DType dtype_ = nn::DType::f32;
   std::vector<Partition> parts_;
   std::vector<std::string> names_;
   Placement place_;

@@ -33,6 +33,7 @@ Prefetcher::Prefetcher(const StagePolicy& policy, const PrefetchLimits& limits, 
 Prefetcher::~Prefetcher() { cancel(); }
 
 void Prefetcher::pump(const std::vector<int>& order, size_t next, int64_t live) {
+  reap(/*all=*/false);
   const auto depth = static_cast<size_t>(std::max(0, limits_.depth));
   if (depth == 0) return;
   if (limits_.overlap_comm) pump_gathers(order, next, depth, live);
@@ -69,7 +70,7 @@ void Prefetcher::pump_gathers(const std::vector<int>& order, size_t next, size_t
     }
     if (!nvme) {
       wait_update(unit);
-      f.shard = shards_->resident(unit);
+      f.shard = shards_->fetch(unit);  // in place, or uploaded from host memory (a GPU)
     }
     issue(f);
     ahead += p.padded;
@@ -98,6 +99,7 @@ void Prefetcher::pump_reads(const std::vector<int>& order, size_t next, size_t d
 }
 
 void Prefetcher::start_read(Flight& f) {
+  reap(/*all=*/true);  // submit takes a pool buffer: the retired ones go back first
   const int unit = f.unit;
   ParamShards* shards = shards_;
   f.read = swapper_->submit([shards, unit](void* buf) { shards->read_into(unit, static_cast<float*>(buf)); });
@@ -108,9 +110,23 @@ Tensor Prefetcher::take_read(Flight& f) {
   void* buf = swapper_->wait(f.read);
   f.read = 0;
   f.shard = Tensor::empty(dev_, DType::f32, {n});
-  pool_->copy(f.shard.data(), buf, static_cast<size_t>(n) * 4);
-  swapper_->release(buf);
+  if (dev_.host_accessible()) {
+    pool_->copy(f.shard.data(), buf, static_cast<size_t>(n) * 4);
+    swapper_->release(buf);
+  } else {
+    // Up from the page-locked buffer on the copy stream; the buffer goes back to the pool
+    // once the copy is done (reap), never with the host waiting for it here.
+    retired_.push_back({buf, shards_->upload(f.shard, buf)});
+  }
   return f.shard;
+}
+
+void Prefetcher::reap(bool all) {
+  while (!retired_.empty() && (all || retired_.front().second->done())) {
+    retired_.front().second->wait();
+    swapper_->release(retired_.front().first);
+    retired_.pop_front();
+  }
 }
 
 void Prefetcher::issue(Flight& f) {
@@ -137,6 +153,12 @@ void Prefetcher::cancel() {
   for (auto& [pos, f] : flights_) {
     if (f.read) swapper_->cancel(f.read);
     f.read = 0;
+  }
+  try {
+    reap(/*all=*/true);
+  } catch (...) {  // a failed upload surfaces at the device's next use; the buffers go back
+    for (auto& [buf, t] : retired_) swapper_->release(buf);
+    retired_.clear();
   }
   flights_.clear();  // gathers in flight are waited for by their destructors
 }

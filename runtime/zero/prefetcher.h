@@ -16,12 +16,16 @@
 // so every rank issues the same collectives in the same order; a gather whose shard is
 // still being read waits for the read. Reads are local and never block on the optimizer.
 //
+// On a device that is not host accessible (a GPU) a read's pool buffer is uploaded as a
+// shard on the copy stream and goes back to the pool once that copy is done; host shards
+// are uploaded when their gather is issued ahead (ParamShards::fetch).
 // Threads: the training thread only (the swapper runs the reads on its own thread).
 // Lifetime: the ParamShards, pool, UpdateWorker and tracer must outlive it; cancel() and
 // the destructor wait for reads and gathers in flight and give every pool buffer back.
 // Errors: a read's StorageError comes out of take() or pump() when it is waited for.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -97,6 +101,8 @@ class Prefetcher {
   void pump_gathers(const std::vector<int>& order, size_t next, size_t depth, int64_t live);
   void pump_reads(const std::vector<int>& order, size_t next, size_t depth);
   void start_read(Flight& f);
+  // Pool buffers whose upload has finished go back (all: waiting for the uploads first).
+  void reap(bool all);
   nn::Tensor take_read(Flight& f);
   void issue(Flight& f);  // stage 3: the gather of a flight's shard (read first if needed)
   void wait_update(int unit) { if (updates_) updates_->wait(unit); }
@@ -114,6 +120,7 @@ class Prefetcher {
   RefreshAhead refresh_;
   std::unique_ptr<offload::Swapper> swapper_;
   std::map<size_t, Flight> flights_;  // by position; all after the current one
+  std::deque<std::pair<void*, nn::TransferPtr>> retired_;  // pool buffers still being uploaded
   int64_t hits_ = 0;
   Tracer* tracer_ = nullptr;
   UpdateWorker* updates_ = nullptr;

@@ -4,12 +4,24 @@
 // micro-batch, reduce-scatter of a per-use full gradient into a new shard that the owner
 // accumulates). poll() finishes what is done (or everything): `accumulate` gets each new
 // shard while the reduction's buffers still live, `finished` runs after they are freed.
+//
+// Landing (set_landing: the gradient's home is host memory and the device is not host
+// accessible, i.e. a GPU with the optimizer offloaded): the reduction runs on the device
+// (NCCL) and only its result comes down, ZeRO-Offload's way: this rank's reduced shard
+// (stages 1-3) or the all-reduced unit (stage 0). The download is queued as soon as it
+// can be ordered on the device (the collective's completion event: at issue), else once
+// poll() finds the reduction done; it goes straight into the host tensor the owner names
+// when it overwrites it (the first contribution of a step), else into a page-locked
+// spare that `accumulate` adds on the host. An entry is finished when its download has
+// landed, so `finished` (which starts the unit's Adam) never sees a gradient in transit.
+//
 // Threads: the training thread. Lifetime: clear() or the destructor waits for every
 // transfer before its buffers go. Every issue is collective: all ranks in the same order.
 #pragma once
 
 #include <deque>
 #include <functional>
+#include <vector>
 
 #include "base/trace.h"
 #include "comm/communicator.h"
@@ -22,35 +34,55 @@ namespace ferry::runtime {
 
 class ReductionQueue {
  public:
-  // reduce_every_micro: the new shard of unit's gradient, to add to its persistent one.
+  // reduce_every_micro: the new shard of unit's gradient, to add to its persistent one
+  // (a host tensor when landing).
   using Accumulate = std::function<void(int unit, const nn::Tensor& reduced)>;
   // After any reduction; `last`: the unit's last reduction of the step.
   using Finished = std::function<void(int unit, bool last)>;
 
   ReductionQueue(const StagePolicy& policy, nn::Device& device, comm::Communicator& comm, int64_t bucket)
       : policy_(policy), dev_(device), comm_(comm), bucket_(bucket) {}
+  ~ReductionQueue() { clear(); }
+
+  // Results come down to `host` memory (page-locked allocations: nn::CpuDevice::set_pinning).
+  void set_landing(nn::Device* host) { host_ = host; }
+  bool landing() const { return host_ != nullptr; }
 
   // `full`: the unit's full gradient ([padded]); `shard`: its persistent shard (stage 1).
+  // Landing: `home` is the host tensor the result lands in (stage 0: [padded]; else the
+  // shard) and `overwrite` says that it may be overwritten instead of accumulated into.
   void issue(int unit, const Partition& p, const nn::Tensor& full, const nn::Tensor& shard, bool last,
-             const std::string& name);
+             const std::string& name, const nn::Tensor& home = nn::Tensor{}, bool overwrite = false);
   // Finishes reductions from the oldest on: every one (wait_all) or those already done.
   void poll(bool wait_all, const Accumulate& accumulate, const Finished& finished);
-  void clear() { queue_.clear(); }
+  void clear();
   bool empty() const { return queue_.empty(); }
   void set_tracer(Tracer* t) { tracer_ = t; }
+  // Landing: bytes of page-locked spares held for accumulation (bounded by what is in flight).
+  size_t spare_bytes() const;
 
  private:
   struct Entry {
     int unit = -1;
-    nn::Tensor full, reduced;  // kept alive until the reduction finishes
+    nn::Tensor full, reduced;  // kept alive until the reduction (and its download) finishes
     PendingCollective work;
     bool last = false;
+    bool finished_work = false;
+    // Landing.
+    nn::Tensor home, spare;  // where it lands; the spare it lands in first when accumulating
+    nn::Tensor result;       // the device tensor that comes down
+    nn::TransferPtr download;
   };
+  void start_download(Entry& e, const std::shared_ptr<void>& after);
+  nn::Tensor take_spare(int64_t n);
+
   StagePolicy policy_;
   nn::Device& dev_;
   comm::Communicator& comm_;
   int64_t bucket_;
+  nn::Device* host_ = nullptr;
   std::deque<Entry> queue_;  // in issue order
+  std::vector<nn::Tensor> spares_;
   Tracer* tracer_ = nullptr;
 };
 

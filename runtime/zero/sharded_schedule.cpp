@@ -24,8 +24,9 @@ void ShardedUnits::zero_grad_if_needed(int unit) {
   if (!zero_pending_[u]) return;
   wait_update(unit);  // the previous step's update may still read this step's buffers
   if (full_g_[u].defined()) dev_.fill(full_g_[u], 0.0);
-  if (shard_g_[u].defined()) dev_.fill(shard_g_[u], 0.0);
+  if (shard_g_[u].defined()) shard_g_[u].device().fill(shard_g_[u], 0.0);
   zero_pending_[u] = false;
+  fresh_[u] = true;
 }
 
 void ShardedUnits::zero_grads() {
@@ -99,7 +100,17 @@ void ShardedUnits::issue_reduction(int unit) {
     full = it->second.full;
     live_g_.erase(it);  // the full gradient lives on only until its reduction finishes
   }
-  reductions_.issue(unit, partition_of(unit), full, shard_g_[u], last_micro_ || !order_.in_step(), name(unit));
+  // Landing: stage 0's all-reduced unit and stage 1's reduce-scattered shard replace the
+  // host copy; stages 2-3 accumulate over micro-batches, except the step's first.
+  nn::Tensor home;
+  bool overwrite = false;
+  if (land_) {
+    home = policy_.grad_shard ? shard_g_[u] : landed_g_[u];
+    overwrite = !policy_.reduce_every_micro || fresh_[u];
+    fresh_[u] = false;
+  }
+  reductions_.issue(unit, partition_of(unit), full, shard_g_[u], last_micro_ || !order_.in_step(), name(unit), home,
+                    overwrite);
   reduced_[u] = true;
 }
 
@@ -108,7 +119,8 @@ void ShardedUnits::poll_reductions(bool wait_all) {
       wait_all,
       [this](int unit, const Tensor& reduced) {
         zero_grad_if_needed(unit);
-        dev_.accumulate(shard_g_[static_cast<size_t>(unit)], reduced);
+        const Tensor& shard = shard_g_[static_cast<size_t>(unit)];
+        shard.device().accumulate(shard, reduced);
       },
       [this](int unit, bool last) {
         if (last && order_.in_step()) gradient_done(unit);

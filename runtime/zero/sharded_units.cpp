@@ -34,10 +34,6 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
       place_(placement),
       order_(unit_names(units), comm),
       reductions_(policy_, device, comm, zero.reduce_bucket_size) {
-  if (!device.host_accessible() && (place_.params != offload::Tier::device || place_.grads_on_host)) {
-    throw std::invalid_argument("ShardedUnits: offloaded states need a host-accessible device (" + device.name() +
-                                " is not); offload runs compute on a GPU through nn::StagedUnits");
-  }
   if (place_.params != offload::Tier::device && !policy_.sharded_weights) {
     throw std::invalid_argument("ShardedUnits: parameters move off the device only at stage 3");
   }
@@ -51,18 +47,24 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     throw std::invalid_argument("ShardedUnits: compute weights are f32, bf16 or f16");
   }
   nn::Device& grad_home = place_.grads_on_host ? *place_.host : dev_;
+  // A GPU whose optimizer is offloaded reduces on the device and lands the result on the
+  // host (reduction_queue.h); a host-accessible device reduces into host memory directly.
+  land_ = place_.grads_on_host && !dev_.host_accessible();
+  if (land_) reductions_.set_landing(place_.host);
   const size_t n = units.size();
   full_w_.resize(n);
   compute_w_.resize(n);
   full_g_.resize(n);
   shard_g_.resize(n);
+  landed_g_.resize(n);
+  fresh_.assign(n, false);
   refs_.assign(n, 0);
   stale_.assign(n, false);
   zero_pending_.assign(n, false);
   reported_.assign(n, false);
   reduced_.assign(n, false);
   for (size_t u = 0; u < n; ++u) parts_.push_back(partition(units[u].numel, comm.size(), comm.rank()));
-  if (policy_.sharded_weights) shards_ = std::make_unique<ParamShards>(dev_, parts_, unit_names(units), comm.rank(), place_);
+  if (policy_.sharded_weights) shards_ = std::make_unique<ParamShards>(dev_, parts_, unit_names(units), comm.rank(), place_, zero.compute);
   for (size_t u = 0; u < n; ++u) {
     const Partition& p = parts_[u];
     Tensor full = zeroed(dev_, p.padded);
@@ -75,6 +77,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     if (policy_.sharded_weights) shards_->init(static_cast<int>(u), full);
     if (policy_.full_grads) full_g_[u] = zeroed(dev_, p.padded);
     if (policy_.grad_shard) shard_g_[u] = zeroed(grad_home, p.shard);
+    if (land_ && !policy_.grad_shard) landed_g_[u] = zeroed(*place_.host, p.padded);  // stage 0
   }
   PrefetchLimits limits;
   limits.depth = place_.prefetch_depth;
@@ -117,6 +120,13 @@ void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float
   if (offset < 0 || offset + n > o.length) throw std::out_of_range("read_owned_weights outside the owned range");
   if (policy_.sharded_weights) return shards_->read(unit, offset, n, buf);
   if (n > 0) o.weights.device().copy_to_host(buf, o.weights.view(offset, {n}));
+}
+
+void ShardedUnits::write_owned_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf) {
+  const Owned o = owned(unit);
+  if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_bf16 outside the owned range");
+  if (!owned_bf16()) throw std::logic_error("write_owned_bf16: the owned weights are not bf16 shards");
+  shards_->write_bf16(unit, offset, n, buf);
 }
 
 void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf) {
@@ -182,14 +192,14 @@ void ShardedUnits::release_grads(int unit, bool complete) {
 ShardedUnits::Owned ShardedUnits::owned(int unit) const {
   const auto u = static_cast<size_t>(unit);
   const Partition& p = partition_of(unit);
-  if (policy_.updates_whole_unit) return {0, p.padded, full_w_[u], full_g_[u]};
+  if (policy_.updates_whole_unit) return {0, p.padded, full_w_[u], land_ ? landed_g_[u] : full_g_[u]};
   if (policy_.full_weights) return {p.begin(), p.shard, full_w_[u].view(p.begin(), {p.shard}), shard_g_[u]};
   return {p.begin(), p.shard, shards_->resident(unit), shard_g_[u]};
 }
 
 Tensor ShardedUnits::grad_shard(int unit) const {
   const Partition& p = partition_of(unit);
-  if (!policy_.grad_shard) return full_g_[static_cast<size_t>(unit)].view(p.begin(), {p.shard});
+  if (!policy_.grad_shard) return (land_ ? landed_g_ : full_g_)[static_cast<size_t>(unit)].view(p.begin(), {p.shard});
   return shard_g_[static_cast<size_t>(unit)];
 }
 
@@ -219,7 +229,9 @@ StateBytes ShardedUnits::state_bytes() const {
     s.compute_copy += compute_w_[u].defined() ? compute_w_[u].nbytes() : 0;
     const size_t shard = shard_g_[u].defined() ? shard_g_[u].nbytes() : 0;
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + shard;
-    if (place_.grads_on_host) s.gradients_host += shard;
+    const size_t landed = landed_g_[u].defined() ? landed_g_[u].nbytes() : 0;
+    s.gradients += landed;
+    if (place_.grads_on_host) s.gradients_host += shard + landed;
   }
   return s;
 }

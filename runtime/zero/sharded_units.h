@@ -35,10 +35,13 @@
 // Compute spans are recorded by the TracedUnits decorator (traced_units.h), not here;
 // set_tracer covers the collectives and the parameter I/O.
 //
-// Memory: every buffer comes from the device (its arena's cap and peak include them). The
-// device may be a GPU when every state stays on it (params and gradients offload::Tier::device):
-// buffers then move only through the communicator (NCCL) and device ops, never memcpy.
-// Offloaded placements need a host-accessible device.
+// Memory: every buffer the model computes with comes from the device (its arena's cap and
+// peak include them); offloaded shards live in Placement::host memory (page-locked on a
+// GPU run) or on NVMe. One path for every device (ZeRO-Infinity's): on a device that is not
+// host accessible (a GPU) a stage-3 shard comes up as a shard (ParamShards::fetch, or the
+// Prefetcher ahead of use) and is all-gathered there by the communicator (NCCL); gradients
+// are reduced there and only this rank's result comes down to host memory
+// (ReductionQueue's landing). On the CPU device host shards are used in place.
 // Threads: used from the thread that runs the model, except write_owned_weights (see
 // there). Every method that communicates is collective: all ranks call it in the same order.
 #pragma once
@@ -109,6 +112,13 @@ class ShardedUnits final : public nn::UnitAccess {
   // works on other units: it touches only the unit's own shard.
   void read_owned_weights(int unit, int64_t offset, int64_t n, float* buf);
   void write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf);
+  // Stage 3 with bf16 shards off the device (ParamShards::dtype): the owned weights are
+  // kept rounded, so read_owned_weights gives bf16 values, the fp32 master is the
+  // optimizer's, and write_owned_bf16 takes CPU Adam's fused copy-out (same threads rule).
+  bool owned_bf16() const { return shards_ && shards_->dtype() == nn::DType::bf16; }
+  void write_owned_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf);
+  // nvme offsets of the read/write calls above must be multiples of this (elements).
+  int64_t owned_quantum() const { return shards_ ? shards_->quantum() : offload::kNvmeQuantum; }
   const Placement& placement() const { return place_; }
   Owned owned(int unit) const;
   // This rank's shard [begin, begin + shard) of the reduced gradient, whatever the stage:
@@ -160,6 +170,9 @@ class ShardedUnits final : public nn::UnitAccess {
   Placement place_;
   std::vector<Partition> parts_;
   std::vector<nn::Tensor> full_w_, full_g_, shard_g_;
+  std::vector<nn::Tensor> landed_g_;  // stage 0 landing: the all-reduced unit in host memory
+  std::vector<bool> fresh_;           // landing: the shard was zeroed and nothing landed yet
+  bool land_ = false;                 // reductions on the device, results land on the host
   std::vector<nn::Tensor> compute_w_;  // stages 0-2 under mixed precision: full weights in the compute dtype
   struct Live {
     nn::Tensor full;

@@ -55,6 +55,11 @@ void PendingCollective::finish(Tracer* tracer) {
   issued_ = false;
 }
 
+std::shared_ptr<void> PendingCollective::device_marker() const {
+  if (!comm_ || !comm_->orders_on_device() || works_.empty() || unpack_) return nullptr;
+  return works_.back()->device_marker;
+}
+
 PendingCollective issue_all_gather(comm::Communicator& comm, nn::Device& dev, const Tensor& shard, const Tensor& full,
                                    const Partition& p, int64_t bucket, std::string name) {
   PendingCollective pc(Activity::all_gather, std::move(name), {shard, full});

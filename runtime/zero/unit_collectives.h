@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ class PendingCollective {
   // chunks instead of waiting (the result is in place for every op issued afterwards;
   // the trace records no span then), and the unpacking copies follow on that stream.
   void finish(Tracer* tracer);
+  // The device event after which the result is in place, for a consumer on another stream
+  // (a download of the reduced gradient): the last chunk's, on a backend that orders on
+  // the device and when nothing is unpacked after the chunks; null otherwise (then the
+  // consumer orders after finish()).
+  std::shared_ptr<void> device_marker() const;
 
  private:
   friend PendingCollective issue_all_gather(comm::Communicator&, nn::Device&, const nn::Tensor&, const nn::Tensor&,

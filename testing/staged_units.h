@@ -1,6 +1,8 @@
-// StagedUnits: compute on one device while the units live behind another UnitAccess whose
-// tensors are in host memory (ZeRO-Offload's arrangement: parameters, gradients and
-// optimizer states on the host side, the GPU holding activations and the units in use).
+// StagedUnits (tests only): compute on one device while the units live behind another
+// UnitAccess whose tensors are in host memory. The runtime used it for GPU offload until
+// whole units crossing PCIe gave way to shards (runtime/zero/sharded_units.h); it stays as
+// the harness that runs a model on a device from units resident on the CPU device, so
+// every device's forward and backward can be compared with the CPU's on the same units.
 //
 // acquire_weights copies the unit's weights (whatever dtype the home hands out: bf16
 // under mixed precision) to the compute device; the copy is dropped on the last release.
@@ -17,28 +19,28 @@
 
 #include "nn/unit.h"
 
-namespace ferry::nn {
+namespace ferry::testing {
 
-class StagedUnits final : public UnitAccess {
+class StagedUnits final : public nn::UnitAccess {
  public:
-  StagedUnits(UnitAccess& home, Device& compute) : home_(home), compute_(compute) {}
+  StagedUnits(nn::UnitAccess& home, nn::Device& compute) : home_(home), compute_(compute) {}
 
-  Tensor acquire_weights(int unit) override;
+  nn::Tensor acquire_weights(int unit) override;
   void release_weights(int unit) override;
-  Tensor acquire_grads(int unit) override;
+  nn::Tensor acquire_grads(int unit) override;
   void release_grads(int unit, bool complete) override;
 
  private:
   struct Staged {
-    Tensor home, here;
+    nn::Tensor home, here;
     int refs = 0;
   };
-  Tensor acquire(std::map<int, Staged>& staged, int unit, bool grads);
-  Tensor stage(const Tensor& home, const char* what, int unit);
+  nn::Tensor acquire(std::map<int, Staged>& staged, int unit, bool grads);
+  nn::Tensor stage(const nn::Tensor& home, const char* what, int unit);
 
-  UnitAccess& home_;
-  Device& compute_;
+  nn::UnitAccess& home_;
+  nn::Device& compute_;
   std::map<int, Staged> weights_, grads_;
 };
 
-}  // namespace ferry::nn
+}  // namespace ferry::testing

@@ -1,9 +1,11 @@
-#include "nn/staged_units.h"
+#include "testing/staged_units.h"
 
 #include <stdexcept>
 #include <string>
 
-namespace ferry::nn {
+namespace ferry::testing {
+
+using nn::Tensor;
 
 Tensor StagedUnits::stage(const Tensor& home, const char* what, int unit) {
   if (!home.device().host_accessible()) {
@@ -56,4 +58,4 @@ void StagedUnits::release_grads(int unit, bool complete) {
   home_.release_grads(unit, complete);
 }
 
-}  // namespace ferry::nn
+}  // namespace ferry::testing
