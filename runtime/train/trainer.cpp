@@ -264,7 +264,10 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (gpu_ && !on_gpu) staged_ = std::make_unique<nn::StagedUnits>(*traced_, *gpu_);
   // States on a GPU: updates are kernels queued in order on the compute stream, issued
   // from this thread (the Device contract), so there is no host work to overlap.
-  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload && !nccl_);
+  // Its cores and OpenMP team: docs/design.md "Cores: compute, I/O and Adam".
+  worker_ = std::make_unique<UpdateWorker>(
+      model_->num_units(), update_worker_options(cfg_.schedule.overlap_offload && !nccl_, gpu_ != nullptr,
+                                                 cfg_.schedule.adam_threads, comm_.local_rank(), comm_.local_size()));
   units_->set_tracer(tracer_.get());
   units_->set_update_worker(worker_.get());
   units_->on_gradients_ready([this](int u) { gradients_ready(u); });
