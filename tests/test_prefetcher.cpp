@@ -197,7 +197,7 @@ BOOST_AUTO_TEST_CASE(reads_stop_at_a_unit_with_an_update_pending) {
   limits.nvme_reads = true;
   limits.overlap_comm = false;
   auto p = rig.prefetcher(c, limits);
-  runtime::UpdateWorker worker(static_cast<int>(kSizes.size()), /*threaded=*/true);
+  runtime::UpdateWorker worker(static_cast<int>(kSizes.size()), {.threaded = true, .threads = 1, .cpus = {}});
   p->set_update_worker(&worker);
   std::promise<void> go;
   std::shared_future<void> gate = go.get_future().share();

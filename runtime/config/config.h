@@ -74,6 +74,7 @@ struct Config {
   struct {
     int prefetch_depth = 2;
     bool overlap_offload = true;
+    int adam_threads = 0;  // 0 = auto (runtime/zero/update_worker.h plan_update_worker)
   } schedule;
   struct {
     std::string dir;  // "" = no checkpoints

@@ -145,6 +145,10 @@ const std::vector<Knob>& config_knobs() {
        "overlap the offload tiers with compute: nvme parameter reads ahead of use, and CPU Adam with its "
        "nvme traffic on a thread of its own (each unit updated as soon as its gradient is final); false: "
        "everything in the plain sequential order"},
+      {"schedule.adam_threads", F(schedule.adam_threads), KnobType::integer, 0,
+       "OpenMP threads of the update thread (CPU Adam, gradient norms) with overlap_offload; 0 = auto: 1 on "
+       "the cpu device (whose compute threads hold the cores), on a GPU every core this rank was given but "
+       "one, pinned to those cores (docs/design.md, \"Cores: compute, I/O and Adam\")", 0, 4096},
       {"comm.progress", F(comm_progress), KnobType::string, "auto",
        "how MPI collectives are driven: blocking calls (fastest, spin a core), polling non-blocking calls "
        "(leave the core to others), or auto: blocking unless the node's ranks outnumber its cores",

@@ -279,9 +279,12 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   // Adam over host shards. An optimizer on a GPU queues kernels, and stages 0-2 (or
   // stage 3 with parameters on the GPU) write the updated range into device memory, which
   // only this thread may do (the Device contract): those updates run inline.
+  // Its cores and OpenMP team: docs/design.md "Cores: compute, I/O and Adam".
   const bool host_update = compute_->host_accessible() ||
                            (opt_tier != offload::Tier::device && units_->stage() == 3 && param_tier != offload::Tier::device);
-  worker_ = std::make_unique<UpdateWorker>(model_->num_units(), cfg_.schedule.overlap_offload && host_update);
+  worker_ = std::make_unique<UpdateWorker>(
+      model_->num_units(), update_worker_options(cfg_.schedule.overlap_offload && host_update, gpu_ != nullptr,
+                                                 cfg_.schedule.adam_threads, comm_.local_rank(), comm_.local_size()));
   if (gpu_ && comm_.rank() == 0 && !host_->pinning_problem().empty()) {
     log::warn(log::Subsys::offload, "host state memory is not page-locked (" + host_->pinning_problem() +
                                         "): copies to and from the GPU are staged and do not overlap");
