@@ -12,10 +12,10 @@ namespace {
 
 constexpr std::array<const char*, kActivities> kNames = {
     "compute", "nvme read (params)", "nvme write (params)", "nvme read (optimizer)", "nvme write (optimizer)",
-    "all_gather", "reduce_scatter", "all_reduce", "cpu adam"};
+    "all_gather", "reduce_scatter", "all_reduce", "cpu adam", "host to device", "device to host"};
 constexpr std::array<const char*, kActivities> kKeys = {
     "compute", "param_read", "param_write", "optim_read", "optim_write",
-    "all_gather", "reduce_scatter", "all_reduce", "adam"};
+    "all_gather", "reduce_scatter", "all_reduce", "adam", "upload", "download"};
 constexpr int kStepTid = 0;  // the step track; activity a is tid a + 1
 
 }  // namespace

@@ -38,6 +38,8 @@ enum class Activity : uint8_t {
   reduce_scatter,
   all_reduce,
   adam,            // CPU Adam (and the gradient norm's sums of squares)
+  upload,          // host -> device copies of shards (a GPU's copy stream)
+  download,        // device -> host copies of reduced gradient shards
   kCount
 };
 constexpr size_t kActivities = static_cast<size_t>(Activity::kCount);

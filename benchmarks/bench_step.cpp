@@ -9,7 +9,8 @@
 //                the step's request sizes: reads on one thread, writes on another, then
 //                serially; the faster of the two is the disk alone
 // Headline: steps/s overlapped against sequential (speedup_vs_sequential, goal 1.6) and
-// step_over_longest_resource (goal <= 1.2).
+// step_over_longest_resource (goal <= 1.1: 90% of the work off the critical path hidden),
+// and the NVMe bytes per parameter per step (--bf16: bf16 parameter shards).
 #include "benchmarks/bench_step.h"
 
 #include <algorithm>
@@ -50,12 +51,14 @@ nlohmann::json bench_doc(const StepBenchOptions& opt, const std::string& dir, bo
     zero["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir}};
     zero["offload_param"] = {{"device", "nvme"}, {"nvme_path", dir}};
   }
-  return {{"model", {{"n_layer", q ? 2 : 8}, {"n_head", q ? 2 : 12}, {"n_embd", q ? 64 : 768}, {"block_size", q ? 32 : 128}}},
+  nlohmann::json doc = {{"model", {{"n_layer", q ? 2 : 8}, {"n_head", q ? 2 : 12}, {"n_embd", q ? 64 : 768}, {"block_size", q ? 32 : 128}}},
           {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
           {"device", {{"memory", "8GiB"}}},
           {"train_micro_batch_size_per_gpu", q ? 2 : 8},
           {"zero_optimization", zero},
           {"train", {{"steps", 1000}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
+  if (opt.bf16) doc["bf16"] = {{"enabled", true}};
+  return doc;
 }
 
 struct Timed {
@@ -63,6 +66,9 @@ struct Timed {
   StepBreakdown last;
   std::vector<int> order;
   std::vector<int64_t> shards;  // per unit, elements (one rank: the whole padded unit)
+  int64_t params = 0;
+  double nvme_bytes = 0;        // median over timed steps: parameter and optimizer reads + writes
+  size_t param_bytes = 4;       // bytes per element of the parameter shards on NVMe
 };
 
 Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& overrides, int warmup, int timed,
@@ -71,14 +77,23 @@ Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& over
   std::ostream discard(nullptr);
   runtime::Trainer t(runtime::config_from_json(doc, "ferry bench step", "", overrides), alone, discard);
   Timed r;
-  std::vector<double> times;
+  std::vector<double> times, nvme;
   for (int s = 0; s < warmup + timed; ++s) {
     if (!trace.empty() && s == warmup + timed - 1) t.tracer().open_file(trace);
     const runtime::StepStats st = t.train_step(s);
-    if (s >= warmup) times.push_back(st.time.wall_s);
+    if (s >= warmup) {
+      times.push_back(st.time.wall_s);
+      double b = 0;
+      for (Activity a : {Activity::param_read, Activity::param_write, Activity::optim_read, Activity::optim_write})
+        b += static_cast<double>(st.time.bytes[static_cast<size_t>(a)]);
+      nvme.push_back(b);
+    }
     r.last = st.time;
   }
   r.step_s = median(times);
+  r.nvme_bytes = median(nvme);
+  r.params = t.model().num_parameters();
+  r.param_bytes = t.units().owned_bf16() ? 2 : 4;
   r.order = t.units().order().order();
   for (int u = 0; u < t.model().num_units(); ++u) r.shards.push_back(t.units().partition_of(u).shard);
   return r;
@@ -113,23 +128,27 @@ Replay replay_nvme(const std::string& dir, const Timed& t, int repeats) {
   };
   auto rbuf = alloc(), wbuf = alloc();
   auto bytes = [](int64_t n) { return static_cast<size_t>((n + 1023) / 1024 * 1024) * 4; };
+  // Parameter shards in their dtype on NVMe (bf16 runs: two bytes), in 4 KiB multiples.
+  auto pbytes = [&t](int64_t n) {
+    return (static_cast<size_t>(n) * t.param_bytes + 4095) / 4096 * 4096;
+  };
   // Every byte written once first: reading never-written extents would cost no I/O.
   for (uint64_t off = 0; off < total; off += static_cast<uint64_t>(tile) * 4) storage->write(off, wbuf.get(), static_cast<size_t>(tile) * 4);
   storage->sync();
   Replay r;
   auto reads = [&] {
-    for (int u : t.order) storage->read(base[static_cast<size_t>(u)], rbuf.get(), bytes(t.shards[static_cast<size_t>(u)]));
+    for (int u : t.order) storage->read(base[static_cast<size_t>(u)], rbuf.get(), pbytes(t.shards[static_cast<size_t>(u)]));
     for (size_t u = 0; u < t.shards.size(); ++u)
       for (int a = 0; a < 3; ++a) storage->read(base[u] + static_cast<uint64_t>(tile) * 4 * (1 + a), rbuf.get(), bytes(t.shards[u]));
   };
   auto writes = [&] {
     for (size_t u = 0; u < t.shards.size(); ++u) {
       for (int a = 0; a < 3; ++a) storage->write(base[u] + static_cast<uint64_t>(tile) * 4 * (4 + a), wbuf.get(), bytes(t.shards[u]));
-      storage->write(base[u], wbuf.get(), bytes(t.shards[u]));
+      storage->write(base[u], wbuf.get(), pbytes(t.shards[u]));
     }
   };
-  for (int u : t.order) r.read_bytes += bytes(t.shards[static_cast<size_t>(u)]);
-  for (int64_t s : t.shards) r.read_bytes += 3 * bytes(s), r.write_bytes += 4 * bytes(s);
+  for (int u : t.order) r.read_bytes += pbytes(t.shards[static_cast<size_t>(u)]);
+  for (int64_t s : t.shards) r.read_bytes += 3 * bytes(s), r.write_bytes += 3 * bytes(s) + pbytes(s);
   std::vector<double> conc, ser;
   for (int k = 0; k < repeats; ++k) {
     auto t0 = clock_type::now();
@@ -182,14 +201,21 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
           fixed(static_cast<double>(io.write_bytes) / 1e9, 2) + " GB written: concurrent " + fixed(io.concurrent_s, 3) +
           " s, serial " + fixed(io.serial_s, 3) + " s");
   row("comm alone", comm_s, "one rank: nothing crosses a process");
+  const double per_param = ovl.nvme_bytes / static_cast<double>(ovl.params);
+  report.table.push_back({"nvme bytes/param", fixed(per_param, 1),
+                          std::string(opt.bf16 ? "bf16" : "fp32") + " parameter shards: the overlapped step's reads + writes over " +
+                              std::to_string(ovl.params) + " parameters"});
   report.rows.push_back({{"speedup_vs_sequential", speedup},
                          {"step_over_longest_resource", over_longest},
                          {"longest_resource", longest_name},
+                         {"nvme_bytes_per_param", per_param},
+                         {"bf16", opt.bf16},
                          {"trace", trace}});
   report.headline = {"steps_per_s_overlapped", 1.0 / ovl.step_s, "steps_per_s_sequential", 1.0 / seq.step_s, 1.6,
                      {{"speedup_vs_sequential", speedup},
                       {"step_over_longest_resource", over_longest},
-                      {"step_over_longest_resource_goal", 1.2},
+                      {"step_over_longest_resource_goal", 1.1},
+                      {"nvme_bytes_per_param", per_param},
                       {"longest_resource", longest_name},
                       {"trace", trace}}};
   return 0;

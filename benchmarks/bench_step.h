@@ -10,13 +10,15 @@ struct StepBenchOptions {
   std::string nvme_path;  // folder for the parameter and optimizer files
   bool quick = false;     // a small model (smoke test)
   std::string trace;      // Chrome trace of the overlapped run's last step ("" = <nvme_path>/ferry-bench-step.trace.json)
+  bool bf16 = false;      // bf16 compute: bf16 parameter shards on NVMe
 };
 
 // One training step of a GPT with parameters and optimizer state on NVMe (stage 3, one
 // rank), overlapped and sequential, against each resource of the step measured alone in
 // the same run: the CPU cores (the same step with every state in memory), the NVMe
 // traffic the step moves (replayed through ferry's storage, reads and writes on two
-// threads), and communication (none at one rank).
+// threads), and communication (none at one rank). Reports the NVMe bytes per parameter
+// per step the overlapped run moved (its trace's reads and writes).
 int run_step_bench(const StepBenchOptions& opt, Report& report);
 
 }  // namespace ferry::bench

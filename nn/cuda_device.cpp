@@ -353,14 +353,6 @@ class CudaDevice final : public Device, private DeviceClock {
         return e;
       },
       [](cudaEvent_t e) { cudaEventDestroy(e); });
-  // Completion events of upload/download, reused.
-  std::shared_ptr<HandlePool<cudaEvent_t>> transfers_ = HandlePool<cudaEvent_t>::make(
-      [] {
-        cudaEvent_t e = nullptr;
-        FERRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        return e;
-      },
-      [](cudaEvent_t e) { cudaEventDestroy(e); });
   std::atomic<uint64_t> to_device_{0}, to_host_{0};  // transfer_bytes()
   int64_t flag_limit_[kErrorSlots] = {0, 0};  // V of the latest launch per slot, for the message
   Arr widen(const Tensor& t, Scratch& keep);
@@ -577,7 +569,10 @@ namespace {
 // An upload's or download's completion: an event recorded after the copy on its stream.
 class CudaTransfer final : public Transfer {
  public:
-  CudaTransfer(std::shared_ptr<std::remove_pointer_t<cudaEvent_t>> event, const char* what) : event_(std::move(event)), what_(what) {}
+  using Event = std::shared_ptr<std::remove_pointer_t<cudaEvent_t>>;
+  CudaTransfer(Event begin, Event event, const char* what)
+      : begin_(std::move(begin)), event_(std::move(event)), what_(what) {}
+  Span span() const override { return {begin_, event_}; }
   bool done() override {
     if (done_) return true;
     const cudaError_t q = cudaEventQuery(event_.get());
@@ -599,7 +594,7 @@ class CudaTransfer final : public Transfer {
   }
 
  private:
-  std::shared_ptr<std::remove_pointer_t<cudaEvent_t>> event_;
+  Event begin_, event_;  // timing events around the copy on its stream
   const char* what_;
   bool done_ = false;
 };
@@ -611,13 +606,15 @@ class CudaTransfer final : public Transfer {
 TransferPtr CudaDevice::upload(const Tensor& dst, const void* src) {
   FencePtr fence;
   if (cudaEvent_t wait = pending_fence(dst, fence)) FERRY_CUDA_CHECK(cudaStreamWaitEvent(h2d_, wait, 0));
+  auto begin = marks_->take();
+  FERRY_CUDA_CHECK(cudaEventRecord(begin.get(), h2d_));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src, dst.nbytes(), cudaMemcpyHostToDevice, h2d_));
   to_device_ += dst.nbytes();
-  auto done = transfers_->take();
+  auto done = marks_->take();
   FERRY_CUDA_CHECK(cudaEventRecord(done.get(), h2d_));
   FERRY_CUDA_CHECK(cudaStreamWaitEvent(compute_, done.get(), 0));
   debug_sync("upload");
-  return std::make_shared<CudaTransfer>(std::move(done), "upload");
+  return std::make_shared<CudaTransfer>(std::move(begin), std::move(done), "upload");
 }
 
 // On the device-to-host stream after `after` (a collective's completion event) or after
@@ -628,12 +625,14 @@ TransferPtr CudaDevice::download(void* dst, const Tensor& src, const std::shared
   } else {
     after_compute(d2h_);
   }
+  auto begin = marks_->take();
+  FERRY_CUDA_CHECK(cudaEventRecord(begin.get(), d2h_));
   FERRY_CUDA_CHECK(cudaMemcpyAsync(dst, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, d2h_));
   to_host_ += src.nbytes();
-  auto done = transfers_->take();
+  auto done = marks_->take();
   FERRY_CUDA_CHECK(cudaEventRecord(done.get(), d2h_));
   debug_sync("download");
-  return std::make_shared<CudaTransfer>(std::move(done), "download");
+  return std::make_shared<CudaTransfer>(std::move(begin), std::move(done), "download");
 }
 
 void CudaDevice::upload_on(const Tensor& dst, const void* src, cudaEvent_t wait, bool hold_src) {

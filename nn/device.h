@@ -58,6 +58,11 @@ class Transfer {
   // Finished: the host may read the memory the copy wrote and reuse what it read.
   virtual bool done() = 0;
   virtual void wait() = 0;
+  // When the copy ran, on the device's clock (Device::clock; null marks on devices without one).
+  struct Span {
+    DeviceClock::Mark begin, end;
+  };
+  virtual Span span() const { return {}; }
 };
 using TransferPtr = std::shared_ptr<Transfer>;
 

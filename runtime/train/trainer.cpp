@@ -605,6 +605,22 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
   return data_.decode(seq);
 }
 
+// Bytes per model parameter this step, over all ranks (each rank moves its shards' share):
+// NVMe reads + writes, and on a GPU host -> device and device -> host. "" when none moved.
+std::string Trainer::traffic(const StepStats& s) const {
+  const double per_param = static_cast<double>(comm_.size()) / static_cast<double>(model_->num_parameters());
+  uint64_t nvme = 0;
+  for (Activity a : {Activity::param_read, Activity::param_write, Activity::optim_read, Activity::optim_write})
+    nvme += s.time.bytes[static_cast<size_t>(a)];
+  std::string out;
+  if (nvme > 0) out += fmt(" | nvme %.1f B/param", static_cast<double>(nvme) * per_param);
+  if (gpu_) {
+    out += fmt(" | pcie up %.2f", static_cast<double>(s.to_device_bytes) * per_param) +
+           fmt(" down %.2f B/param", static_cast<double>(s.to_host_bytes) * per_param);
+  }
+  return out;
+}
+
 nlohmann::json Trainer::step_record(const StepStats& s) const {
   nlohmann::json busy = nlohmann::json::object(), moved = nlohmann::json::object();
   for (size_t a = 0; a < kActivities; ++a) {
@@ -625,6 +641,7 @@ nlohmann::json Trainer::step_record(const StepStats& s) const {
                       {"memory", memory_by_tier().to_json()},
                       {"overlap", s.time.overlap()}};
   if (cfg_.log.peak_tflops > 0) r["mfu"] = s.tflops / (cfg_.log.peak_tflops * comm_.size());
+  if (gpu_) r["pcie_bytes"] = {{"to_device", s.to_device_bytes}, {"to_host", s.to_host_bytes}};
   if (scaler_) {
     r["loss_scale"] = s.loss_scale;
     r["skipped"] = s.skipped;
@@ -761,7 +778,7 @@ TrainReport Trainer::run() {
       say("step " + std::to_string(s.step) + "/" + std::to_string(cfg_.train.steps) + " | loss " + fmt("%.4f", s.loss) +
           " | lr " + fmt("%.3e", s.lr) + " | grad norm " + fmt("%.3f", s.grad_norm) + scale + " | " +
           fmt("%.0f", s.tokens_per_s) + " tok/s | " + perf + " | device peak " + nn::format_bytes(s.device_peak_bytes) +
-          " | " + describe_breakdown(s.time) + "\n");
+          " | " + describe_breakdown(s.time) + traffic(s) + "\n");
     }
     const bool last = s.step == cfg_.train.steps;
     if (!ck.dir.empty() && (s.stop || last || (ck.every_steps > 0 && s.step % ck.every_steps == 0))) {

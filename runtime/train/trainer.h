@@ -129,6 +129,7 @@ class Trainer {
   void describe_placement();
   void describe_memory();
   nlohmann::json step_record(const StepStats& s) const;  // the metrics file's line for a step
+  std::string traffic(const StepStats& s) const;         // the step line's bytes per parameter
   nlohmann::json model_shape() const;
   double optimizer_step(int64_t step, double* grad_norm_out);
   void gradients_ready(int unit);           // ShardedUnits' callback: the unit's gradient is final

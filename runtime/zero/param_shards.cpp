@@ -110,7 +110,7 @@ Tensor ParamShards::fetch(int unit) {
     // Host memory, page-locked on a GPU run: up as a shard; ops issued next see it. The
     // optimizer rewrites the host shard only after this unit's gradient has come down,
     // which is after every kernel that read this copy.
-    upload(shard, home.data());
+    upload(unit, shard, home.data());
     return shard;
   }
   const size_t esize = nn::dtype_size(dtype_);
@@ -125,13 +125,20 @@ Tensor ParamShards::fetch(int unit) {
       place_.pool->copy(static_cast<char*>(shard.data()) + static_cast<size_t>(k) * esize, buf.get(),
                         static_cast<size_t>(len) * esize);
     } else {
-      upload(shard.view(k, {len}), buf.get())->wait();
+      upload(unit, shard.view(k, {len}), buf.get())->wait();
     }
   }
   return shard;
 }
 
-nn::TransferPtr ParamShards::upload(const Tensor& dst, const void* src) { return dev_.upload(dst, src); }
+nn::TransferPtr ParamShards::upload(int unit, const Tensor& dst, const void* src) {
+  nn::TransferPtr t = dev_.upload(dst, src);
+  if (tracer_) {
+    const nn::Transfer::Span s = t->span();
+    tracer_->record_device(Activity::upload, names_.at(static_cast<size_t>(unit)), s.begin, s.end, dst.nbytes());
+  }
+  return t;
+}
 
 void ParamShards::read_into(int unit, void* buf) {
   const int64_t n = parts_.at(static_cast<size_t>(unit)).shard;

@@ -59,8 +59,9 @@ class ParamShards {
   // when its home is the device), uploaded from host memory (a GPU: the compute stream
   // orders after the copy, the host does not wait), or read from nvme now through the pool.
   nn::Tensor fetch(int unit);
-  // dst (the device) <- src (host memory: a pool buffer or a host shard), counted.
-  nn::TransferPtr upload(const nn::Tensor& dst, const void* src);
+  // dst (the device) <- src (host memory: a pool buffer or unit's host shard), traced as
+  // the unit's upload on the device's clock.
+  nn::TransferPtr upload(int unit, const nn::Tensor& dst, const void* src);
   // nvme: the whole shard, in dtype(), into a pool buffer (the prefetcher's swapper job).
   void read_into(int unit, void* buf);
   // [offset, offset + n) of the shard as fp32 through host memory (ShardStore's rules for

@@ -116,7 +116,7 @@ Tensor Prefetcher::take_read(Flight& f) {
   } else {
     // Up from the page-locked buffer on the copy stream; the buffer goes back to the pool
     // once the copy is done (reap), never with the host waiting for it here.
-    retired_.push_back({buf, shards_->upload(f.shard, buf)});
+    retired_.push_back({buf, shards_->upload(f.unit, f.shard, buf)});
   }
   return f.shard;
 }

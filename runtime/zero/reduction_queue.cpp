@@ -6,6 +6,7 @@ void ReductionQueue::issue(int unit, const Partition& p, const nn::Tensor& full,
                            const std::string& name, const nn::Tensor& home, bool overwrite) {
   Entry e;
   e.unit = unit;
+  e.name = name;
   e.last = last;
   if (policy_.reduce_every_micro) {
     e.full = full;
@@ -20,9 +21,9 @@ void ReductionQueue::issue(int unit, const Partition& p, const nn::Tensor& full,
     e.work = issue_reduce_scatter(comm_, dev_, full, out, p, bucket_, name);
     if (host_) e.result = out, e.reduced = out;
   } else {
+    if (host_) throw std::logic_error("ReductionQueue: an all-reduce does not land (stage 0 keeps no shard)");
     e.full = full;
     e.work = issue_all_reduce(comm_, full, bucket_, name);
-    e.result = full;
   }
   if (host_) {
     if (!home.defined()) throw std::logic_error("ReductionQueue: landing without a home for " + name);
@@ -31,8 +32,6 @@ void ReductionQueue::issue(int unit, const Partition& p, const nn::Tensor& full,
     // Ordered on the device after the collective itself: it comes down as soon as the
     // reduction completes, without waiting for the compute queued since.
     if (std::shared_ptr<void> marker = e.work.device_marker()) start_download(e, marker);
-  } else {
-    e.result = nn::Tensor{};
   }
   queue_.push_back(std::move(e));
 }
@@ -40,6 +39,10 @@ void ReductionQueue::issue(int unit, const Partition& p, const nn::Tensor& full,
 void ReductionQueue::start_download(Entry& e, const std::shared_ptr<void>& after) {
   const nn::Tensor& dst = e.spare.defined() ? e.spare : e.home;
   e.download = dev_.download(dst.data(), e.result, after);
+  if (tracer_) {
+    const nn::Transfer::Span s = e.download->span();
+    tracer_->record_device(Activity::download, e.name, s.begin, s.end, e.result.nbytes());
+  }
 }
 
 nn::Tensor ReductionQueue::take_spare(int64_t n) {

@@ -8,7 +8,7 @@
 // Landing (set_landing: the gradient's home is host memory and the device is not host
 // accessible, i.e. a GPU with the optimizer offloaded): the reduction runs on the device
 // (NCCL) and only its result comes down, ZeRO-Offload's way: this rank's reduced shard
-// (stages 1-3) or the all-reduced unit (stage 0). The download is queued as soon as it
+// (stages 1-3: the optimizer is offloaded from stage 1). The download is queued as soon as it
 // can be ordered on the device (the collective's completion event: at issue), else once
 // poll() finds the reduction done; it goes straight into the host tensor the owner names
 // when it overwrites it (the first contribution of a step), else into a page-locked
@@ -21,6 +21,7 @@
 
 #include <deque>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "base/trace.h"
@@ -49,8 +50,7 @@ class ReductionQueue {
   bool landing() const { return host_ != nullptr; }
 
   // `full`: the unit's full gradient ([padded]); `shard`: its persistent shard (stage 1).
-  // Landing: `home` is the host tensor the result lands in (stage 0: [padded]; else the
-  // shard) and `overwrite` says that it may be overwritten instead of accumulated into.
+  // Landing: `home` is the host tensor the result lands in (the shard) and `overwrite` says that it may be overwritten instead of accumulated into.
   void issue(int unit, const Partition& p, const nn::Tensor& full, const nn::Tensor& shard, bool last,
              const std::string& name, const nn::Tensor& home = nn::Tensor{}, bool overwrite = false);
   // Finishes reductions from the oldest on: every one (wait_all) or those already done.
@@ -64,6 +64,7 @@ class ReductionQueue {
  private:
   struct Entry {
     int unit = -1;
+    std::string name;
     nn::Tensor full, reduced;  // kept alive until the reduction (and its download) finishes
     PendingCollective work;
     bool last = false;

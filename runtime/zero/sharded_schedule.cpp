@@ -100,12 +100,12 @@ void ShardedUnits::issue_reduction(int unit) {
     full = it->second.full;
     live_g_.erase(it);  // the full gradient lives on only until its reduction finishes
   }
-  // Landing: stage 0's all-reduced unit and stage 1's reduce-scattered shard replace the
-  // host copy; stages 2-3 accumulate over micro-batches, except the step's first.
+  // Landing: stage 1's reduce-scattered shard replaces the host copy; stages 2-3
+  // accumulate over micro-batches, except the step's first.
   nn::Tensor home;
   bool overwrite = false;
   if (land_) {
-    home = policy_.grad_shard ? shard_g_[u] : landed_g_[u];
+    home = shard_g_[u];
     overwrite = !policy_.reduce_every_micro || fresh_[u];
     fresh_[u] = false;
   }

@@ -50,13 +50,15 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   // A GPU whose optimizer is offloaded reduces on the device and lands the result on the
   // host (reduction_queue.h); a host-accessible device reduces into host memory directly.
   land_ = place_.grads_on_host && !dev_.host_accessible();
+  if (land_ && !policy_.grad_shard) {
+    throw std::invalid_argument("ShardedUnits: gradients land on the host as shards, from stage 1 (DeepSpeed's rule)");
+  }
   if (land_) reductions_.set_landing(place_.host);
   const size_t n = units.size();
   full_w_.resize(n);
   compute_w_.resize(n);
   full_g_.resize(n);
   shard_g_.resize(n);
-  landed_g_.resize(n);
   fresh_.assign(n, false);
   refs_.assign(n, 0);
   stale_.assign(n, false);
@@ -77,7 +79,6 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     if (policy_.sharded_weights) shards_->init(static_cast<int>(u), full);
     if (policy_.full_grads) full_g_[u] = zeroed(dev_, p.padded);
     if (policy_.grad_shard) shard_g_[u] = zeroed(grad_home, p.shard);
-    if (land_ && !policy_.grad_shard) landed_g_[u] = zeroed(*place_.host, p.padded);  // stage 0
   }
   PrefetchLimits limits;
   limits.depth = place_.prefetch_depth;
@@ -192,14 +193,14 @@ void ShardedUnits::release_grads(int unit, bool complete) {
 ShardedUnits::Owned ShardedUnits::owned(int unit) const {
   const auto u = static_cast<size_t>(unit);
   const Partition& p = partition_of(unit);
-  if (policy_.updates_whole_unit) return {0, p.padded, full_w_[u], land_ ? landed_g_[u] : full_g_[u]};
+  if (policy_.updates_whole_unit) return {0, p.padded, full_w_[u], full_g_[u]};
   if (policy_.full_weights) return {p.begin(), p.shard, full_w_[u].view(p.begin(), {p.shard}), shard_g_[u]};
   return {p.begin(), p.shard, shards_->resident(unit), shard_g_[u]};
 }
 
 Tensor ShardedUnits::grad_shard(int unit) const {
   const Partition& p = partition_of(unit);
-  if (!policy_.grad_shard) return (land_ ? landed_g_ : full_g_)[static_cast<size_t>(unit)].view(p.begin(), {p.shard});
+  if (!policy_.grad_shard) return full_g_[static_cast<size_t>(unit)].view(p.begin(), {p.shard});
   return shard_g_[static_cast<size_t>(unit)];
 }
 
@@ -229,9 +230,7 @@ StateBytes ShardedUnits::state_bytes() const {
     s.compute_copy += compute_w_[u].defined() ? compute_w_[u].nbytes() : 0;
     const size_t shard = shard_g_[u].defined() ? shard_g_[u].nbytes() : 0;
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + shard;
-    const size_t landed = landed_g_[u].defined() ? landed_g_[u].nbytes() : 0;
-    s.gradients += landed;
-    if (place_.grads_on_host) s.gradients_host += shard + landed;
+    if (place_.grads_on_host) s.gradients_host += shard;
   }
   return s;
 }

@@ -170,7 +170,6 @@ class ShardedUnits final : public nn::UnitAccess {
   Placement place_;
   std::vector<Partition> parts_;
   std::vector<nn::Tensor> full_w_, full_g_, shard_g_;
-  std::vector<nn::Tensor> landed_g_;  // stage 0 landing: the all-reduced unit in host memory
   std::vector<bool> fresh_;           // landing: the shard was zeroed and nothing landed yet
   bool land_ = false;                 // reductions on the device, results land on the host
   std::vector<nn::Tensor> compute_w_;  // stages 0-2 under mixed precision: full weights in the compute dtype
