@@ -68,7 +68,29 @@ if [ "$gpus" -ge 2 ]; then
     --set device.type=cuda --set train.steps=20
 fi
 
+# Issue 17: the bf16 model bench (MFU against cuBLAS's GEMM), then ZeRO-3 bf16 with the
+# optimizer and parameters offloaded to cpu and to nvme: the step lines give TFLOP/s, the
+# breakdown (upload/download/collectives/compute busy against the wall: the overlap) and
+# the PCIe bytes per parameter, to set against docs/design.md's formula (bf16: 2 x 2/N up,
+# 4/N down per micro-batch, plus a third upload of the tied embedding).
+step bench_model_bf16 "$ferry" bench model --device cuda --bf16
+gpt2=(--config examples/configs/tiny.json --set device.type=cuda --set bf16.enabled=true
+      --set zero_optimization.stage=3 --set model.n_layer=12 --set model.n_head=12 --set model.n_embd=768
+      --set model.block_size=1024 --set train_micro_batch_size_per_gpu=8 --set train.steps=30
+      --set train.eval_every=0 --set log.every=5 --set device.memory=16GiB)
+step zero3_offload_cpu "$ferry" train "${gpt2[@]}" --set zero_optimization.offload_optimizer.device=cpu \
+  --set zero_optimization.offload_param.device=cpu --set log.trace="$out/zero3_cpu.trace.json"
+nvme_dir=${FERRY_NVME_PATH:-$out/nvme}
+mkdir -p "$nvme_dir"
+step zero3_offload_nvme "$ferry" train "${gpt2[@]}" --set zero_optimization.offload_optimizer.device=nvme \
+  --set zero_optimization.offload_optimizer.nvme_path="$nvme_dir" --set zero_optimization.offload_param.device=nvme \
+  --set zero_optimization.offload_param.nvme_path="$nvme_dir" --set log.trace="$out/zero3_nvme.trace.json"
+
 {
+  echo "--- issue 17: bf16 model bench and ZeRO-3 offloaded runs (last step lines)"
+  tail -3 "$out/bench_model_bf16.log"
+  grep -h '^step ' "$out/zero3_offload_cpu.log" | tail -2
+  grep -h '^step ' "$out/zero3_offload_nvme.log" | tail -2
   echo "--- ferry doctor --gpu"
   cat "$out/doctor.log"
   echo "--- CUDA tests"

@@ -1,7 +1,9 @@
 // Mixed precision end to end (bf16.enabled, fp16.enabled with loss scaling):
 // - bf16 follows the fp32 run over 200 steps within the stated tolerance;
 // - bf16 runs are bit-identical across ZeRO stages, placements and schedules at 2 ranks
-//   (only the compute copies are bf16: shards, gradients and reductions stay fp32), and
+//   (the compute copies are bf16, and stage 3's offloaded parameter shards, which hold the
+//   same roundings of the fp32 master; gradients and reductions stay fp32; NVMe moves
+//   half the parameter bytes), and
 //   the stage-3 all-gathers move exactly half the bytes of fp32's;
 // - fp16: overflowing steps are skipped (weights and Adam state untouched, the schedule
 //   does not advance) and logged; the scale follows DeepSpeed's rule; a resumed run
@@ -104,19 +106,44 @@ BOOST_AUTO_TEST_CASE(bf16_is_identical_across_stages_and_schedules_and_gathers_h
   const Run reference = train(d, {"bf16.enabled=true", "zero_optimization.stage=0"}, 2);
   for (int stage = 1; stage <= 3; ++stage) {
     for (bool sequential : {false, true}) {
-      for (const char* place : {"none", "cpu"}) {
-        if (stage < 3 && std::string(place) == "cpu") continue;
+      for (const char* place : {"none", "cpu", "nvme"}) {
+        if (stage < 3 && std::string(place) != "none") continue;
         BOOST_TEST_CONTEXT("stage " << stage << (sequential ? ", sequential" : ", overlapped") << ", offload " << place) {
           std::vector<std::string> sets = {"bf16.enabled=true", "zero_optimization.stage=" + std::to_string(stage),
                                            "zero_optimization.offload_optimizer.device=" + std::string(place),
                                            "zero_optimization.offload_param.device=" + std::string(stage == 3 ? place : "none")};
           if (sequential) sets.insert(sets.end(), {"zero_optimization.overlap_comm=false", "schedule.overlap_offload=false"});
+          if (std::string(place) == "nvme") {
+            // bf16 parameter shards on NVMe: 2048-element tiles, written by CPU Adam's copy-out.
+            sets.insert(sets.end(), {"zero_optimization.offload_optimizer.nvme_path=" + dir.path.string(),
+                                     "zero_optimization.offload_param.nvme_path=" + dir.path.string(),
+                                     "zero_optimization.offload_param.buffer_size=8192"});
+          }
           const Run r = train(d, sets, 2);
           BOOST_TEST(losses(r) == losses(reference), boost::test_tools::per_element());
           BOOST_TEST(r.weights == reference.weights);
         }
       }
     }
+  }
+  // bf16 parameter shards on NVMe: half the parameter bytes read and written of fp32's.
+  {
+    const std::vector<std::string> nvme = {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
+                                           "zero_optimization.offload_param.device=nvme",
+                                           "zero_optimization.offload_optimizer.nvme_path=" + dir.path.string(),
+                                           "zero_optimization.offload_param.nvme_path=" + dir.path.string(),
+                                           "zero_optimization.offload_param.buffer_size=8192"};
+    std::vector<std::string> low = nvme;
+    low.push_back("bf16.enabled=true");
+    const Run f32 = train(d, nvme, 2), b16 = train(d, low, 2);
+    const auto read = static_cast<size_t>(Activity::param_read), write = static_cast<size_t>(Activity::param_write);
+    const auto optim = static_cast<size_t>(Activity::optim_read);
+    for (size_t i = 1; i < 3; ++i) {
+      BOOST_TEST(f32.steps[i].time.bytes[read] > 0u);
+      BOOST_TEST(b16.steps[i].time.bytes[read] * 2 == f32.steps[i].time.bytes[read]);
+      BOOST_TEST(b16.steps[i].time.bytes[optim] == f32.steps[i].time.bytes[optim]);  // the master stays fp32
+    }
+    BOOST_TEST(b16.steps[2].time.bytes[write] * 2 == f32.steps[2].time.bytes[write]);
   }
   // Stage 3 at 2 ranks: the weights' all-gathers carry bf16, the reductions fp32.
   const Run f = train(d, {"zero_optimization.stage=3", "gradient_clipping=0"}, 2);

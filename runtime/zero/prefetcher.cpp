@@ -109,9 +109,9 @@ Tensor Prefetcher::take_read(Flight& f) {
   const int64_t n = part(f.unit).shard;
   void* buf = swapper_->wait(f.read);
   f.read = 0;
-  f.shard = Tensor::empty(dev_, DType::f32, {n});
+  f.shard = Tensor::empty(dev_, shards_->dtype(), {n});
   if (dev_.host_accessible()) {
-    pool_->copy(f.shard.data(), buf, static_cast<size_t>(n) * 4);
+    pool_->copy(f.shard.data(), buf, f.shard.nbytes());
     swapper_->release(buf);
   } else {
     // Up from the page-locked buffer on the copy stream; the buffer goes back to the pool
