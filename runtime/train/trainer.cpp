@@ -381,7 +381,8 @@ void Trainer::describe_placement() {
   }
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
        << "; per rank (device: " << compute_->name() << "):\n"
-       << "  fp32 weights                 " << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
+       << (units_->owned_bf16() ? "  bf16 weight shards           " : "  fp32 weights                 ")
+       << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
        << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
        << (units_->placement().grads_on_host ? "host memory (shards)" : arena) << "\n"
        << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
@@ -393,7 +394,9 @@ void Trainer::describe_placement() {
     const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names
     out_ << "  " << (low + " compute weights" + std::string(29, ' ')).substr(0, 29)
          << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in " + arena + ", refreshed from the fp32 weights after each update"
-                                 : "cast from each fp32 shard and all-gathered per unit, freed after use")
+                                 : units_->owned_bf16()
+                                     ? "kept as bf16 shards (CPU Adam's copy-out), all-gathered per unit, freed after use"
+                                     : "cast from each fp32 shard and all-gathered per unit, freed after use")
          << "\n  " << low << " activations; fp32 gradients, reductions, master weights and Adam state"
          << (cfg_.fp16 ? "; dynamic loss scaling" : "") << "\n";
   }

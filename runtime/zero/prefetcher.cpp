@@ -99,7 +99,10 @@ void Prefetcher::pump_reads(const std::vector<int>& order, size_t next, size_t d
 }
 
 void Prefetcher::start_read(Flight& f) {
-  reap(/*all=*/true);  // submit takes a pool buffer: the retired ones go back first
+  // submit takes a pool buffer: those whose upload has finished go back first, and only
+  // when the pool is spent does the host wait for the oldest upload (a GPU run).
+  reap(/*all=*/false);
+  while (!retired_.empty() && pool_->in_use() >= pool_->buffer_count()) reap_oldest();
   const int unit = f.unit;
   ParamShards* shards = shards_;
   f.read = swapper_->submit([shards, unit](void* buf) { shards->read_into(unit, static_cast<float*>(buf)); });
@@ -122,11 +125,19 @@ Tensor Prefetcher::take_read(Flight& f) {
 }
 
 void Prefetcher::reap(bool all) {
-  while (!retired_.empty() && (all || retired_.front().second->done())) {
-    retired_.front().second->wait();
-    swapper_->release(retired_.front().first);
-    retired_.pop_front();
+  while (!retired_.empty() && (all || retired_.front().second->done())) reap_oldest();
+}
+
+void Prefetcher::reap_oldest() {
+  auto [buf, upload] = retired_.front();
+  retired_.pop_front();
+  try {
+    upload->wait();
+  } catch (...) {
+    swapper_->release(buf);
+    throw;
   }
+  swapper_->release(buf);
 }
 
 void Prefetcher::issue(Flight& f) {
@@ -154,11 +165,11 @@ void Prefetcher::cancel() {
     if (f.read) swapper_->cancel(f.read);
     f.read = 0;
   }
-  try {
-    reap(/*all=*/true);
-  } catch (...) {  // a failed upload surfaces at the device's next use; the buffers go back
-    for (auto& [buf, t] : retired_) swapper_->release(buf);
-    retired_.clear();
+  while (!retired_.empty()) {
+    try {
+      reap_oldest();
+    } catch (...) {  // a failed upload surfaces at the device's next use; the buffer went back
+    }
   }
   flights_.clear();  // gathers in flight are waited for by their destructors
 }

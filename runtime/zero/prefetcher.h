@@ -103,6 +103,7 @@ class Prefetcher {
   void start_read(Flight& f);
   // Pool buffers whose upload has finished go back (all: waiting for the uploads first).
   void reap(bool all);
+  void reap_oldest();  // waits for the oldest retired buffer's upload, then gives it back
   nn::Tensor take_read(Flight& f);
   void issue(Flight& f);  // stage 3: the gather of a flight's shard (read first if needed)
   void wait_update(int unit) { if (updates_) updates_->wait(unit); }
