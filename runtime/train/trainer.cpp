@@ -276,7 +276,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   for (const nn::UnitSpec& spec : layout) unit_names.push_back(spec.name);
   traced_ = std::make_unique<TracedUnits>(*units_, *tracer_, std::move(unit_names), *compute_);  // the compute track
   // The update overlaps compute on its own thread when it touches only host memory: CPU
-  // Adam over host shards. An optimizer on a GPU queues kernels, and stages 0-2 (or
+  // Adam over host shards. An optimizer on a GPU queues kernels, and stages 1-2 (or
   // stage 3 with parameters on the GPU) write the updated range into device memory, which
   // only this thread may do (the Device contract): those updates run inline.
   // Its cores and OpenMP team: docs/design.md "Cores: compute, I/O and Adam".

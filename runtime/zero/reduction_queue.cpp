@@ -93,10 +93,4 @@ void ReductionQueue::clear() {
   queue_.clear();  // each PendingCollective waits for its transfer before its buffers go
 }
 
-size_t ReductionQueue::spare_bytes() const {
-  size_t n = 0;
-  for (const nn::Tensor& t : spares_) n += t.nbytes();
-  return n;
-}
-
 }  // namespace ferry::runtime

@@ -58,8 +58,6 @@ class ReductionQueue {
   void clear();
   bool empty() const { return queue_.empty(); }
   void set_tracer(Tracer* t) { tracer_ = t; }
-  // Landing: bytes of page-locked spares held for accumulation (bounded by what is in flight).
-  size_t spare_bytes() const;
 
  private:
   struct Entry {
@@ -83,7 +81,7 @@ class ReductionQueue {
   int64_t bucket_;
   nn::Device* host_ = nullptr;
   std::deque<Entry> queue_;  // in issue order
-  std::vector<nn::Tensor> spares_;
+  std::vector<nn::Tensor> spares_;  // landing: page-locked spares, as many as were ever in flight at once
   Tracer* tracer_ = nullptr;
 };
 
