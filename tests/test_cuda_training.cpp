@@ -39,12 +39,25 @@ std::vector<float> host_values(const Tensor& t) {
   return v;
 }
 
+// test_cuda_training_emulated runs these GPU tests on the CPU emulation of CUDA and NCCL
+// (tests/CMakeLists.txt): kernels on fibers are slow, so it runs fewer steps and leaves the
+// 200-step drift test to a real GPU.
+#ifdef FERRY_CUDA_EMULATION
+constexpr int64_t kShortSteps = 2;
+constexpr bool kEmulated = true;
+constexpr int64_t kMicroBatch = 2;  // fibers per kernel scale with the rows: half the CI time
+#else
+constexpr int64_t kShortSteps = 10;
+constexpr bool kEmulated = false;
+constexpr int64_t kMicroBatch = 4;
+#endif
+
 json doc(int64_t steps) {
   return {
       {"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 32}}},
       {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
       {"device", {{"memory", "256MiB"}, {"threads", 1}}},
-      {"train_micro_batch_size_per_gpu", 4},
+      {"train_micro_batch_size_per_gpu", kMicroBatch},
       {"optimizer", {{"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
       {"train", {{"steps", steps}, {"eval_every", 0}, {"eval_batches", 2}, {"sample_tokens", 0}}}};
 }
@@ -73,16 +86,6 @@ Run train(const json& d, const std::vector<std::string>& sets) {
   return r;
 }
 
-// test_cuda_training_emulated runs these GPU tests on the CPU emulation of CUDA and NCCL
-// (tests/CMakeLists.txt): kernels on fibers are slow, so it runs fewer steps and leaves the
-// 200-step drift test to a real GPU.
-#ifdef FERRY_CUDA_EMULATION
-constexpr int64_t kShortSteps = 2;
-constexpr bool kEmulated = true;
-#else
-constexpr int64_t kShortSteps = 10;
-constexpr bool kEmulated = false;
-#endif
 
 struct RealGpu {
   boost::test_tools::assertion_result operator()(boost::unit_test::test_unit_id) const {
@@ -227,7 +230,7 @@ BOOST_AUTO_TEST_CASE(offloaded_stage3_moves_shards_not_units, *boost::unit_test:
       shard_elems += t.units().partition_of(u).shard;
       gathered += (u == 0 ? 3 : 2) * t.units().partition_of(u).shard;
     }
-    const uint64_t micro = 2, B = 4, T = 32, param_bytes = bf16 ? 2 : 4;
+    const uint64_t micro = 2, B = kMicroBatch, T = 32, param_bytes = bf16 ? 2 : 4;
     const uint64_t up = micro * (static_cast<uint64_t>(gathered) * param_bytes + 2 * B * T * 4);
     const uint64_t down = micro * static_cast<uint64_t>(shard_elems) * 4 + 8;
     for (const runtime::StepStats& s : rep.steps) {
