@@ -1,6 +1,7 @@
 #include "nn/cpu_device.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +38,14 @@ OutOfDeviceMemory::OutOfDeviceMemory(const std::string& device, size_t req, size
 namespace {
 
 constexpr size_t kAlign = 64;
+// The unit cudaHostRegister locks (64 KiB on some ARM servers, so asked, not assumed).
+size_t page_bytes() {
+  static const size_t page = [] {
+    const long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? static_cast<size_t>(p) : size_t{4096};
+  }();
+  return page;
+}
 
 [[noreturn]] void fail(const char* op, const std::string& what) { checks::fail("cpu", op, what); }
 
@@ -128,23 +137,25 @@ void* CpuDevice::allocate(size_t bytes) {
     stats_.in_use += bytes;
     stats_.peak = std::max(stats_.peak, stats_.in_use);
   }
-  const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, rounded);
-  if (!p) {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.in_use -= bytes;
-    throw std::bad_alloc();
-  }
   Pinning pin;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (pinning_.pin && bytes >= pinning_.min_bytes) pin = pinning_;
   }
+  // A page-locked allocation owns its pages: registrations must not share one.
+  const size_t align = pin.pin ? page_bytes() : kAlign;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded);
+  if (!p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.in_use -= bytes;
+    throw std::bad_alloc();
+  }
   if (pin.pin) {
     const std::string why = pin.pin(p, rounded);
     std::lock_guard<std::mutex> lock(mu_);
     if (why.empty()) {
-      pinned_.insert(p);
+      pinned_[p] = rounded;
       pinned_bytes_ += rounded;
     } else if (pin_problem_.empty()) {
       pin_problem_ = why;
@@ -158,9 +169,10 @@ void CpuDevice::deallocate(void* ptr, size_t bytes) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.in_use -= bytes;
-    if (pinned_.erase(ptr) > 0) {
+    if (auto it = pinned_.find(ptr); it != pinned_.end()) {
       unpin = pinning_.unpin;
-      pinned_bytes_ -= (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+      pinned_bytes_ -= it->second;
+      pinned_.erase(it);
     }
   }
   if (unpin) unpin(ptr);

@@ -15,7 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "nn/device.h"
 
@@ -35,16 +35,20 @@ class CpuDevice final : public Device {
   // Host memory for a GPU's offloaded states (gradient and parameter shards): from now on
   // every allocation of at least `min_bytes` is page-locked through `pin` (undone by
   // `unpin` before it is freed), so the GPU's uploads and downloads from it overlap
-  // (Device::upload/download). A pin that fails ("" = success, else why) leaves the
-  // memory pageable: copies are then staged, slower but correct; the first reason is kept.
+  // (Device::upload/download). A pinned allocation takes whole pages (page-aligned, its
+  // length rounded up to pages): no two registrations share a page, so an allocation of
+  // any size can be pinned. Small shards matter too: a download into pageable memory
+  // blocks the host until it is done (on a GPU as on the emulation), so the default pins
+  // everything. A pin that fails ("" = success, else why) leaves the memory pageable:
+  // copies are then staged, slower but correct; the first reason is kept.
   struct Pinning {
     std::function<std::string(void*, size_t)> pin;
     std::function<void(void*)> unpin;
-    size_t min_bytes = size_t{1} << 16;
+    size_t min_bytes = 0;
   };
   void set_pinning(Pinning p);
   std::string pinning_problem() const;  // the first failed pin's reason, "" if none
-  size_t pinned_bytes() const;          // allocations page-locked now
+  size_t pinned_bytes() const;          // bytes page-locked now (whole pages)
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
@@ -105,7 +109,7 @@ class CpuDevice final : public Device {
   mutable std::mutex mu_;
   MemoryStats stats_;
   Pinning pinning_;                       // under mu_
-  std::unordered_set<void*> pinned_;      // under mu_
+  std::unordered_map<void*, size_t> pinned_;  // under mu_: address -> bytes registered
   size_t pinned_bytes_ = 0;               // under mu_
   std::string pin_problem_;               // under mu_
   int threads_;

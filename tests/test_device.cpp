@@ -3,8 +3,12 @@
 #define BOOST_TEST_MODULE device
 #include <boost/test/unit_test.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <map>
 
 #include "nn/cpu_device.h"
 #include "test_util.h"
@@ -40,6 +44,52 @@ BOOST_AUTO_TEST_CASE(memory_is_returned_when_the_last_handle_goes) {
   BOOST_TEST(dev.memory().peak == 4000u);
   dev.reset_peak();
   BOOST_TEST(dev.memory().peak == 0u);
+}
+
+// A GPU run's host states are page-locked through hooks (the cuda device's
+// cudaHostRegister): every allocation, however small (a download into pageable memory
+// blocks the host), each in whole pages of its own so that no two registrations share a
+// page; unpinned before it is freed; a refused pin leaves usable memory and its reason.
+BOOST_AUTO_TEST_CASE(pinned_allocations_own_whole_pages) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  nn::CpuDevice dev(64 << 20, 1);
+  std::map<uintptr_t, size_t> registered;
+  int unpinned = 0;
+  bool refuse = false;
+  nn::CpuDevice::Pinning pin;
+  pin.pin = [&](void* p, size_t n) -> std::string {
+    if (refuse) return "refused for the test";
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    for (const auto& [b, m] : registered)
+      if (a / page <= (b + m - 1) / page && b / page <= (a + n - 1) / page) return "shares a page";
+    registered[a] = n;
+    return "";
+  };
+  pin.unpin = [&](void* p) {
+    BOOST_TEST(registered.erase(reinterpret_cast<uintptr_t>(p)) == 1u);
+    ++unpinned;
+  };
+  dev.set_pinning(pin);
+  {
+    std::vector<Tensor> small;
+    for (int i = 0; i < 8; ++i) small.push_back(Tensor::empty(dev, DType::f32, {3 + i}));  // 12-40 bytes each
+    const Tensor big = Tensor::empty(dev, DType::f32, {100'000});
+    BOOST_TEST(registered.size() == 9u);
+    for (const auto& [a, n] : registered) {
+      BOOST_TEST(a % page == 0u);
+      BOOST_TEST(n % page == 0u);
+    }
+    BOOST_TEST(dev.pinned_bytes() == 8 * page + (400'000 + page - 1) / page * page);
+    BOOST_TEST(dev.memory().in_use == 400'000u + 4 * (3 + 4 + 5 + 6 + 7 + 8 + 9 + 10));  // the budget counts what was asked
+    BOOST_TEST(dev.pinning_problem().empty());
+    refuse = true;
+    const Tensor pageable = Tensor::empty(dev, DType::f32, {10});
+    dev.fill(pageable, 2.0);  // still usable memory
+    BOOST_TEST(dev.pinning_problem() == "refused for the test");
+  }
+  BOOST_TEST(unpinned == 9);
+  BOOST_TEST(registered.empty());
+  BOOST_TEST(dev.pinned_bytes() == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(the_cap_is_enforced_with_a_message_naming_the_bytes) {
