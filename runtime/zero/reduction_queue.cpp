@@ -30,8 +30,14 @@ void ReductionQueue::issue(int unit, const Partition& p, const nn::Tensor& full,
     e.home = home;
     if (!overwrite) e.spare = take_spare(e.result.numel());
     // Ordered on the device after the collective itself: it comes down as soon as the
-    // reduction completes, without waiting for the compute queued since.
-    if (std::shared_ptr<void> marker = e.work.device_marker()) start_download(e, marker);
+    // reduction completes, without waiting for the compute queued since. Alone (nothing
+    // to reduce) the gradient is complete now: it comes down behind the compute issued so
+    // far, which ends with its last producer, not behind the next unit's backward.
+    if (std::shared_ptr<void> marker = e.work.device_marker()) {
+      start_download(e, marker);
+    } else if (e.work.in_place()) {
+      start_download(e, nullptr);
+    }
   }
   queue_.push_back(std::move(e));
 }

@@ -45,6 +45,9 @@ class PendingCollective {
   // the device and when nothing is unpacked after the chunks; null otherwise (then the
   // consumer orders after finish()).
   std::shared_ptr<void> device_marker() const;
+  // Nothing was issued and nothing is unpacked (world size 1, the result the input
+  // itself): the result is complete in issue order already, for a consumer on any stream.
+  bool in_place() const { return issued_ && works_.empty() && !unpack_; }
 
  private:
   friend PendingCollective issue_all_gather(comm::Communicator&, nn::Device&, const nn::Tensor&, const nn::Tensor&,
