@@ -363,6 +363,7 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) 
   auto& emu = ferry_emu::emu();
   std::unique_lock<std::mutex> lock(emu.mu);
   if (!ferry_emu::events().count(e)) return cudaErrorInvalidResourceHandle;
+  emu.order_wait(ferry_emu::stream_of(s), e->marker);
   if (emu.done(e->marker)) return cudaSuccess;
   emu.note_wait(ferry_emu::stream_of(s), e->marker);
   ferry_emu::Op op;

@@ -20,6 +20,12 @@
 // - Waits are observable: each cudaStreamWaitEvent records the named ops it made its
 //   stream wait for (take_waits), so a test can check that a consumer did not wait for
 //   unrelated work.
+// - So is the order a GPU would have to keep (set_record_order, take_order): each op's vector
+//   clock over the streams, from stream order, event waits and the host's blocking waits
+//   (synchronisations, pageable copies back, cudaFree) before its issue; polls are not
+//   waits. Two ops neither of which is ordered after the other may run at the same time on
+//   a GPU (concurrent): that is how a test shows copies and collectives in flight while
+//   kernels run, which the emulation, running one op at a time, cannot show in time.
 //
 // Thread safety: every entry point takes one process-wide mutex; queued work runs under
 // it, except the transport part of a collective (testing/nccl_emulation.h), which releases
@@ -192,10 +198,11 @@ class Emulator {
     Op* o = owned.get();
     o->id = ++next_id_;
     o->stream = s;
+    if (record_order) order_op(*o);
     std::erase_if(o->deps, [this](uint64_t d) { return done(d); });
     pending_[o->id] = std::move(owned);
     s->queue.push_back(o);
-    if (eager_) run_until(lock, o->id);
+    if (eager_) run_until(lock, o->id, false);
     return o->id;
   }
   bool done(uint64_t id) const { return id == 0 || !pending_.count(id); }
@@ -203,8 +210,9 @@ class Emulator {
     return s->queue.empty() || s->head == s->queue.size() ? 0 : s->queue.back()->id;
   }
   // Runs what op `id` needs and then it. Waits (releasing the lock) for ops other threads
-  // have in flight.
-  void run_until(std::unique_lock<std::mutex>& lock, uint64_t id) {
+  // have in flight. `host_waits`: the caller blocks the host until `id` has run (a
+  // synchronisation), so what the host issues next is ordered after it.
+  void run_until(std::unique_lock<std::mutex>& lock, uint64_t id, bool host_waits = true) {
     while (!done(id)) {
       std::unordered_map<Stream*, uint64_t> need;  // per stream: run its queue up to this id
       collect(id, need);
@@ -234,10 +242,13 @@ class Emulator {
       }
       execute(lock, pick);
     }
+    if (host_waits) host_saw(id);
   }
   void run_stream(std::unique_lock<std::mutex>& lock, Stream* s) { run_until(lock, last_of(s)); }
   void run_all(std::unique_lock<std::mutex>& lock) {
     while (!pending_.empty()) run_until(lock, pending_.begin()->first);
+    if (record_order)
+      for (auto& [stream, clock] : tail_) merge(host_, clock);
   }
   // A query from a thread that polls: the device progresses by itself on a GPU, so here
   // an unfinished op is finished after a seeded number of "not ready" answers (at most 4).
@@ -245,6 +256,9 @@ class Emulator {
   // what they need), to look at what is queued without a poller finishing it.
   bool stalled = false;
   bool progressed(std::unique_lock<std::mutex>& lock, uint64_t id, int& answers) {
+    // A poll is no host wait: the code that polls goes on either way, and on a GPU the
+    // answer "done" comes only once the device got there, while here it comes after a few
+    // answers; so it orders nothing the host issues next.
     if (done(id)) return true;
     if (stalled) return false;
     if (answers < 4 && std::uniform_int_distribution<int>(0, 2)(rng_) != 0) {
@@ -252,8 +266,47 @@ class Emulator {
       return false;
     }
     answers = 0;
-    run_until(lock, id);
+    run_until(lock, id, false);
     return true;
+  }
+  // ---- the order a GPU keeps (tests; off by default) ----
+  // Per stream, the last op of that stream an op is ordered after (ids grow in issue
+  // order, so that op and every earlier one of its stream).
+  using Clock = std::unordered_map<const Stream*, uint64_t>;
+  struct Ordered {
+    uint64_t id = 0;
+    std::string what;
+    const Stream* stream = nullptr;
+    Clock after;
+  };
+  // Starts (clearing what was kept) or stops keeping clocks; ops issued while it is off
+  // are ordered after nothing, so turn it on before the work to look at is issued.
+  void set_record_order(bool on) {
+    std::lock_guard<std::mutex> lock(mu);
+    record_order = on;
+    clocks_.clear();
+    tail_.clear();
+    host_.clear();
+    ordered_.clear();
+  }
+  // Whether a GPU may run `a` and `b` at the same time: neither is ordered after the other.
+  static bool concurrent(const Ordered& a, const Ordered& b) {
+    auto after = [](const Ordered& x, const Ordered& y) {  // x is ordered after y
+      auto it = x.after.find(y.stream);
+      return it != x.after.end() && it->second >= y.id;
+    };
+    return a.stream != b.stream && !after(a, b) && !after(b, a);
+  }
+  // The named ops issued since the last call, with their clocks.
+  std::vector<Ordered> take_order() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::exchange(ordered_, {});
+  }
+  // cudaStreamWaitEvent: what `waiting` issues next is ordered after `marker`, whether or
+  // not the emulation has run it already (a GPU keeps the order either way).
+  void order_wait(const Stream* waiting, uint64_t marker) {
+    if (!record_order || marker == 0) return;
+    if (auto it = clocks_.find(marker); it != clocks_.end()) merge(tail_[waiting], it->second);
   }
   // cudaStreamWaitEvent records what the waiting stream now waits for: the unfinished
   // named ops of the event's stream up to its marker (markers have no name).
@@ -348,6 +401,25 @@ class Emulator {
     signal(SIGSEGV, SIG_DFL);
   }
 
+  static void merge(Clock& into, const Clock& from) {
+    for (const auto& [s, id] : from) into[s] = std::max(into[s], id);
+  }
+  // The host has seen `id` finish: whatever it issues from now on is ordered after it.
+  void host_saw(uint64_t id) {
+    if (!record_order) return;
+    if (auto it = clocks_.find(id); it != clocks_.end()) merge(host_, it->second);
+  }
+  void order_op(const Op& o) {
+    Clock c = tail_[o.stream];
+    merge(c, host_);
+    for (uint64_t d : o.deps)
+      if (auto it = clocks_.find(d); it != clocks_.end()) merge(c, it->second);
+    c[o.stream] = o.id;
+    tail_[o.stream] = c;
+    if (!o.what.empty()) ordered_.push_back({o.id, o.what, o.stream, c});
+    clocks_[o.id] = std::move(c);
+  }
+
   void collect(uint64_t id, std::unordered_map<Stream*, uint64_t>& need) {
     std::vector<uint64_t> todo{id};
     while (!todo.empty()) {
@@ -415,6 +487,11 @@ class Emulator {
   std::vector<std::unique_ptr<Event>> events_;
   std::map<uint64_t, std::unique_ptr<Op>> pending_;
   std::vector<Wait> waits_;
+  std::unordered_map<uint64_t, Clock> clocks_;  // every op's, while record_order
+  std::unordered_map<const Stream*, Clock> tail_;  // what the next op of a stream is ordered after
+  Clock host_;                                   // what the host has seen finish
+  std::vector<Ordered> ordered_;
+  bool record_order = false;
   uint64_t next_id_ = 0;
   static inline const char* heap_begin_ = nullptr;
   static inline const char* heap_end_ = nullptr;
