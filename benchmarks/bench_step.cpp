@@ -10,7 +10,8 @@
 //                serially; the faster of the two is the disk alone
 // Headline: steps/s overlapped against sequential (speedup_vs_sequential, goal 1.6) and
 // step_over_longest_resource (goal <= 1.1: 90% of the work off the critical path hidden),
-// and the NVMe bytes per parameter per step (--bf16: bf16 parameter shards).
+// and the NVMe bytes per parameter per step (--bf16: bf16 parameter shards). --device cuda:
+// the same on a GPU, with the bytes over PCIe per parameter against their minimum.
 #include "benchmarks/bench_step.h"
 
 #include <algorithm>
@@ -58,6 +59,7 @@ nlohmann::json bench_doc(const StepBenchOptions& opt, const std::string& dir, bo
           {"zero_optimization", zero},
           {"train", {{"steps", 1000}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
   if (opt.bf16) doc["bf16"] = {{"enabled", true}};
+  if (opt.device == "cuda") doc["device"]["type"] = "cuda";
   return doc;
 }
 
@@ -69,6 +71,7 @@ struct Timed {
   int64_t params = 0;
   double nvme_bytes = 0;        // median over timed steps: parameter and optimizer reads + writes
   size_t param_bytes = 4;       // bytes per element of the parameter shards on NVMe
+  double up_bytes = 0, down_bytes = 0;  // medians over timed steps: host -> device, device -> host
 };
 
 Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& overrides, int warmup, int timed,
@@ -77,7 +80,7 @@ Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& over
   std::ostream discard(nullptr);
   runtime::Trainer t(runtime::config_from_json(doc, "ferry bench step", "", overrides), alone, discard);
   Timed r;
-  std::vector<double> times, nvme;
+  std::vector<double> times, nvme, up, down;
   for (int s = 0; s < warmup + timed; ++s) {
     if (!trace.empty() && s == warmup + timed - 1) t.tracer().open_file(trace);
     const runtime::StepStats st = t.train_step(s);
@@ -87,11 +90,15 @@ Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& over
       for (Activity a : {Activity::param_read, Activity::param_write, Activity::optim_read, Activity::optim_write})
         b += static_cast<double>(st.time.bytes[static_cast<size_t>(a)]);
       nvme.push_back(b);
+      up.push_back(static_cast<double>(st.to_device_bytes));
+      down.push_back(static_cast<double>(st.to_host_bytes));
     }
     r.last = st.time;
   }
   r.step_s = median(times);
   r.nvme_bytes = median(nvme);
+  r.up_bytes = median(up);
+  r.down_bytes = median(down);
   r.params = t.model().num_parameters();
   r.param_bytes = t.units().owned_bf16() ? 2 : 4;
   r.order = t.units().order().order();
@@ -195,7 +202,8 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
   };
   row("overlapped", ovl.step_s, "default schedule; " + runtime::describe_breakdown(ovl.last));
   row("sequential", seq.step_s, "overlap off; " + runtime::describe_breakdown(seq.last));
-  row("compute alone", cpu.step_s, "every state in memory: the CPU cores");
+  const bool gpu = opt.device == "cuda";
+  row("compute alone", cpu.step_s, gpu ? "every state on the GPU: the device alone" : "every state in memory: the CPU cores");
   row("nvme alone", nvme_s,
       "replay of " + fixed(static_cast<double>(io.read_bytes) / 1e9, 2) + " GB read + " +
           fixed(static_cast<double>(io.write_bytes) / 1e9, 2) + " GB written: concurrent " + fixed(io.concurrent_s, 3) +
@@ -205,12 +213,31 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
   report.table.push_back({"nvme bytes/param", fixed(per_param, 1),
                           std::string(opt.bf16 ? "bf16" : "fp32") + " parameter shards: the overlapped step's reads + writes over " +
                               std::to_string(ovl.params) + " parameters"});
+  // The minimum over PCIe at one rank (design.md): each gather position of the recorded
+  // order uploads its shard in the compute dtype, each unit's fp32 gradient shard comes down.
+  double up_min = 0, down_min = 0;
+  for (int u : ovl.order) up_min += static_cast<double>(ovl.shards[static_cast<size_t>(u)] * static_cast<int64_t>(ovl.param_bytes));
+  for (int64_t sh : ovl.shards) down_min += 4.0 * static_cast<double>(sh);
+  const double P = static_cast<double>(ovl.params);
+  if (gpu) {
+    report.table.push_back({"pcie bytes/param", fixed((ovl.up_bytes + ovl.down_bytes) / P, 2),
+                            "up " + fixed(ovl.up_bytes / P, 2) + " (minimum " + fixed(up_min / P, 2) + "), down " +
+                                fixed(ovl.down_bytes / P, 2) + " (minimum " + fixed(down_min / P, 2) +
+                                "): shards only, plus tokens and the loss"});
+  }
   report.rows.push_back({{"speedup_vs_sequential", speedup},
                          {"step_over_longest_resource", over_longest},
                          {"longest_resource", longest_name},
                          {"nvme_bytes_per_param", per_param},
                          {"bf16", opt.bf16},
+                         {"device", opt.device},
                          {"trace", trace}});
+  if (gpu) {
+    report.rows.back()["pcie_up_bytes_per_param"] = ovl.up_bytes / P;
+    report.rows.back()["pcie_down_bytes_per_param"] = ovl.down_bytes / P;
+    report.rows.back()["pcie_up_min_bytes_per_param"] = up_min / P;
+    report.rows.back()["pcie_down_min_bytes_per_param"] = down_min / P;
+  }
   report.headline = {"steps_per_s_overlapped", 1.0 / ovl.step_s, "steps_per_s_sequential", 1.0 / seq.step_s, 1.6,
                      {{"speedup_vs_sequential", speedup},
                       {"step_over_longest_resource", over_longest},

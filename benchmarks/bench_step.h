@@ -11,6 +11,7 @@ struct StepBenchOptions {
   bool quick = false;     // a small model (smoke test)
   std::string trace;      // Chrome trace of the overlapped run's last step ("" = <nvme_path>/ferry-bench-step.trace.json)
   bool bf16 = false;      // bf16 compute: bf16 parameter shards on NVMe
+  std::string device = "cpu";  // "cuda": the step on a GPU (ZeRO-Infinity's path), PCIe bytes reported
 };
 
 // One training step of a GPT with parameters and optimizer state on NVMe (stage 3, one
@@ -18,7 +19,11 @@ struct StepBenchOptions {
 // the same run: the CPU cores (the same step with every state in memory), the NVMe
 // traffic the step moves (replayed through ferry's storage, reads and writes on two
 // threads), and communication (none at one rank). Reports the NVMe bytes per parameter
-// per step the overlapped run moved (its trace's reads and writes).
+// per step the overlapped run moved (its trace's reads and writes). With device "cuda" the
+// steps run on the GPU (compute alone: every state on the GPU) and the bytes over PCIe per
+// parameter, up and down, are reported beside the minimum the placement allows
+// (docs/design.md, "Bytes over PCIe"). Throws std::runtime_error (naming the reason)
+// where the cuda device is unavailable.
 int run_step_bench(const StepBenchOptions& opt, Report& report);
 
 }  // namespace ferry::bench

@@ -57,7 +57,7 @@ ferry=$build/examples/ferry
 # Q1, Q5, F5, the memory and the versions: one line per check.
 step doctor "$ferry" doctor --gpu
 # The CUDA tests. cli_cuda_unavailable asserts that there is *no* GPU, so it is left out here.
-step ctest_cuda ctest --test-dir "$build" -R cuda -E cli_cuda_unavailable --output-on-failure
+step ctest_cuda ctest --test-dir "$build" -R cuda -E 'cli_cuda_unavailable|bench_step_cuda_unavailable' --output-on-failure
 # Q2: the margins the tolerances leave on a real GPU (worst errors printed at message level).
 step backend_ops "$build/tests/test_backend_ops" --log_level=message
 step cuda_training "$build/tests/test_cuda_training" --log_level=message
@@ -74,6 +74,8 @@ fi
 # the PCIe bytes per parameter, to set against docs/design.md's formula (bf16: 2 x 2/N up,
 # 4/N down per micro-batch, plus a third upload of the tied embedding).
 step bench_model_bf16 "$ferry" bench model --device cuda --bf16
+step bench_step_cuda "$ferry" bench step --device cuda --bf16 --nvme-path "${FERRY_NVME_PATH:-$out}" \
+  --json "$out/bench_step_cuda.json"
 gpt2=(--config examples/configs/tiny.json --set device.type=cuda --set bf16.enabled=true
       --set zero_optimization.stage=3 --set model.n_layer=12 --set model.n_head=12 --set model.n_embd=768
       --set model.block_size=1024 --set train_micro_batch_size_per_gpu=8 --set train.steps=30
@@ -89,6 +91,7 @@ step zero3_offload_nvme "$ferry" train "${gpt2[@]}" --set zero_optimization.offl
 {
   echo "--- issue 17: bf16 model bench and ZeRO-3 offloaded runs (last step lines)"
   tail -3 "$out/bench_model_bf16.log"
+  grep -E 'overlapped|sequential|alone|bytes/param' "$out/bench_step_cuda.log"
   grep -h '^step ' "$out/zero3_offload_cpu.log" | tail -2
   grep -h '^step ' "$out/zero3_offload_nvme.log" | tail -2
   echo "--- ferry doctor --gpu"
