@@ -288,6 +288,7 @@ class Emulator {
     tail_.clear();
     host_.clear();
     ordered_.clear();
+    host_waits_ = 0;
   }
   // Whether a GPU may run `a` and `b` at the same time: neither is ordered after the other.
   static bool concurrent(const Ordered& a, const Ordered& b) {
@@ -301,6 +302,11 @@ class Emulator {
   std::vector<Ordered> take_order() {
     std::lock_guard<std::mutex> lock(mu);
     return std::exchange(ordered_, {});
+  }
+  // The host's blocking waits since the last call (while keeping clocks).
+  size_t take_host_waits() {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::exchange(host_waits_, 0);
   }
   // cudaStreamWaitEvent: what `waiting` issues next is ordered after `marker`, whether or
   // not the emulation has run it already (a GPU keeps the order either way).
@@ -407,6 +413,7 @@ class Emulator {
   // The host has seen `id` finish: whatever it issues from now on is ordered after it.
   void host_saw(uint64_t id) {
     if (!record_order) return;
+    ++host_waits_;
     if (auto it = clocks_.find(id); it != clocks_.end()) merge(host_, it->second);
   }
   void order_op(const Op& o) {
@@ -490,6 +497,7 @@ class Emulator {
   std::unordered_map<uint64_t, Clock> clocks_;  // every op's, while record_order
   std::unordered_map<const Stream*, Clock> tail_;  // what the next op of a stream is ordered after
   Clock host_;                                   // what the host has seen finish
+  size_t host_waits_ = 0;
   std::vector<Ordered> ordered_;
   bool record_order = false;
   uint64_t next_id_ = 0;
