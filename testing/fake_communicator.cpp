@@ -4,16 +4,51 @@
 
 namespace ferry::testing {
 
-FakeGroup::FakeGroup(int size) : size_(size), barrier_(size), ops_(static_cast<size_t>(size)) {}
+FakeGroup::FakeGroup(int size) : size_(size), ops_(static_cast<size_t>(size)) {}
 
 std::unique_ptr<Communicator> FakeGroup::communicator(int rank) {
   return std::make_unique<FakeCommunicator>(*this, rank);
 }
 
+void FakeGroup::abort(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.empty()) failure_ = "the fake group was aborted: " + why;
+  cv_.notify_all();
+}
+
+void FakeGroup::leave(int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.empty()) failure_ = "rank " + std::to_string(rank) + " left the fake group (it issues no more collectives)";
+  cv_.notify_all();
+}
+
+void FakeGroup::arrive_and_wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto failed = [&] { return CommError(failure_); };  // the Work's message names the rank and the op
+  if (!failure_.empty()) throw failed();
+  const uint64_t gen = generation_;
+  if (++arrived_ == size_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return generation_ != gen || !failure_.empty(); });
+  if (generation_ == gen) throw failed();
+}
+
 void FakeCommunicator::execute(const Op& op, const WorkPtr& work) {
+  try {
+    run(op, work);
+  } catch (const CommError& e) {
+    work->fail(e.what());
+  }
+}
+
+void FakeCommunicator::run(const Op& op, const WorkPtr& work) {
   const int n = group_.size();
   group_.ops_[static_cast<size_t>(rank_)] = op;
-  group_.barrier_.arrive_and_wait();  // every rank's buffers are published
+  group_.arrive_and_wait();  // every rank's buffers are published
   std::string mismatch;
   for (int r = 0; r < n; ++r) {
     const Op& o = group_.ops_[static_cast<size_t>(r)];
@@ -49,7 +84,7 @@ void FakeCommunicator::execute(const Op& op, const WorkPtr& work) {
         break;
     }
   }
-  group_.barrier_.arrive_and_wait();  // every rank has read every input
+  group_.arrive_and_wait();  // every rank has read every input
   if (!mismatch.empty()) {
     work->fail(mismatch);
     return;

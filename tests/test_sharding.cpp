@@ -4,6 +4,10 @@
 #define BOOST_TEST_MODULE sharding
 #include <boost/test/unit_test.hpp>
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -82,6 +86,49 @@ BOOST_AUTO_TEST_CASE(fake_collectives_compute_real_results) {
                                 if (r == 1) c.broadcast(&v, 1, comm::DataType::f64, 0)->wait();
                               }),
                     std::runtime_error);
+}
+
+// A rank that throws, or returns while the others still issue collectives, ends every
+// other rank's wait with an error naming it: a red test, never a hang. A guard aborts the
+// process if the ranks do not finish, so that a regression fails in seconds.
+BOOST_AUTO_TEST_CASE(a_failing_or_departed_rank_ends_every_wait) {
+  std::atomic<bool> finished{false};
+  std::thread guard([&] {
+    for (int i = 0; i < 600 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!finished) {
+      std::fputs("a_failing_or_departed_rank_ends_every_wait: the fake ranks hang\n", stderr);
+      std::abort();
+    }
+  });
+  std::string thrown, left;
+  try {
+    run_ranks(3, [](int r, comm::Communicator& c) {
+      double v = 1;
+      c.all_reduce(&v, 1, comm::DataType::f64, comm::ReduceOp::sum)->wait();  // all three arrive
+      if (r == 1) throw std::runtime_error("boom on rank 1");
+      c.all_reduce(&v, 1, comm::DataType::f64, comm::ReduceOp::sum)->wait();  // ranks 0 and 2 wait for 1
+      c.barrier()->wait();
+    });
+  } catch (const std::runtime_error& e) {
+    thrown = e.what();
+  }
+  try {
+    run_ranks(2, [](int r, comm::Communicator& c) {
+      if (r == 0) return;  // issues nothing: rank 1's barrier can never complete
+      c.barrier()->wait();
+    });
+  } catch (const std::runtime_error& e) {
+    left = e.what();
+  }
+  finished = true;
+  guard.join();
+  BOOST_TEST_MESSAGE(thrown << left);
+  BOOST_TEST(thrown.find("rank 1: boom on rank 1") != std::string::npos);
+  BOOST_TEST(thrown.find("rank 0: ") != std::string::npos);
+  BOOST_TEST(thrown.find("rank 2: ") != std::string::npos);
+  BOOST_TEST(thrown.find("aborted: rank 1: boom on rank 1") != std::string::npos);
+  BOOST_TEST(left.find("rank 1: ") != std::string::npos);
+  BOOST_TEST(left.find("rank 0 left the fake group") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(sharded_units_gather_and_reduce_at_every_stage) {

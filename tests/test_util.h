@@ -32,7 +32,9 @@ struct TempDir {
 };
 
 // Runs fn(rank, comm) on `world` threads, one fake rank each; rethrows the failures,
-// naming their ranks.
+// naming their ranks. A rank that throws aborts the group, and one that returns leaves
+// it: the others' collectives then fail naming it, as mpiexec ends a job, instead of
+// waiting for ever.
 inline void run_ranks(int world, const std::function<void(int, comm::Communicator&)>& fn) {
   testing::FakeGroup group(world);
   std::vector<std::thread> threads;
@@ -43,7 +45,9 @@ inline void run_ranks(int world, const std::function<void(int, comm::Communicato
       auto c = group.communicator(r);
       try {
         fn(r, *c);
+        group.leave(r);
       } catch (const std::exception& e) {
+        group.abort("rank " + std::to_string(r) + ": " + e.what());
         std::lock_guard<std::mutex> lock(mu);
         failure += "rank " + std::to_string(r) + ": " + e.what() + "\n";
       }
