@@ -93,10 +93,25 @@ PinnedPool::~PinnedPool() {
 
 void* PinnedPool::acquire() {
   std::unique_lock<std::mutex> lock(mu_);
+  ++waiting_;
   cv_.wait(lock, [&] { return !free_.empty(); });
+  --waiting_;
   char* p = free_.back();
   free_.pop_back();
   return p;
+}
+
+std::vector<std::pair<void*, size_t>> PinnedPool::regions() const {
+  std::vector<std::pair<void*, size_t>> out;
+  const size_t b = options_.buffer_size;
+  const size_t per = b <= kMaxFixedBuffer ? kMaxFixedBuffer / b * b : kMaxFixedBuffer;
+  for (size_t at = 0; at < bytes_; at += per) out.emplace_back(slab_ + at, std::min(per, bytes_ - at));
+  return out;
+}
+
+int PinnedPool::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
 }
 
 void PinnedPool::release(void* buffer) {

@@ -20,6 +20,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <stdexcept>
@@ -77,12 +78,19 @@ class PinnedPool {
   void copy(void* dst, const void* src, size_t bytes) const {
     if (!options_.count_only) std::memcpy(dst, src, bytes);
   }
-  std::vector<std::pair<void*, size_t>> regions() const { return {{slab_, bytes_}}; }
+  // The slab as io_uring fixed buffers: pieces of whole buffers, each at most
+  // kMaxFixedBuffer (io_uring refuses a larger one with EFAULT), so that every buffer lies
+  // inside one piece (a buffer larger than that is cut, and its transfers fall back to
+  // unregistered I/O). One piece for a slab of at most 1 GiB.
+  static constexpr size_t kMaxFixedBuffer = size_t{1} << 30;
+  std::vector<std::pair<void*, size_t>> regions() const;
+  void* slab() const { return slab_; }
 
   // A buffer of buffer_size() bytes, 4 KiB aligned; blocks until one is free.
   void* acquire();
   void release(void* buffer);
   int in_use() const;
+  int waiting() const;  // threads blocked in acquire() now (tests observe the bound with it)
 
  private:
   PinnedPoolOptions options_;
@@ -95,6 +103,38 @@ class PinnedPool {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<char*> free_;
+  int waiting_ = 0;  // under mu_
+};
+
+// A pool buffer held for a scope: given back to the pool when the lease ends, on every
+// path, exceptions included. Either acquired (blocks as acquire() does) or adopting a
+// buffer the caller already holds (a Swapper's wait() result). Movable, not copyable;
+// a moved-from lease holds nothing. Thread safety: as the pool's release().
+class PooledBuffer {
+ public:
+  explicit PooledBuffer(PinnedPool& pool) : pool_(&pool), buf_(static_cast<float*>(pool.acquire())) {}
+  PooledBuffer(PinnedPool& pool, void* adopted) : pool_(&pool), buf_(static_cast<float*>(adopted)) {}
+  ~PooledBuffer() { reset(); }
+  PooledBuffer(PooledBuffer&& o) noexcept : pool_(o.pool_), buf_(std::exchange(o.buf_, nullptr)) {}
+  PooledBuffer& operator=(PooledBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      pool_ = o.pool_;
+      buf_ = std::exchange(o.buf_, nullptr);
+    }
+    return *this;
+  }
+  PooledBuffer(const PooledBuffer&) = delete;
+  PooledBuffer& operator=(const PooledBuffer&) = delete;
+  float* get() const { return buf_; }
+  int64_t elements() const { return static_cast<int64_t>(pool_->buffer_size() / 4); }
+  void reset() noexcept {
+    if (buf_) pool_->release(std::exchange(buf_, nullptr));
+  }
+
+ private:
+  PinnedPool* pool_;
+  float* buf_;
 };
 
 }  // namespace ferry::offload

@@ -12,21 +12,6 @@
 
 namespace ferry::offload {
 
-// A pinned buffer held for one scope (returned to the pool on every exit path).
-class PooledBuffer {
- public:
-  explicit PooledBuffer(PinnedPool& pool) : pool_(pool), buf_(static_cast<float*>(pool.acquire())) {}
-  ~PooledBuffer() { pool_.release(buf_); }
-  PooledBuffer(const PooledBuffer&) = delete;
-  PooledBuffer& operator=(const PooledBuffer&) = delete;
-  float* get() const { return buf_; }
-  int64_t elements() const { return static_cast<int64_t>(pool_.buffer_size() / 4); }
-
- private:
-  PinnedPool& pool_;
-  float* buf_;
-};
-
 // Writes src[0, n) into [0, n) of `region`: through one buffer of `pool`, piece by piece,
 // or in one write from src when pool is null (device and cpu tiers only).
 void write_staged(ShardStore& store, int region, const float* src, int64_t n, PinnedPool* pool);

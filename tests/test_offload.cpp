@@ -197,6 +197,10 @@ BOOST_AUTO_TEST_CASE(failed_optimizer_writes_name_the_file_and_keep_the_last_ste
       BOOST_TEST(std::string(e.what()).find(std::strerror(err)) != std::string::npos, e.what());
     }
     armed = false;
+    // Every pinned buffer the failed step held (the tile's master, m and v among them)
+    // went back to the pool: the next use finds them all.
+    BOOST_REQUIRE(t.pinned_pool());
+    BOOST_TEST(t.pinned_pool()->in_use() == 0);
     // Nothing was committed: the state is exactly the one after step 1.
     for (int u = 0; u < t.model().num_units(); ++u) {
       BOOST_TEST(t.optimizer().master(u) == after_step1[static_cast<size_t>(u)], boost::test_tools::per_element());

@@ -119,6 +119,7 @@ class Trainer {
   nn::Model& model() { return *model_; }
   ShardedUnits& units() { return *units_; }
   OptimizerState& optimizer() { return *opt_; }
+  const offload::PinnedPool* pinned_pool() const { return pool_.get(); }  // null without nvme staging
   // Where the model computes: the cpu device, or the cuda device (device.type cuda).
   nn::Device& device() { return *compute_; }
   Tracer& tracer() { return *tracer_; }

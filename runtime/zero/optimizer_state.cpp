@@ -68,13 +68,13 @@ OptimizerState::OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Devi
       read(0, lengths[u], store_->tensor(region(unit, kMaster)).data_as<float>());
       continue;
     }
-    float* buf = static_cast<float*>(pool_->acquire());
+    const offload::PooledBuffer lease(*pool_);
+    float* buf = lease.get();
     for (int64_t k = 0; k < lengths[u]; k += tile_) {
       const int64_t len = std::min(tile_, lengths[u] - k);
       read(k, len, buf);
       store_->write(region(unit, kMaster), k, len, buf);
     }
-    pool_->release(buf);
   }
 }
 
@@ -128,13 +128,13 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     if (units_.placement().params != offload::Tier::nvme || fused) return publish(0, o.length, p);
     // nvme parameters want aligned pinned buffers: copy through one, tile by tile.
     const int64_t tile = tile_;
-    float* buf = static_cast<float*>(pool_->acquire());
+    const offload::PooledBuffer lease(*pool_);
+    float* buf = lease.get();
     for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
       const int64_t n = std::min(tile, o.length - t0);
       pool_->copy(buf, p + t0, static_cast<size_t>(n) * 4);
       units_.write_owned_weights(unit, t0, n, buf);
     }
-    pool_->release(buf);
     return;
   }
   // nvme: stream tiles of master, m, v through pinned buffers. The swapper reads the next
@@ -162,9 +162,21 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
       const int64_t t0 = k * tile, n = std::min(tile, o.length - t0);
       const auto tickets = queued.front();
       queued.pop_front();
-      float* p = static_cast<float*>(swapper_->wait(tickets[0]));
-      float* m = static_cast<float*>(swapper_->wait(tickets[1]));
-      float* v = static_cast<float*>(swapper_->wait(tickets[2]));
+      // Leased as they arrive: a failed read, update or write gives all three back.
+      std::array<offload::PooledBuffer, 3> held = {offload::PooledBuffer(*pool_, nullptr),
+                                                   offload::PooledBuffer(*pool_, nullptr),
+                                                   offload::PooledBuffer(*pool_, nullptr)};
+      try {
+        for (size_t which = 0; which < 3; ++which)
+          held[which] = offload::PooledBuffer(*pool_, swapper_->wait(tickets[which]));
+      } catch (...) {
+        for (size_t which = 0; which < 3; ++which)
+          if (!held[which].get()) swapper_->cancel(tickets[which]);
+        throw;
+      }
+      float* p = held[0].get();
+      float* m = held[1].get();
+      float* v = held[2].get();
       adam_over(p, m, v, t0, n);
       const int next_slot = 1 - current_;
       {
@@ -174,7 +186,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
         store_->write(region(unit, kV, next_slot), t0, n, v);
       }
       publish(t0, n, p);
-      swapper_->release(p), swapper_->release(m), swapper_->release(v);
+      for (offload::PooledBuffer& b : held) b.reset();
       if (next < tiles) enqueue();
     }
   } catch (...) {
@@ -205,14 +217,14 @@ void OptimizerState::read_state(int unit, Array array, int64_t offset, int64_t n
   } else {
     // Whole aligned tiles from the current slot; the part inside [offset, offset + n) kept.
     const int64_t tile = tile_;
-    float* buf = static_cast<float*>(pool_->acquire());
+    const offload::PooledBuffer lease(*pool_);
+    float* buf = lease.get();
     for (int64_t t0 = offset / tile * tile; t0 < offset + n; t0 += tile) {
       const int64_t len = std::min(tile, o.length - t0);
       store_->read(region(unit, array, current_), t0, len, buf);
       const int64_t lo = std::max(t0, offset), hi = std::min(t0 + len, offset + n);
       pool_->copy(dst + (lo - offset), buf + (lo - t0), static_cast<size_t>(hi - lo) * 4);
     }
-    pool_->release(buf);
   }
 }
 
@@ -228,23 +240,18 @@ void OptimizerState::write_state(int unit, Array array, const float* src) {
   }
   // nvme on either side wants aligned pinned buffers: one tile at a time.
   const int64_t tile = tile_;
-  float* buf = static_cast<float*>(pool_->acquire());
-  try {
-    for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
-      const int64_t len = std::min(tile, o.length - t0);
-      pool_->copy(buf, src + t0, bytes(len));
-      if (tier_ == offload::Tier::nvme) {
-        store_->write(region(unit, array, current_), t0, len, buf);
-      } else if (!(array == kMaster && alias_)) {
-        pool_->copy(store_->tensor(region(unit, array)).data_as<float>() + t0, buf, bytes(len));
-      }
-      if (array == kMaster) units_.write_owned_weights(unit, t0, len, buf);
+  const offload::PooledBuffer lease(*pool_);
+  float* buf = lease.get();
+  for (int64_t t0 = 0; t0 < o.length; t0 += tile) {
+    const int64_t len = std::min(tile, o.length - t0);
+    pool_->copy(buf, src + t0, bytes(len));
+    if (tier_ == offload::Tier::nvme) {
+      store_->write(region(unit, array, current_), t0, len, buf);
+    } else if (!(array == kMaster && alias_)) {
+      pool_->copy(store_->tensor(region(unit, array)).data_as<float>() + t0, buf, bytes(len));
     }
-  } catch (...) {
-    pool_->release(buf);
-    throw;
+    if (array == kMaster) units_.write_owned_weights(unit, t0, len, buf);
   }
-  pool_->release(buf);
 }
 
 }  // namespace ferry::runtime

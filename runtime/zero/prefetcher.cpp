@@ -110,16 +110,16 @@ void Prefetcher::start_read(Flight& f) {
 
 Tensor Prefetcher::take_read(Flight& f) {
   const int64_t n = part(f.unit).shard;
-  void* buf = swapper_->wait(f.read);
+  offload::PooledBuffer buf(*pool_, swapper_->wait(f.read));  // back to the pool on every path
   f.read = 0;
   f.shard = Tensor::empty(dev_, shards_->dtype(), {n});
   if (dev_.host_accessible()) {
-    pool_->copy(f.shard.data(), buf, f.shard.nbytes());
-    swapper_->release(buf);
+    pool_->copy(f.shard.data(), buf.get(), f.shard.nbytes());
   } else {
     // Up from the page-locked buffer on the copy stream; the buffer goes back to the pool
     // once the copy is done (reap), never with the host waiting for it here.
-    retired_.push_back({buf, shards_->upload(f.unit, f.shard, buf)});
+    nn::TransferPtr upload = shards_->upload(f.unit, f.shard, buf.get());
+    retired_.emplace_back(std::move(buf), std::move(upload));
   }
   return f.shard;
 }
@@ -129,15 +129,9 @@ void Prefetcher::reap(bool all) {
 }
 
 void Prefetcher::reap_oldest() {
-  auto [buf, upload] = retired_.front();
+  auto [buf, upload] = std::move(retired_.front());
   retired_.pop_front();
-  try {
-    upload->wait();
-  } catch (...) {
-    swapper_->release(buf);
-    throw;
-  }
-  swapper_->release(buf);
+  upload->wait();  // the buffer goes back to the pool as `buf` ends, also when this throws
 }
 
 void Prefetcher::issue(Flight& f) {

@@ -121,7 +121,7 @@ class Prefetcher {
   RefreshAhead refresh_;
   std::unique_ptr<offload::Swapper> swapper_;
   std::map<size_t, Flight> flights_;  // by position; all after the current one
-  std::deque<std::pair<void*, nn::TransferPtr>> retired_;  // pool buffers still being uploaded
+  std::deque<std::pair<offload::PooledBuffer, nn::TransferPtr>> retired_;  // pool buffers still being uploaded
   int64_t hits_ = 0;
   Tracer* tracer_ = nullptr;
   UpdateWorker* updates_ = nullptr;
