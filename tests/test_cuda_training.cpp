@@ -286,13 +286,15 @@ BOOST_AUTO_TEST_CASE(gpu_spans_are_timed_on_the_device, *boost::unit_test::preco
 }
 
 // Issue 17: the shards' copies and the collectives run beside the kernels, not between
-// them. Stage 3 with parameters and optimizer offloaded, 2 steps of 2 micro-batches:
+// them. Stage 3 with parameters and optimizer offloaded, 2 micro-batches per step:
 // - On the emulation, which runs one op at a time, "beside" is the order the code asks a
-//   GPU to keep (the emulator's vector clocks: stream order, event waits, host waits): a
-//   copy or collective that no kernel is ordered against, and that is ordered against no
-//   kernel, may run while that kernel does. Every shard upload, gradient download and
-//   collective must have such a kernel; a host wait after each upload, or a copy stream
-//   made to wait for compute, leaves none.
+//   GPU to keep (the emulator's vector clocks: stream order, event waits, blocking host
+//   waits), over the steady-state steps 2 and 3: a copy or collective that no kernel is
+//   ordered against, and that is ordered against no kernel, may run while that kernel
+//   does. Nearly every shard upload, gradient download and collective must have such a
+//   kernel (the exceptions, each with its reason, below), and the host may block only a
+//   few times per step; a host wait after every op (FERRY_CUDA_SYNC=1) leaves none, a
+//   copy stream made to wait for compute leaves 8 of 44 uploads.
 // - On a GPU, the trace's device-timed spans: some upload and download time (and at
 //   several ranks, some collective time) falls inside compute spans.
 BOOST_AUTO_TEST_CASE(copies_and_collectives_run_beside_kernels, *boost::unit_test::precondition(test::CudaPresent{})) {
