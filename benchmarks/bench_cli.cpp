@@ -36,7 +36,9 @@ int run(const std::string& name, const BenchArgs& a) {
     bool is_root = true;
     int rc = 0;
     if (name == "model") {
-      rc = run_model_bench(a.opt, report);
+      ModelBenchOptions o = a.opt;
+      if (o.device == "cuda") o.device_memory = 0;  // sized to the GPU
+      rc = run_model_bench(o, report);
     } else if (name == "io") {
       rc = run_io_bench(IoBenchOptions{a.path, a.opt.quick}, report);
     } else if (name == "step") {

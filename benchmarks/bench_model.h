@@ -9,7 +9,7 @@ namespace ferry::bench {
 
 struct ModelBenchOptions {
   int threads = 0;                 // 0 = all cores
-  size_t device_memory = 8ull << 30;
+  size_t device_memory = 8ull << 30;  // cpu; cuda: 0 = what fits on the GPU now
   bool quick = false;              // fewer repetitions (smoke test)
   std::string only;                // one config by name; "" = all
   std::string device = "cpu";      // cpu | cuda

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/mpi_communicator.h"
 #include "offload/storage.h"
 #include "runtime/train/trainer.h"
 #include "runtime/zero/partition.h"
@@ -74,11 +75,10 @@ struct Timed {
   double up_bytes = 0, down_bytes = 0;  // medians over timed steps: host -> device, device -> host
 };
 
-Timed time_steps(const nlohmann::json& doc, const std::vector<std::string>& overrides, int warmup, int timed,
-                 const std::string& trace) {
-  comm::SingleProcessCommunicator alone;
+Timed time_steps(comm::Communicator& comm, const nlohmann::json& doc, const std::vector<std::string>& overrides,
+                 int warmup, int timed, const std::string& trace) {
   std::ostream discard(nullptr);
-  runtime::Trainer t(runtime::config_from_json(doc, "ferry bench step", "", overrides), alone, discard);
+  runtime::Trainer t(runtime::config_from_json(doc, "ferry bench step", "", overrides), comm, discard);
   Timed r;
   std::vector<double> times, nvme, up, down;
   for (int s = 0; s < warmup + timed; ++s) {
@@ -185,9 +185,15 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
   const std::string trace = opt.trace.empty() ? (fs::path(opt.nvme_path) / "ferry-bench-step.trace.json").string() : opt.trace;
   const int warmup = 2, timed = opt.quick ? 1 : 3;
   const std::vector<std::string> sequential = {"zero_optimization.overlap_comm=false", "schedule.overlap_offload=false"};
-  const Timed seq = time_steps(bench_doc(opt, dir, true), sequential, warmup, timed, "");
-  const Timed ovl = time_steps(bench_doc(opt, dir, true), {}, warmup, timed, trace);
-  const Timed cpu = time_steps(bench_doc(opt, dir, false), {}, warmup, timed, "");
+  // The cuda device starts NCCL over MPI (one rank: an MPI singleton); the CPU device needs
+  // no MPI at all.
+  comm::SingleProcessCommunicator alone;
+  std::unique_ptr<comm::MpiCommunicator> world;
+  if (opt.device == "cuda") world = comm::MpiCommunicator::world(/*timeout_s=*/300);
+  comm::Communicator& comm = world ? static_cast<comm::Communicator&>(*world) : alone;
+  const Timed seq = time_steps(comm, bench_doc(opt, dir, true), sequential, warmup, timed, "");
+  const Timed ovl = time_steps(comm, bench_doc(opt, dir, true), {}, warmup, timed, trace);
+  const Timed cpu = time_steps(comm, bench_doc(opt, dir, false), {}, warmup, timed, "");
   const Replay io = replay_nvme(dir, ovl, opt.quick ? 1 : 3);
   fs::remove_all(dir);
   const double nvme_s = std::min(io.concurrent_s, io.serial_s), comm_s = 0;

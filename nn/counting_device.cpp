@@ -139,16 +139,19 @@ void CountingDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweigh
   per_row("layernorm_backward", inp, rstd);
 }
 
-void CountingDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+void CountingDevice::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t n_head,
                                        int64_t n_kv_head, const Tensor& doc_start) {
-  checks::attention(kDev, "attention_forward", out, att, qkv, n_head, n_kv_head == 0 ? n_head : n_kv_head);
+  checks::attention(kDev, "attention_forward", out, lse, qkv, n_head, n_kv_head == 0 ? n_head : n_kv_head);
   checks::doc_start(kDev, "attention_forward", doc_start, qkv);
 }
 
-void CountingDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                                        int64_t n_head, int64_t n_kv_head) {
+void CountingDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                        const Tensor& lse, int64_t n_head, int64_t n_kv_head,
+                                        const Tensor& doc_start) {
   same("attention_backward", dqkv, qkv);
-  checks::attention(kDev, "attention_backward", dout, att, qkv, n_head, n_kv_head == 0 ? n_head : n_kv_head);
+  same("attention_backward", dout, out);
+  checks::attention(kDev, "attention_backward", dout, lse, qkv, n_head, n_kv_head == 0 ? n_head : n_kv_head);
+  checks::doc_start(kDev, "attention_backward", doc_start, qkv);
 }
 
 void CountingDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,

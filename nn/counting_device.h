@@ -64,10 +64,11 @@ class CountingDevice final : public Device {
                          const Tensor& weight, const Tensor& bias) override;
   void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                           const Tensor& inp, const Tensor& weight, const Tensor& mean, const Tensor& rstd) override;
-  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t n_head,
                          int64_t n_kv_head = 0, const Tensor& doc_start = Tensor{}) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                          int64_t n_head, int64_t n_kv_head = 0) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int64_t n_head, int64_t n_kv_head = 0,
+                          const Tensor& doc_start = Tensor{}) override;
   void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                        double eps) override;
   void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,

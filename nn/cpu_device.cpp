@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "nn/cpu_attention.h"
 #include "nn/cpu_kernels.h"
 #include "nn/llama_kernels.h"
 #include "nn/op_checks.h"
@@ -481,48 +482,56 @@ void CpuDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight,
 }
 
 
-void CpuDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+namespace {
+// Each start must lie in its row's causal prefix: [0, t].
+void check_doc_starts(const char* op, const Tensor& doc_start, int64_t T) {
+  if (!doc_start.defined()) return;
+  const int32_t* d = doc_start.data_as<int32_t>();
+  for (int64_t n = 0; n < doc_start.numel(); ++n) {
+    if (d[n] < 0 || d[n] > n % T) {
+      throw std::invalid_argument(std::string("cpu ") + op + ": doc_start[" + std::to_string(n) + "] = " +
+                                  std::to_string(d[n]) + " is outside [0, " + std::to_string(n % T) + "]");
+    }
+  }
+}
+}  // namespace
+
+void CpuDevice::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t n_head,
                                   int64_t n_kv_head, const Tensor& doc_start) {
-  if (any_low(out, att, qkv)) {
+  if (any_low(out, qkv)) {
     Widen w(*this);
-    attention_forward(w.out(out, false), w.out(att, false), w.in(qkv), n_head, n_kv_head, doc_start);
+    attention_forward(w.out(out, false), lse, w.in(qkv), n_head, n_kv_head, doc_start);
     return w.store();
   }
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
-  const int64_t C = checks::attention("cpu", "attention_forward", out, att, qkv, n_head, kv);
+  const int64_t C = checks::attention("cpu", "attention_forward", out, lse, qkv, n_head, kv);
   checks::doc_start("cpu", "attention_forward", doc_start, qkv);
-  if (doc_start.defined()) {
-    // Each start must lie in its row's causal prefix: [0, t].
-    const int32_t* d = doc_start.data_as<int32_t>();
-    const int64_t T = qkv.dim(1);
-    for (int64_t n = 0; n < doc_start.numel(); ++n) {
-      if (d[n] < 0 || d[n] > n % T) {
-        throw std::invalid_argument("cpu attention_forward: doc_start[" + std::to_string(n) + "] = " +
-                                    std::to_string(d[n]) + " is outside [0, " + std::to_string(n % T) + "]");
-      }
-    }
-  }
+  check_doc_starts("attention_forward", doc_start, qkv.dim(1));
   dispatch("attention_forward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::attention_forward<T>(ptr<T>(out), ptr<T>(att), ptr<T>(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv,
-                              doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr);
+    cpu::flash_attention_forward<T>(ptr<T>(out), ptr<T>(lse), ptr<T>(qkv), qkv.dim(0), qkv.dim(1), C, n_head, kv,
+                                    doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr);
   });
 }
 
-void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& att,
-                                   int64_t n_head, int64_t n_kv_head) {
-  if (any_low(dqkv, dout, qkv, att)) {
+void CpuDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                   const Tensor& lse, int64_t n_head, int64_t n_kv_head, const Tensor& doc_start) {
+  if (any_low(dqkv, dout, qkv, out)) {
     Widen w(*this);
-    attention_backward(w.out(dqkv, true), w.in(dout), w.in(qkv), w.in(att), n_head, n_kv_head);
+    attention_backward(w.out(dqkv, true), w.in(dout), w.in(qkv), w.in(out), lse, n_head, n_kv_head, doc_start);
     return w.store();
   }
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
-  const int64_t C = checks::attention("cpu", "attention_backward", dout, att, qkv, n_head, kv);
+  const int64_t C = checks::attention("cpu", "attention_backward", dout, lse, qkv, n_head, kv);
   expect_same_shape("attention_backward", dqkv, qkv);
+  expect_same_shape("attention_backward", out, dout);
+  checks::doc_start("cpu", "attention_backward", doc_start, qkv);
+  check_doc_starts("attention_backward", doc_start, qkv.dim(1));
   dispatch("attention_backward", qkv.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    cpu::attention_backward<T>(ptr<T>(dqkv), ptr<T>(dout), ptr<T>(qkv), ptr<T>(att), qkv.dim(0), qkv.dim(1), C,
-                               n_head, kv);
+    cpu::flash_attention_backward<T>(ptr<T>(dqkv), ptr<T>(dout), ptr<T>(qkv), ptr<T>(out), ptr<T>(lse), qkv.dim(0),
+                                     qkv.dim(1), C, n_head, kv,
+                                     doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr);
   });
 }
 

@@ -270,10 +270,11 @@ class CudaDevice final : public Device, private DeviceClock {
   void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                           const Tensor& dout, const Tensor& inp, const Tensor& weight,
                           const Tensor& mean, const Tensor& rstd) override;
-  void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv, int64_t n_head,
+  void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, int64_t n_head,
                          int64_t n_kv_head = 0, const Tensor& doc_start = Tensor{}) override;
-  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                          const Tensor& att, int64_t n_head, int64_t n_kv_head = 0) override;
+  void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                          const Tensor& lse, int64_t n_head, int64_t n_kv_head = 0,
+                          const Tensor& doc_start = Tensor{}) override;
   void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
                        const Tensor& weight, double eps) override;
   void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout,
@@ -915,26 +916,30 @@ void CudaDevice::layernorm_backward(const Tensor& dinp, const Tensor& dweight, c
                            arr(weight), arr(mean), arr(rstd), N, C);
 }
 
-void CudaDevice::attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+void CudaDevice::attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                    int64_t n_head, int64_t n_kv_head, const Tensor& doc_start) {
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
-  const int64_t C = checks::attention(kDev, "attention_forward", out, att, qkv, n_head, kv);
+  const int64_t C = checks::attention(kDev, "attention_forward", out, lse, qkv, n_head, kv);
   checks::doc_start(kDev, "attention_forward", doc_start, qkv);
-  cuda::attention_forward(st(), arr(out), arr(att), arr(qkv), qkv.dim(0), qkv.dim(1), C, n_head,
+  cuda::attention_forward(st(), arr(out), arr(lse), arr(qkv), qkv.dim(0), qkv.dim(1), C, n_head,
                           kv, doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr);
 }
 
 void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                    const Tensor& att, int64_t n_head, int64_t n_kv_head) {
+                                    const Tensor& out, const Tensor& lse, int64_t n_head,
+                                    int64_t n_kv_head, const Tensor& doc_start) {
   const int64_t kv = n_kv_head > 0 ? n_kv_head : n_head;
-  const int64_t C = checks::attention(kDev, "attention_backward", dout, att, qkv, n_head, kv);
+  const int64_t C = checks::attention(kDev, "attention_backward", dout, lse, qkv, n_head, kv);
   checks::same_shape(kDev, "attention_backward", dqkv, qkv);
+  checks::same_shape(kDev, "attention_backward", out, dout);
+  checks::doc_start(kDev, "attention_backward", doc_start, qkv);
   const bool f64 = dqkv.dtype() == DType::f64 || dout.dtype() == DType::f64 ||
-                   qkv.dtype() == DType::f64 || att.dtype() == DType::f64;
+                   qkv.dtype() == DType::f64 || out.dtype() == DType::f64 || lse.dtype() == DType::f64;
   const int64_t rows = qkv.dim(0) * n_head * qkv.dim(1);
   Scratch rowdot(*this, static_cast<size_t>(rows) * (f64 ? 8 : 4));
-  cuda::attention_backward(st(), arr(dqkv), arr(dout), arr(qkv), arr(att), qkv.dim(0), qkv.dim(1),
-                           C, n_head, kv, rowdot.get());
+  cuda::attention_backward(st(), arr(dqkv), arr(dout), arr(qkv), arr(out), arr(lse), qkv.dim(0),
+                           qkv.dim(1), C, n_head, kv,
+                           doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr, rowdot.get());
 }
 
 void CudaDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
@@ -1087,6 +1092,21 @@ CudaDevice& cuda_device_of(Device& device, const char* what) {
   return *d;
 }
 }  // namespace
+
+size_t cuda_budget_that_fits(int ordinal) {
+  if (const CudaStatus st = cuda_status(); !st.available()) throw std::runtime_error(st.reason);
+  FERRY_CUDA_CHECK(cudaSetDevice(ordinal));
+  size_t free_bytes = 0, total = 0;
+  FERRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  constexpr size_t kRounding = 4u << 20;  // the slab's fixed room (CudaDevice's constructor)
+  // What a device takes as it starts, before its slab is carved (cuBLAS's handle and
+  // workspace, the error words, the first kernels' images): measured at about 150 MiB on
+  // an H100; 1 GiB leaves a margin for other GPUs and drivers.
+  constexpr size_t kStartup = 1ull << 30;
+  if (free_bytes <= kReserve + kRounding + kStartup) return 0;
+  // capacity + capacity / 64 + kRounding <= free - kReserve - kStartup
+  return (free_bytes - kReserve - kRounding - kStartup) / 65 * 64;
+}
 
 std::string cuda_pci_bus_id(Device& device) {
   CudaDevice& d = cuda_device_of(device, "cuda_pci_bus_id");

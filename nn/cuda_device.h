@@ -65,6 +65,11 @@ CudaStatus cuda_status();
 // std::runtime_error with cuda_status().reason when there is no usable GPU.
 std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal = 0);
 
+// The largest budget make_cuda_device(capacity, ordinal) accepts on that GPU now: its free
+// memory (cudaMemGetInfo) less the reserve and the slab's rounding room. For tools that
+// size themselves to the GPU (ferry bench model); throws as make_cuda_device does.
+size_t cuda_budget_that_fits(int ordinal = 0);
+
 // The compute stream (a cudaStream_t) of a device from make_cuda_device: what NCCL and
 // the copy engines order against. Throws std::invalid_argument for other devices.
 void* cuda_compute_stream(Device& device);

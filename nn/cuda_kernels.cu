@@ -1,8 +1,7 @@
 // Kernels of the CUDA device; the contract is in nn/cuda_kernels.h. Written for clarity
 // first: one block per row for the row reductions, two passes over column tiles and row
 // chunks for the column reductions, one thread per element elsewhere, and
-// attention as two row kernels that recompute what they need instead of storing a second
-// [B,NH,T,T] tensor. GEMMs, the bulk of the FLOPs, are cuBLAS's (nn/cuda_device.cpp).
+// attention as FlashAttention-2's tiled kernels (no [B,NH,T,T] tensor anywhere). GEMMs, the bulk of the FLOPs, are cuBLAS's (nn/cuda_device.cpp).
 #include "nn/cuda_kernels.h"
 
 #include <algorithm>
@@ -22,6 +21,14 @@
 #define FERRY_LAUNCH(kernel, grid, block, smem, stream, ...) \
   kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
 #define FERRY_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
+// Full unrolling of the loops over a warp's rows and a lane's channels (register arrays);
+// g++ compiling the emulation does not know nvcc's pragma.
+#ifdef __CUDACC__
+#define FERRY_UNROLL _Pragma("unroll")
+#else
+#define FERRY_UNROLL
 #endif
 
 namespace ferry::nn::cuda {
@@ -549,7 +556,35 @@ __global__ void rmsnorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w,
 
 
 // ---- attention -----------------------------------------------------------------------------
+// FlashAttention-2's algorithm in SIMT form (no tensor-core instructions, so the CPU
+// emulation runs it as written): scores are made tile by tile and never stored.
 // qkv rows: q (NH heads) | k (KVH heads) | v (KVH heads), hs channels each; W = (NH+2KVH) hs.
+// Every kernel runs warps of 32 lanes, each warp owning kRowsPerWarp rows (query rows in
+// forward and in the dQ pass, key rows in the dK/dV pass) and each lane one position of the
+// other side's tile of 32 (a key, or a query): a lane's dot products read its row of the
+// tile from shared memory (rows padded to hs + 1 words, so the 32 lanes hit 32 banks) and
+// the warp's rows as broadcasts. Accumulators of the warp's rows live in registers, a lane
+// owning channels lane, lane + 32, ... (hs <= kMaxHeadSize). The probabilities a warp
+// shares between its lanes pass through a per-warp slice of shared memory (__syncwarp).
+// Shared memory does not grow with T: long contexts need nothing more than more blocks.
+
+constexpr int kRowsPerWarp = 4;
+constexpr int kTile = 32;  // keys (forward, dQ) or queries (dK/dV) per tile: one per lane
+constexpr int kMaxHeadSize = 256;
+
+// Runs f(std::integral_constant<int, P>{}) with P = the channels per lane a head of hs
+// needs (2, 4 or 8: heads up to 64, 128, 256): the accumulators are register arrays of P,
+// and sizing them to the head keeps registers, and so occupancy, where small heads want them.
+template <class F>
+void by_lanes(int64_t hs, F&& f) {
+  if (hs <= 64) {
+    f(std::integral_constant<int, 2>{});
+  } else if (hs <= 128) {
+    f(std::integral_constant<int, 4>{});
+  } else {
+    f(std::integral_constant<int, 8>{});
+  }
+}
 
 struct AttnShape {
   int64_t T, C, NH, KVH, hs, W, group;
@@ -560,144 +595,365 @@ AttnShape attn_shape(int64_t T, int64_t C, int64_t NH, int64_t KVH) {
   return {T, C, NH, KVH, hs, (NH + 2 * KVH) * hs, NH / KVH};
 }
 
-// One block per query row (i, h, b): scores over the causal prefix, softmax, then the
-// weighted sum of values. Dynamic shared memory: T scores and the q row.
+__device__ __forceinline__ int64_t imin(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+
+__device__ __forceinline__ int64_t first_key(const int32_t* doc_start, int64_t b, int64_t T, int64_t i) {
+  return doc_start ? doc_start[b * T + i] : 0;
+}
+
+// Loads rows [r0, r0 + n) of one head's columns of `src` (row stride `stride`, column
+// offset `col`) into tile[n][pitch] as A; rows at or past T are zero. A warp per row, lanes
+// over its channels: coalesced reads and no integer division (the index arithmetic of an
+// idx / hs split cost more than the tile's dot products).
 template <class A, class X>
-__global__ void attention_forward_kernel(Arr out, Arr att, X qkv, AttnShape s,
+__device__ void load_tile(A* tile, int pitch, X src, int64_t row_base, int64_t r0, int n, int64_t T,
+                          int64_t stride, int64_t col, int64_t hs) {
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h = static_cast<int>(hs);
+  for (int r = warp; r < n; r += warps) {
+    const int64_t row = r0 + r;
+    const int64_t at = (row_base + row) * stride + col;
+    A* dst = tile + r * pitch;
+    if (row < T) {
+      for (int d = lane; d < h; d += 32) dst[d] = src[at + d];
+    } else {
+      for (int d = lane; d < h; d += 32) dst[d] = A(0);
+    }
+  }
+}
+
+template <class A>
+__device__ __forceinline__ A warp_max(A v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const A w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  return v;
+}
+
+// Forward: one block per (query tile, head, batch), largest tiles first. Per key tile the
+// warp's rows take the tile's max (shuffles), rescale their running sums and outputs, and
+// add p v with p from the warp's slice of shared memory.
+template <class A, class X, class Y, int P>
+__global__ void flash_forward_kernel(Arr out, Y lse, X qkv, AttnShape s, const int32_t* doc_start) {
+  FERRY_DYNAMIC_SHARED(smem_raw);
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rows = warps * kRowsPerWarp;
+  const int kld = static_cast<int>(s.hs) + 1, hs = static_cast<int>(s.hs);
+  A* qs = reinterpret_cast<A*>(smem_raw);  // [rows][hs]
+  A* ks = qs + rows * s.hs;                // [kTile][hs + 1]
+  A* vs = ks + kTile * kld;                // [kTile][hs]
+  A* ps = vs + kTile * s.hs;               // [warps][kRowsPerWarp][kTile]
+  const int64_t tiles = gridDim.x;
+  const int64_t i0 = (tiles - 1 - blockIdx.x) * rows, h = blockIdx.y, b = blockIdx.z, kv = h / s.group;
+  const A scale = A(1) / sqrt(static_cast<A>(s.hs));
+  load_tile<A>(qs, static_cast<int>(s.hs), qkv, b * s.T, i0, rows, s.T, s.W, h * s.hs, s.hs);
+  int64_t lo = i0;
+  for (int r = 0; r < rows && i0 + r < s.T; ++r) lo = imin(lo, first_key(doc_start, b, s.T, i0 + r));
+  const int64_t hi = imin(i0 + rows, s.T);
+  A m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][P];
+  int64_t start[kRowsPerWarp];
+FERRY_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    m[rr] = -INFINITY;
+    l[rr] = 0;
+    start[rr] = i < s.T ? first_key(doc_start, b, s.T, i) : s.T;
+FERRY_UNROLL
+    for (int k = 0; k < P; ++k) o[rr][k] = 0;
+  }
+  A* wp = ps + warp * kRowsPerWarp * kTile;
+  for (int64_t j0 = lo; j0 < hi; j0 += kTile) {
+    __syncthreads();  // the previous tile has been read by every warp
+    load_tile<A>(ks, kld, qkv, b * s.T, j0, kTile, s.T, s.W, (s.NH + kv) * s.hs, s.hs);
+    load_tile<A>(vs, static_cast<int>(s.hs), qkv, b * s.T, j0, kTile, s.T, s.W, (s.NH + s.KVH + kv) * s.hs, s.hs);
+    __syncthreads();
+    A sc[kRowsPerWarp];
+FERRY_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) sc[rr] = 0;
+    const A* krow = ks + lane * kld;
+    const A* q0 = qs + warp * kRowsPerWarp * s.hs;
+    for (int d = 0; d < hs; ++d) {
+      const A kd = krow[d];
+FERRY_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) sc[rr] += q0[rr * hs + d] * kd;
+    }
+    const int64_t j = j0 + lane;
+FERRY_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int64_t i = i0 + warp * kRowsPerWarp + rr;
+      const bool visible = i < s.T && j >= start[rr] && j <= i;
+      const A sv = visible ? sc[rr] * scale : A(-INFINITY);
+      const A tmax = warp_max(sv);
+      // Warp-uniform: a row with no visible key in this tile keeps its state.
+      const A mnew = tmax > m[rr] ? tmax : m[rr];
+      const A alpha = mnew == A(-INFINITY) ? A(1) : exp(m[rr] - mnew);
+      wp[rr * kTile + lane] = visible ? exp(sv - mnew) : A(0);
+      m[rr] = mnew;
+      l[rr] *= alpha;
+FERRY_UNROLL
+      for (int k = 0; k < P; ++k) o[rr][k] *= alpha;
+    }
+    __syncwarp();
+    for (int c = 0; c < kTile; ++c) {
+      A p[kRowsPerWarp];
+FERRY_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        p[rr] = wp[rr * kTile + c];
+        l[rr] += p[rr];
+      }
+      const A* vrow = vs + c * hs;
+FERRY_UNROLL
+      for (int k = 0; k < P; ++k) {
+        const int d = lane + 32 * k;
+        if (d < hs) {
+          const A v = vrow[d];
+FERRY_UNROLL
+          for (int rr = 0; rr < kRowsPerWarp; ++rr) o[rr][k] += p[rr] * v;
+        }
+      }
+    }
+    __syncwarp();  // every lane has read the slice before the next tile writes it
+  }
+FERRY_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    if (i >= s.T) continue;
+FERRY_UNROLL
+    for (int k = 0; k < P; ++k) {
+      const int d = lane + 32 * k;
+      if (d < hs) st<A>(out, (b * s.T + i) * s.C + h * s.hs + d, o[rr][k] / l[rr]);
+    }
+    if (lane == 0) lse.set((b * s.NH + h) * s.T + i, m[rr] + log(l[rr]));
+  }
+}
+
+// Backward, D = rowsum(dO * O) per (batch, head, position): one thread each.
+template <class A, class X>
+__global__ void flash_rowdot_kernel(A* D, X dout, X out, AttnShape s, int64_t B) {
+  FERRY_FOR_EACH(n, B * s.T * s.NH) {
+    const int64_t h = n % s.NH, bt = n / s.NH, b = bt / s.T, t = bt % s.T;
+    A acc = 0;
+    for (int64_t d = 0; d < s.hs; ++d) acc += dout[bt * s.C + h * s.hs + d] * out[bt * s.C + h * s.hs + d];
+    D[(b * s.NH + h) * s.T + t] = acc;
+  }
+}
+
+// Backward, dK and dV: one block per (key tile, key/value head, batch); each warp owns
+// kRowsPerWarp keys and each lane a query of the current query tile. Over the group's query
+// heads in order and the query tiles from the block's first key on: p = exp(scale q k - lse),
+// ds = p (dO v - D) scale; dV += p dO, dK += ds q. Each key row is written once.
+template <class A, class X, class Y, int P>
+__global__ void flash_backward_kv_kernel(Arr dqkv, X dout, X qkv, Y lse, const A* D, AttnShape s,
                                          const int32_t* doc_start) {
   FERRY_DYNAMIC_SHARED(smem_raw);
-  A* score = reinterpret_cast<A*>(smem_raw);
-  A* q = score + s.T;
-  __shared__ A scratch[32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kv = h / s.group;
-  const int64_t base = b * s.T * s.W;
-  const int64_t j0 = doc_start ? doc_start[b * s.T + i] : 0;  // the first key of this row's document
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rows = warps * kRowsPerWarp;  // keys per block
+  const int pitch = static_cast<int>(s.hs) + 1, hs = static_cast<int>(s.hs);
+  A* kt = reinterpret_cast<A*>(smem_raw);  // [rows][hs]   this block's keys
+  A* vt = kt + rows * s.hs;                // [rows][hs]
+  A* qs = vt + rows * s.hs;                // [kTile][hs + 1] the query tile
+  A* gs = qs + kTile * pitch;                 // [kTile][hs + 1] its dO
+  A* ps = gs + kTile * pitch;                 // [warps][kRowsPerWarp][kTile] p, then ds
+  A* dss = ps + warps * kRowsPerWarp * kTile;
+  const int64_t j0 = blockIdx.x * int64_t{rows}, kv = blockIdx.y, b = blockIdx.z;
   const A scale = A(1) / sqrt(static_cast<A>(s.hs));
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
-    q[d] = qkv[base + i * s.W + h * s.hs + d];
-  __syncthreads();
-  A mx = -INFINITY;
-  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
-    A dot = 0;
-    const int64_t krow = base + j * s.W + (s.NH + kv) * s.hs;
-    for (int64_t d = 0; d < s.hs; ++d) dot += q[d] * qkv[krow + d];
-    score[j] = dot * scale;
-    mx = score[j] > mx ? score[j] : mx;
-  }
-  mx = block_reduce(mx, scratch, Max{});
-  A sum = 0;
-  for (int64_t j = j0 + threadIdx.x; j <= i; j += blockDim.x) {
-    score[j] = exp(score[j] - mx);
-    sum += score[j];
-  }
-  sum = block_reduce(sum, scratch, Sum{});
-  const int64_t arow = ((b * s.NH + h) * s.T + i) * s.T;
-  for (int64_t j = threadIdx.x; j < s.T; j += blockDim.x) {
-    if (j >= j0 && j <= i) score[j] /= sum;
-    st<A>(att, arow + j, j >= j0 && j <= i ? score[j] : A(0));
-  }
-  __syncthreads();
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
-    A o = 0;
-    for (int64_t j = j0; j <= i; ++j)
-      o += score[j] * qkv[base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d];
-    st<A>(out, (b * s.T + i) * s.C + h * s.hs + d, o);
-  }
-}
-
-// Backward, part 1: one block per query row. dP[j] = dO_i . v_j, dot = sum_j P_ij dP_j,
-// dS_ij = P_ij (dP_j - dot) scale; dQ_i += sum_j dS_ij k_j. `dot` is kept for part 2.
-template <class A, class X, class Y>
-__global__ void attention_backward_query_kernel(Arr dqkv, X dout, X qkv, Y att, AttnShape s,
-                                                A* rowdot) {
-  FERRY_DYNAMIC_SHARED(smem_raw);
-  A* ds = reinterpret_cast<A*>(smem_raw);
-  A* dO = ds + s.T;
-  __shared__ A scratch[32];
-  const int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z, kv = h / s.group;
-  const int64_t base = b * s.T * s.W;
-  const int64_t arow = ((b * s.NH + h) * s.T + i) * s.T;
-  const A scale = A(1) / sqrt(static_cast<A>(s.hs));
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x)
-    dO[d] = dout[(b * s.T + i) * s.C + h * s.hs + d];
-  __syncthreads();
-  A dot = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    A dp = 0;
-    const int64_t vrow = base + j * s.W + (s.NH + s.KVH + kv) * s.hs;
-    for (int64_t d = 0; d < s.hs; ++d) dp += dO[d] * qkv[vrow + d];
-    ds[j] = dp;
-    dot += att[arow + j] * dp;
-  }
-  dot = block_reduce(dot, scratch, Sum{});
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x)
-    ds[j] = att[arow + j] * (ds[j] - dot) * scale;
-  if (threadIdx.x == 0) rowdot[(b * s.NH + h) * s.T + i] = dot;
-  __syncthreads();
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
-    A g = 0;
-    for (int64_t j = 0; j <= i; ++j)
-      g += ds[j] * qkv[base + j * s.W + (s.NH + kv) * s.hs + d];
-    const int64_t at = base + i * s.W + h * s.hs + d;
-    st<A>(dqkv, at, ld<A>(dqkv, at) + g);
-  }
-}
-
-// Backward, part 2: one block per key row (j, kv head, b), over the query heads of its
-// group in order: dK_j += sum_{i>=j} dS_ij q_i, dV_j += sum_{i>=j} P_ij dO_i, with dS
-// recomputed from part 1's `dot`. Each key row is written once: no collisions.
-template <class A, class X, class Y>
-__global__ void attention_backward_key_kernel(Arr dqkv, X dout, X qkv, Y att, AttnShape s,
-                                              const A* rowdot) {
-  FERRY_DYNAMIC_SHARED(smem_raw);
-  A* ds = reinterpret_cast<A*>(smem_raw);
-  A* p = ds + s.T;
-  A* vj = p + s.T;
-  A* acc_k = vj + s.hs;
-  A* acc_v = acc_k + s.hs;
-  const int64_t j = blockIdx.x, kv = blockIdx.y, b = blockIdx.z;
-  const int64_t base = b * s.T * s.W;
-  const A scale = A(1) / sqrt(static_cast<A>(s.hs));
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
-    vj[d] = qkv[base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d];
-    acc_k[d] = 0;
-    acc_v[d] = 0;
-  }
-  __syncthreads();
+  load_tile<A>(kt, static_cast<int>(s.hs), qkv, b * s.T, j0, rows, s.T, s.W, (s.NH + kv) * s.hs, s.hs);
+  load_tile<A>(vt, static_cast<int>(s.hs), qkv, b * s.T, j0, rows, s.T, s.W, (s.NH + s.KVH + kv) * s.hs, s.hs);
+  A gk[kRowsPerWarp][P], gv[kRowsPerWarp][P];
+FERRY_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr)
+FERRY_UNROLL
+    for (int k = 0; k < P; ++k) gk[rr][k] = gv[rr][k] = 0;
+  A* wp = ps + warp * kRowsPerWarp * kTile;
+  A* wd = dss + warp * kRowsPerWarp * kTile;
+  const A* k0 = kt + warp * kRowsPerWarp * s.hs;
+  const A* v0 = vt + warp * kRowsPerWarp * s.hs;
+  const int64_t jlast = imin(j0 + rows, s.T) - 1;
   for (int64_t h = kv * s.group; h < (kv + 1) * s.group; ++h) {
-    for (int64_t i = j + threadIdx.x; i < s.T; i += blockDim.x) {
-      const int64_t orow = (b * s.T + i) * s.C + h * s.hs;
-      A dp = 0;
-      for (int64_t d = 0; d < s.hs; ++d) dp += dout[orow + d] * vj[d];
-      const A pij = att[((b * s.NH + h) * s.T + i) * s.T + j];
-      p[i] = pij;
-      ds[i] = pij * (dp - rowdot[(b * s.NH + h) * s.T + i]) * scale;
-    }
-    __syncthreads();
-    for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
-      A gk = 0, gv = 0;
-      for (int64_t i = j; i < s.T; ++i) {
-        gk += ds[i] * qkv[base + i * s.W + h * s.hs + d];
-        gv += p[i] * dout[(b * s.T + i) * s.C + h * s.hs + d];
+    for (int64_t i0 = j0 / kTile * kTile; i0 < s.T; i0 += kTile) {
+      __syncthreads();  // the previous query tile has been read by every warp
+      load_tile<A>(qs, pitch, qkv, b * s.T, i0, kTile, s.T, s.W, h * s.hs, s.hs);
+      load_tile<A>(gs, pitch, dout, b * s.T, i0, kTile, s.T, s.C, h * s.hs, s.hs);
+      __syncthreads();
+      const int64_t i = i0 + lane;
+      const bool in = i < s.T;
+      const int64_t start = in ? first_key(doc_start, b, s.T, i) : s.T;
+      const A L = in ? lse[(b * s.NH + h) * s.T + i] : A(0);
+      const A Di = in ? D[(b * s.NH + h) * s.T + i] : A(0);
+      A sc[kRowsPerWarp], dp[kRowsPerWarp];
+FERRY_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) sc[rr] = dp[rr] = 0;
+      const A* qrow = qs + lane * pitch;
+      const A* grow = gs + lane * pitch;
+      for (int d = 0; d < hs; ++d) {
+        const A qd = qrow[d], gd = grow[d];
+FERRY_UNROLL
+        for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+          sc[rr] += qd * k0[rr * hs + d];
+          dp[rr] += gd * v0[rr * hs + d];
+        }
       }
-      acc_k[d] += gk;
-      acc_v[d] += gv;
+FERRY_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const int64_t j = j0 + warp * kRowsPerWarp + rr;
+        const bool visible = in && j <= jlast && j >= start && j <= i;
+        const A p = visible ? exp(sc[rr] * scale - L) : A(0);
+        wp[rr * kTile + lane] = p;
+        wd[rr * kTile + lane] = p * (dp[rr] - Di) * scale;
+      }
+      __syncwarp();
+      for (int c = 0; c < kTile; ++c) {
+        A p[kRowsPerWarp], ds[kRowsPerWarp];
+FERRY_UNROLL
+        for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+          p[rr] = wp[rr * kTile + c];
+          ds[rr] = wd[rr * kTile + c];
+        }
+FERRY_UNROLL
+        for (int k = 0; k < P; ++k) {
+          const int d = lane + 32 * k;
+          if (d < hs) {
+            const A qd = qs[c * pitch + d], gd = gs[c * pitch + d];
+FERRY_UNROLL
+            for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+              gv[rr][k] += p[rr] * gd;
+              gk[rr][k] += ds[rr] * qd;
+            }
+          }
+        }
+      }
+      __syncwarp();
     }
-    __syncthreads();
   }
-  for (int64_t d = threadIdx.x; d < s.hs; d += blockDim.x) {
-    const int64_t k_at = base + j * s.W + (s.NH + kv) * s.hs + d;
-    const int64_t v_at = base + j * s.W + (s.NH + s.KVH + kv) * s.hs + d;
-    st<A>(dqkv, k_at, ld<A>(dqkv, k_at) + acc_k[d]);
-    st<A>(dqkv, v_at, ld<A>(dqkv, v_at) + acc_v[d]);
+FERRY_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t j = j0 + warp * kRowsPerWarp + rr;
+    if (j >= s.T) continue;
+FERRY_UNROLL
+    for (int k = 0; k < P; ++k) {
+      const int d = lane + 32 * k;
+      if (d >= hs) continue;
+      const int64_t k_at = (b * s.T + j) * s.W + (s.NH + kv) * s.hs + d;
+      const int64_t v_at = (b * s.T + j) * s.W + (s.NH + s.KVH + kv) * s.hs + d;
+      st<A>(dqkv, k_at, ld<A>(dqkv, k_at) + gk[rr][k]);
+      st<A>(dqkv, v_at, ld<A>(dqkv, v_at) + gv[rr][k]);
+    }
   }
 }
 
-// Attention's row kernels keep rows of T scores in shared memory: past 48 KiB per block
-// (static + dynamic) a kernel must opt in, and the device's opt-in limit (227 KiB on H100,
-// 163 KiB on A100) caps T: about 29K for the key kernel with f32 accumulation. Each launch
-// is checked before anything is enqueued, so a too-long sequence is an error naming itself
-// instead of a failed launch at the first backward.
+// Backward, dQ: one block per (query tile, head, batch), largest first; each warp owns
+// kRowsPerWarp queries and each lane a key of the current key tile: dQ += ds k.
+template <class A, class X, class Y, int P>
+__global__ void flash_backward_q_kernel(Arr dqkv, X dout, X qkv, Y lse, const A* D, AttnShape s,
+                                        const int32_t* doc_start) {
+  FERRY_DYNAMIC_SHARED(smem_raw);
+  const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int rows = warps * kRowsPerWarp;
+  const int pitch = static_cast<int>(s.hs) + 1, hs = static_cast<int>(s.hs);
+  A* qt = reinterpret_cast<A*>(smem_raw);  // [rows][hs]
+  A* gt = qt + rows * s.hs;                // [rows][hs]  dO
+  A* ks = gt + rows * s.hs;                // [kTile][hs + 1]
+  A* vs = ks + kTile * pitch;                 // [kTile][hs + 1]
+  A* dss = vs + kTile * pitch;                // [warps][kRowsPerWarp][kTile]
+  const int64_t tiles = gridDim.x;
+  const int64_t i0 = (tiles - 1 - blockIdx.x) * rows, h = blockIdx.y, b = blockIdx.z, kv = h / s.group;
+  const A scale = A(1) / sqrt(static_cast<A>(s.hs));
+  load_tile<A>(qt, static_cast<int>(s.hs), qkv, b * s.T, i0, rows, s.T, s.W, h * s.hs, s.hs);
+  load_tile<A>(gt, static_cast<int>(s.hs), dout, b * s.T, i0, rows, s.T, s.C, h * s.hs, s.hs);
+  int64_t lo = i0;
+  for (int r = 0; r < rows && i0 + r < s.T; ++r) lo = imin(lo, first_key(doc_start, b, s.T, i0 + r));
+  const int64_t hi = imin(i0 + rows, s.T);
+  A g[kRowsPerWarp][P], L[kRowsPerWarp], Di[kRowsPerWarp];
+  int64_t start[kRowsPerWarp];
+FERRY_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    const bool in = i < s.T;
+    start[rr] = in ? first_key(doc_start, b, s.T, i) : s.T;
+    L[rr] = in ? lse[(b * s.NH + h) * s.T + i] : A(0);
+    Di[rr] = in ? D[(b * s.NH + h) * s.T + i] : A(0);
+FERRY_UNROLL
+    for (int k = 0; k < P; ++k) g[rr][k] = 0;
+  }
+  A* wd = dss + warp * kRowsPerWarp * kTile;
+  const A* q0 = qt + warp * kRowsPerWarp * s.hs;
+  const A* g0 = gt + warp * kRowsPerWarp * s.hs;
+  for (int64_t j0 = lo / kTile * kTile; j0 < hi; j0 += kTile) {
+    __syncthreads();
+    load_tile<A>(ks, pitch, qkv, b * s.T, j0, kTile, s.T, s.W, (s.NH + kv) * s.hs, s.hs);
+    load_tile<A>(vs, pitch, qkv, b * s.T, j0, kTile, s.T, s.W, (s.NH + s.KVH + kv) * s.hs, s.hs);
+    __syncthreads();
+    A sc[kRowsPerWarp], dp[kRowsPerWarp];
+FERRY_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) sc[rr] = dp[rr] = 0;
+    const A* krow = ks + lane * pitch;
+    const A* vrow = vs + lane * pitch;
+    for (int d = 0; d < hs; ++d) {
+      const A kd = krow[d], vd = vrow[d];
+FERRY_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        sc[rr] += q0[rr * hs + d] * kd;
+        dp[rr] += g0[rr * hs + d] * vd;
+      }
+    }
+    const int64_t j = j0 + lane;
+FERRY_UNROLL
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int64_t i = i0 + warp * kRowsPerWarp + rr;
+      const bool visible = i < s.T && j >= start[rr] && j <= i;
+      const A p = visible ? exp(sc[rr] * scale - L[rr]) : A(0);
+      wd[rr * kTile + lane] = p * (dp[rr] - Di[rr]) * scale;
+    }
+    __syncwarp();
+    for (int c = 0; c < kTile; ++c) {
+      A ds[kRowsPerWarp];
+FERRY_UNROLL
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) ds[rr] = wd[rr * kTile + c];
+FERRY_UNROLL
+      for (int k = 0; k < P; ++k) {
+        const int d = lane + 32 * k;
+        if (d < hs) {
+          const A kd = ks[c * pitch + d];
+FERRY_UNROLL
+          for (int rr = 0; rr < kRowsPerWarp; ++rr) g[rr][k] += ds[rr] * kd;
+        }
+      }
+    }
+    __syncwarp();
+  }
+FERRY_UNROLL
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    if (i >= s.T) continue;
+FERRY_UNROLL
+    for (int k = 0; k < P; ++k) {
+      const int d = lane + 32 * k;
+      if (d >= hs) continue;
+      const int64_t at = (b * s.T + i) * s.W + h * s.hs + d;
+      st<A>(dqkv, at, ld<A>(dqkv, at) + g[rr][k]);
+    }
+  }
+}
+
+// Shared memory per block, in elements of A, for `warps` warps at head size hs.
+int64_t forward_shared(int64_t warps, int64_t hs) {
+  const int64_t rows = warps * kRowsPerWarp;
+  return rows * hs + kTile * (hs + 1) + kTile * hs + rows * kTile;
+}
+int64_t backward_kv_shared(int64_t warps, int64_t hs) {
+  const int64_t rows = warps * kRowsPerWarp;
+  return 2 * rows * hs + 2 * kTile * (hs + 1) + 2 * rows * kTile;
+}
+int64_t backward_q_shared(int64_t warps, int64_t hs) {
+  const int64_t rows = warps * kRowsPerWarp;
+  return 2 * rows * hs + 2 * kTile * (hs + 1) + rows * kTile;
+}
+
+// Past 48 KiB per block (static + dynamic) a kernel must opt in; the flash kernels' shared
+// memory depends on the head size alone (about 42 KB at hs = 128 with f32, 4 warps).
 constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
 // The current device's cudaDevAttrMaxSharedMemoryPerBlockOptin, queried once per device.
@@ -720,21 +976,23 @@ struct SharedFit {
 };
 
 // Checks one launch's shared memory against the device; throws std::invalid_argument
-// naming the op, T, the head size, the bytes and the limit when it cannot fit.
+// naming the op, the head size, the bytes and the limit when it cannot fit.
 template <class K>
 SharedFit fit_shared(K kernel, size_t dynamic, const char* op, const AttnShape& s) {
+  if (s.hs > kMaxHeadSize) {
+    throw std::invalid_argument(std::string(op) + ": head size " + std::to_string(s.hs) +
+                                " is above the attention kernels' limit of " +
+                                std::to_string(kMaxHeadSize));
+  }
   cudaFuncAttributes attr{};
   FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
   const SharedFit fit{dynamic, attr.sharedSizeBytes + dynamic};
   const size_t limit = shared_optin_limit();
   if (fit.total > limit) {
     throw std::invalid_argument(
-        std::string(op) + ": sequence length T = " + std::to_string(s.T) + " with head size " +
-        std::to_string(s.hs) + " needs " + std::to_string(fit.total) +
+        std::string(op) + ": head size " + std::to_string(s.hs) + " needs " + std::to_string(fit.total) +
         " bytes of shared memory per block (static + dynamic), more than this GPU's limit of " +
-        std::to_string(limit) +
-        " bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin); longer contexts need the "
-        "flash-attention kernels (issue 25, \"Attention in linear memory\")");
+        std::to_string(limit) + " bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
   }
   return fit;
 }
@@ -1095,58 +1353,63 @@ void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr 
   });
 }
 
-void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
+void attention_forward(Stream s, Arr out, Arr lse, Arr qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, int64_t KVH, const int32_t* doc_start) {
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
-  by_acc(wide(out, att, qkv), [&](auto a) {
+  const int threads = attn_threads(), warps = threads / 32, rows = warps * kRowsPerWarp;
+  by_acc(wide(out, lse, qkv), [&](auto a) {
     using A = decltype(a);
-    by_storage<A>({qkv}, {}, [&](auto x, auto) {
+    by_storage<A>({qkv}, {lse}, [&](auto x, auto y) {
       using X = Operand<A, typename decltype(x)::type>;
-      auto& kernel = attention_forward_kernel<A, X>;  // a reference: the opt-in's key is its address
-      const SharedFit fit = fit_shared(kernel, static_cast<size_t>(T + sh.hs) * sizeof(A),
-                                       "attention_forward", sh);
-      opt_in_shared(kernel, fit);
-      const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(NH),
-                      static_cast<unsigned>(B));
-      const X q(qkv);
-      FERRY_LAUNCH(kernel, grid, attn_threads(), fit.dynamic, as_stream(s), out, att, q, sh,
-                   doc_start);
+      using Y = Operand<A, typename decltype(y)::type>;
+      by_lanes(sh.hs, [&](auto lanes) {
+        // A reference: the opt-in's key is the kernel's address.
+        auto& kernel = flash_forward_kernel<A, X, Y, decltype(lanes)::value>;
+        const SharedFit fit = fit_shared(kernel, static_cast<size_t>(forward_shared(warps, sh.hs)) * sizeof(A),
+                                         "attention_forward", sh);
+        opt_in_shared(kernel, fit);
+        const dim3 grid(static_cast<unsigned>((T + rows - 1) / rows), static_cast<unsigned>(NH),
+                        static_cast<unsigned>(B));
+        FERRY_LAUNCH(kernel, grid, threads, fit.dynamic, as_stream(s), out, Y(lse), X(qkv), sh, doc_start);
+      });
     });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
 
-void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T,
-                        int64_t C, int64_t NH, int64_t KVH, void* rowdot) {
+void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse, int64_t B, int64_t T,
+                        int64_t C, int64_t NH, int64_t KVH, const int32_t* doc_start, void* rowdot) {
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
-  by_acc(wide(dqkv, dout, qkv, att), [&](auto a) {
+  const int threads = attn_threads(), warps = threads / 32, rows = warps * kRowsPerWarp;
+  by_acc(wide(dqkv, dout, qkv, out, lse), [&](auto a) {
     using A = decltype(a);
-    by_storage<A>({qkv, dout}, {att}, [&](auto x, auto y) {
+    by_storage<A>({qkv, dout, out}, {lse}, [&](auto x, auto y) {
       using X = Operand<A, typename decltype(x)::type>;
       using Y = Operand<A, typename decltype(y)::type>;
-      A* dot = static_cast<A*>(rowdot);
-      auto& query = attention_backward_query_kernel<A, X, Y>;
-      auto& key = attention_backward_key_kernel<A, X, Y>;
-      const X grad(dout), q(qkv);
-      const Y p(att);
-      // Both checked before the first launch: a failure leaves dqkv untouched.
-      const SharedFit fit_q = fit_shared(query, static_cast<size_t>(T + sh.hs) * sizeof(A),
-                                         "attention_backward", sh);
-      const SharedFit fit_k = fit_shared(key, static_cast<size_t>(2 * T + 3 * sh.hs) * sizeof(A),
-                                         "attention_backward", sh);
-      opt_in_shared(query, fit_q);
-      opt_in_shared(key, fit_k);
-      const dim3 grid_q(static_cast<unsigned>(T), static_cast<unsigned>(NH),
-                        static_cast<unsigned>(B));
-      FERRY_LAUNCH(query, grid_q, attn_threads(), fit_q.dynamic, as_stream(s), dqkv, grad, q, p, sh,
-                   dot);
-      FERRY_CUDA_CHECK_LAUNCH();
-      const dim3 grid_k(static_cast<unsigned>(T), static_cast<unsigned>(KVH),
-                        static_cast<unsigned>(B));
-      FERRY_LAUNCH(key, grid_k, attn_threads(), fit_k.dynamic, as_stream(s), dqkv, grad, q, p, sh,
-                   dot);
+      A* D = static_cast<A*>(rowdot);
+      by_lanes(sh.hs, [&](auto lanes) {
+        constexpr int P = decltype(lanes)::value;
+        auto& kv_kernel = flash_backward_kv_kernel<A, X, Y, P>;
+        auto& q_kernel = flash_backward_q_kernel<A, X, Y, P>;
+        // Both checked before the first launch: a failure leaves dqkv untouched.
+        const SharedFit fit_kv = fit_shared(
+            kv_kernel, static_cast<size_t>(backward_kv_shared(warps, sh.hs)) * sizeof(A), "attention_backward", sh);
+        const SharedFit fit_q = fit_shared(
+            q_kernel, static_cast<size_t>(backward_q_shared(warps, sh.hs)) * sizeof(A), "attention_backward", sh);
+        opt_in_shared(kv_kernel, fit_kv);
+        opt_in_shared(q_kernel, fit_q);
+        auto& rowdot_kernel = flash_rowdot_kernel<A, X>;
+        FERRY_LAUNCH(rowdot_kernel, grid_for(B * T * NH), block_threads(), 0, as_stream(s), D, X(dout), X(out), sh, B);
+        FERRY_CUDA_CHECK_LAUNCH();
+        const unsigned tiles = static_cast<unsigned>((T + rows - 1) / rows);
+        FERRY_LAUNCH(kv_kernel, dim3(tiles, static_cast<unsigned>(KVH), static_cast<unsigned>(B)), threads,
+                     fit_kv.dynamic, as_stream(s), dqkv, X(dout), X(qkv), Y(lse), D, sh, doc_start);
+        FERRY_CUDA_CHECK_LAUNCH();
+        FERRY_LAUNCH(q_kernel, dim3(tiles, static_cast<unsigned>(NH), static_cast<unsigned>(B)), threads,
+                     fit_q.dynamic, as_stream(s), dqkv, X(dout), X(qkv), Y(lse), D, sh, doc_start);
+      });
     });
   });
   FERRY_CUDA_CHECK_LAUNCH();

@@ -59,16 +59,16 @@ void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, A
 void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C, double eps);
 void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N,
                       int64_t C);
-// Attention keeps rows of T scores per block in shared memory: when static + dynamic bytes
-// pass the device's opt-in limit (cudaDevAttrMaxSharedMemoryPerBlockOptin; T above about 29K
-// in backward, 58K in forward with f32 accumulation on an H100) both throw
-// std::invalid_argument naming T, the head size, the bytes and the limit, before anything is
-// enqueued. doc_start: null, or i32 [B*T] on the device (Device::attention_forward).
-void attention_forward(Stream s, Arr out, Arr att, Arr qkv, int64_t B, int64_t T, int64_t C,
+// Attention in memory linear in T (Device::attention_forward/backward): shared memory per
+// block depends on the head size only (at most 256: std::invalid_argument above it, or when
+// the GPU's opt-in limit is smaller than the block needs), checked before anything is
+// enqueued. lse: [B,NH,T] statistics. doc_start: null, or i32 [B*T] on the device.
+void attention_forward(Stream s, Arr out, Arr lse, Arr qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, int64_t KVH, const int32_t* doc_start);
-// rowdot: device scratch of B*NH*T elements of the accumulation type (f64 if any operand is).
-void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr att, int64_t B, int64_t T,
-                        int64_t C, int64_t NH, int64_t KVH, void* rowdot);
+// dqkv += the gradient; rowdot: device scratch of B*NH*T elements of the accumulation type
+// (f64 if any operand is), for D = rowsum(dout * out).
+void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse, int64_t B, int64_t T,
+                        int64_t C, int64_t NH, int64_t KVH, const int32_t* doc_start, void* rowdot);
 void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H);
 void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, int64_t H);
 void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,
@@ -84,7 +84,7 @@ void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n,
 
 #ifdef FERRY_CUDA_EMULATION
 // Threads per block of the launches that follow: `generic` for every kernel but attention's,
-// `attention` for attention's row kernels. Multiples of 32 in [32, 1024]; anything else is
+// `attention` for the attention kernels (one warp per 4 rows). Multiples of 32 in [32, 1024]; anything else is
 // std::invalid_argument. The emulation's default is 64 and 64 (fibers are slow); a GPU
 // build uses 256 and 128, which tests select with this to run the GPU's block shapes (the
 // in-block summation orders depend on them). Not thread safe: call between launches.

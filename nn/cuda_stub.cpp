@@ -14,6 +14,8 @@ CudaStatus cuda_status() {
 
 std::unique_ptr<Device> make_cuda_device(size_t, int) { throw std::runtime_error(cuda_status().reason); }
 
+size_t cuda_budget_that_fits(int) { throw std::runtime_error(cuda_status().reason); }
+
 void* cuda_compute_stream(Device&) { throw std::invalid_argument("cuda_compute_stream: not a cuda device"); }
 
 std::string cuda_pci_bus_id(Device&) { throw std::invalid_argument("cuda_pci_bus_id: not a cuda device"); }

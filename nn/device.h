@@ -163,17 +163,23 @@ class Device {
   virtual void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
                                   const Tensor& dout, const Tensor& inp, const Tensor& weight,
                                   const Tensor& mean, const Tensor& rstd) = 0;
-  // Causal self-attention. qkv[B,T,(NH+2KVH)*hs] holds q (n_head heads), then k and v
-  // (n_kv_head heads each; 0 = n_head: GPT-2's q|k|v of C each); query head h uses key/value
-  // head h / (n_head / n_kv_head) (grouped-query attention). att[B,NH,T,T] keeps the
-  // softmax probabilities for backward; out[B,T,C], C = NH * hs.
+  // Causal self-attention in memory linear in T (FlashAttention-2's algorithm: scores
+  // are made tile by tile with an online softmax and never stored). qkv[B,T,(NH+2KVH)*hs]
+  // holds q (n_head heads), then k and v (n_kv_head heads each; 0 = n_head: GPT-2's q|k|v
+  // of C each); query head h uses key/value head h / (n_head / n_kv_head) (grouped-query
+  // attention). out[B,T,C], C = NH * hs. lse[B,NH,T] (the statistics dtype: f32, f64 for
+  // f64 models) receives each query row's log-sum-exp of its scaled scores, all that
+  // backward needs beside q, k, v and out.
   // doc_start (optional, i32 [B*T]): packed documents; position t of row b attends only to
-  // positions [doc_start[b*T+t], t] (its own document's prefix), 0 <= doc_start <= t.
-  // Backward needs nothing more: the probabilities it reads are zero outside.
-  virtual void attention_forward(const Tensor& out, const Tensor& att, const Tensor& qkv,
+  // positions [doc_start[b*T+t], t] (its own document's prefix), 0 <= doc_start <= t
+  // (FlashAttention's cu_seqlens, one start per position). Backward takes the same tensor.
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                                  int64_t n_head, int64_t n_kv_head = 0, const Tensor& doc_start = Tensor{}) = 0;
-  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
-                                  const Tensor& att, int64_t n_head, int64_t n_kv_head = 0) = 0;
+  // dqkv += the gradient of out (dout) through attention, recomputing the probabilities
+  // tile by tile from q, k and lse; out is forward's output (for rowsum(dout * out)).
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& lse, int64_t n_head, int64_t n_kv_head = 0,
+                                  const Tensor& doc_start = Tensor{}) = 0;
   // RMSNorm over the last dim of inp[N,C] (Llama); rstd [N] is saved for backward.
   virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
                                double eps) = 0;

@@ -121,8 +121,8 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   dev_.gemm(a.qkv, a.ln1, false, W(kQkvW), true, 1.0, 0.0);
   dev_.add_bias(a.qkv, W(kQkvB));
   a.atty = act({N, C});
-  a.att = act({B, cfg_.n_head, T, T});
-  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, 3 * C}), cfg_.n_head, 0, doc_start_);
+  a.lse = stat({B, cfg_.n_head, T});
+  dev_.attention_forward(a.atty, a.lse, a.qkv.reshape({B, T, 3 * C}), cfg_.n_head, 0, doc_start_);
   const Tensor scratch = act({N, C});
   dev_.gemm(scratch, a.atty, false, W(kProjW), true, 1.0, 0.0);
   dev_.add_bias(scratch, W(kProjB));
@@ -256,8 +256,8 @@ void GPT::backward(UnitAccess& units) {
     dev_.gemm(G(kProjW), dres2, true, a.atty, false, 1.0, 1.0);
     dev_.bias_backward(G(kProjB), dres2);
     dev_.fill(dqkv, 0.0);
-    dev_.attention_backward(dqkv.reshape({B, T, 3 * C}), datty, a.qkv.reshape({B, T, 3 * C}), a.att,
-                            cfg_.n_head);
+    dev_.attention_backward(dqkv.reshape({B, T, 3 * C}), datty, a.qkv.reshape({B, T, 3 * C}), a.atty, a.lse,
+                            cfg_.n_head, 0, doc_start_);
     dev_.gemm(dln, dqkv, false, W(kQkvW), false, 1.0, 0.0);
     dev_.gemm(G(kQkvW), dqkv, true, a.ln1, false, 1.0, 1.0);
     dev_.bias_backward(G(kQkvB), dqkv);

@@ -74,7 +74,7 @@ class GPT final : public Model {
 
  private:
   struct BlockActs {
-    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, att, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
+    Tensor ln1, ln1_mean, ln1_rstd, qkv, atty, lse, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu;
   };
   struct Activations {
     int64_t B = 0, T = 0;

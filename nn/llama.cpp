@@ -128,8 +128,8 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   // q and k rotated in place; backward's attention reads the rotated values.
   dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
   a.atty = act({N, C});
-  a.att = act({B, cfg_.n_head, T, T});
-  dev_.attention_forward(a.atty, a.att, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head, doc_start_);
+  a.lse = stat({B, cfg_.n_head, T});
+  dev_.attention_forward(a.atty, a.lse, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head, doc_start_);
   const Tensor scratch = act({N, C});
   dev_.gemm(scratch, a.atty, false, Wt(kWo), true, 1.0, 0.0);
   a.res2 = act({N, C});
@@ -259,8 +259,8 @@ void Llama::backward(UnitAccess& units) {
     dev_.gemm(datty, dres2, false, Wt(kWo), false, 1.0, 0.0);
     dev_.gemm(G(kWo), dres2, true, a.atty, false, 1.0, 1.0);
     dev_.fill(dqkv, 0.0);
-    dev_.attention_backward(dqkv.reshape({B, T, W}), datty, a.qkv.reshape({B, T, W}), a.att, cfg_.n_head,
-                            cfg_.n_kv_head);
+    dev_.attention_backward(dqkv.reshape({B, T, W}), datty, a.qkv.reshape({B, T, W}), a.atty, a.lse, cfg_.n_head,
+                            cfg_.n_kv_head, doc_start_);
     dev_.fill(dpre, 0.0);
     dev_.rope_backward(dpre, dqkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
     if (cfg_.qkv_bias) dev_.bias_backward(u.view(g, kBqkv), dpre);

@@ -78,7 +78,7 @@ class Llama final : public Model {
 
  private:
   struct BlockActs {
-    Tensor xn, rstd1, qkv, atty, att, res2, xn2, rstd2, gate_up, h;
+    Tensor xn, rstd1, qkv, atty, lse, res2, xn2, rstd2, gate_up, h;
   };
   struct Activations {
     int64_t B = 0, T = 0;

@@ -32,7 +32,7 @@ GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool ta, con
   return d;
 }
 
-int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att,
+int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& lse,
                   const Tensor& qkv, int64_t n_head, int64_t n_kv_head) {
   if (qkv.ndim() != 3) fail(device, op, "qkv must be [B,T,(NH+2KVH)*hs], got " + qkv.describe());
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
@@ -44,9 +44,11 @@ int64_t attention(const char* device, const char* op, const Tensor& out, const T
              " key/value heads (n_head a multiple of n_kv_head)");
   }
   const int64_t C = qkv.dim(2) / (n_head + 2 * n_kv_head) * n_head;
-  if (out.numel() != B * T * C || att.numel() != B * n_head * T * T) {
+  const DType stats = qkv.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  if (out.numel() != B * T * C || lse.numel() != B * n_head * T || lse.dtype() != stats) {
     fail(device, op,
-         "out " + out.describe() + ", att " + att.describe() + ", qkv " + qkv.describe());
+         "out " + out.describe() + ", lse " + lse.describe() + " (" + std::string(dtype_name(stats)) + " [B,NH,T]), qkv " +
+             qkv.describe());
   }
   return C;
 }

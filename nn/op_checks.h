@@ -28,8 +28,9 @@ struct GemmDims {
 GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
               bool trans_b);
 
-// Returns the channels C of out (n_head * head size); n_kv_head already defaulted.
-int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& att,
+// Returns the channels C of out (n_head * head size); n_kv_head already defaulted. lse is
+// [B,NH,T] in the statistics dtype (f64 when qkv is f64, else f32).
+int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& lse,
                   const Tensor& qkv, int64_t n_head, int64_t n_kv_head);
 
 // An optional document-start tensor of attention_forward: i32, one entry per (batch, position).

@@ -3,7 +3,8 @@
 //
 // It lets tests compile nn/cuda_kernels.cu and nn/cuda_device.cpp unchanged with g++ and
 // run them: each kernel runs its blocks one after another, each block's threads as fibers
-// that meet at barriers for __syncthreads and per warp of 32 for __shfl_down_sync, with
+// that meet at barriers for __syncthreads and per warp of 32 for __shfl_down_sync,
+// __shfl_xor_sync and __syncwarp, with
 // __shared__ arrays shared by the block's threads (static, as blocks do not overlap). So
 // the index arithmetic, the shared-memory use, the reductions and their barriers, the
 // row-major <-> column-major GEMM mapping, the widening, the flags and the arena all
@@ -191,6 +192,22 @@ T __shfl_down_sync(unsigned, T v, int offset) {
   const T r = from < 32 ? static_cast<T>(w.lanes[from]) : v;
   ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);  // every lane has read before any writes again
   return r;
+}
+
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int mask) {
+  const unsigned lane = threadIdx.x % 32;
+  ::ferry_emu::Warp& w = ::ferry_emu::warps[threadIdx.x / 32];
+  w.lanes[lane] = static_cast<double>(v);
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);
+  const T r = static_cast<T>(w.lanes[(lane ^ static_cast<unsigned>(mask)) % 32]);
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);
+  return r;
+}
+
+// The warp's lanes meet: shared-memory writes before it are seen by every lane after it.
+inline void __syncwarp(unsigned = 0xffffffffu) {
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);
 }
 
 inline int atomicCAS(int* address, int compare, int value) {

@@ -96,13 +96,14 @@ BOOST_AUTO_TEST_CASE(gpu_checks_without_a_driver) {
 }
 
 // What the GPU lines compute from a GPU's figures: H100's and A100's opt-in shared memory
-// against attention backward's key kernel (review F5), NVIDIA_TF32_OVERRIDE, and the
+// against attention's largest kernel (review F5), NVIDIA_TF32_OVERRIDE, and the
 // verdict on MPI_Init from the probe's line.
 BOOST_AUTO_TEST_CASE(gpu_check_pieces) {
-  BOOST_TEST(attention_max_seq(232448, 64, 4) == 28960);   // H100: 227 KiB
-  BOOST_TEST(attention_max_seq(232448, 64, 8) == 14432);   // f64 accumulation
-  BOOST_TEST(attention_max_seq(166912, 64, 4) == 20768);   // A100: 163 KiB
-  BOOST_TEST(attention_max_seq(512, 64, 4) == 0);
+  BOOST_TEST(attention_max_head(232448, 4) == 256);  // H100: 227 KiB
+  BOOST_TEST(attention_max_head(232448, 8) == 256);  // f64 accumulation
+  BOOST_TEST(attention_max_head(166912, 4) == 256);  // A100: 163 KiB
+  BOOST_TEST(attention_max_head(49152, 4) == 116);   // 48 KiB without the opt-in
+  BOOST_TEST(attention_max_head(512, 4) == 0);
 
   BOOST_TEST(check_tf32(nullptr).status == DoctorCheck::ok);
   BOOST_TEST(check_tf32("0").status == DoctorCheck::ok);

@@ -66,14 +66,14 @@ BOOST_AUTO_TEST_CASE(causal_attention) {
   nn::CpuDevice dev(1 << 26);
   const int64_t B = 2, T = 5, NH = 3, C = 6;
   Tensor qkv = random_tensor(dev, F, {B, T, 3 * C}, 9), R = random_tensor(dev, F, {B, T, C}, 10);
-  Tensor out = zeros(dev, F, {B, T, C}), att = zeros(dev, F, {B, NH, T, T});
+  Tensor out = zeros(dev, F, {B, T, C}), lse = zeros(dev, F, {B, NH, T});
   auto loss = [&] {
-    dev.attention_forward(out, att, qkv, NH);
+    dev.attention_forward(out, lse, qkv, NH);
     return test::dot(out, R);
   };
   loss();
   Tensor dqkv = zeros(dev, F, {B, T, 3 * C});
-  dev.attention_backward(dqkv, R, qkv, att, NH);
+  dev.attention_backward(dqkv, R, qkv, out, lse, NH);
   BOOST_TEST(max_grad_error(loss, qkv, dqkv) < kTol);
   // Causality: position t's output does not depend on later positions.
   loss();
@@ -91,17 +91,17 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention) {
   nn::CpuDevice dev(1 << 26);
   const int64_t B = 2, T = 5, NH = 4, KVH = 2, hs = 3, C = NH * hs, W = (NH + 2 * KVH) * hs;
   Tensor qkv = random_tensor(dev, F, {B, T, W}, 19), R = random_tensor(dev, F, {B, T, C}, 20);
-  Tensor out = zeros(dev, F, {B, T, C}), att = zeros(dev, F, {B, NH, T, T});
+  Tensor out = zeros(dev, F, {B, T, C}), lse = zeros(dev, F, {B, NH, T});
   auto loss = [&] {
-    dev.attention_forward(out, att, qkv, NH, KVH);
+    dev.attention_forward(out, lse, qkv, NH, KVH);
     return test::dot(out, R);
   };
   loss();
   Tensor dqkv = zeros(dev, F, {B, T, W});
-  dev.attention_backward(dqkv, R, qkv, att, NH, KVH);
+  dev.attention_backward(dqkv, R, qkv, out, lse, NH, KVH);
   BOOST_TEST(max_grad_error(loss, qkv, dqkv) < kTol);
   loss();
-  Tensor full = zeros(dev, F, {B, T, 3 * C}), out_mha = zeros(dev, F, {B, T, C}), att_mha = zeros(dev, F, {B, NH, T, T});
+  Tensor full = zeros(dev, F, {B, T, 3 * C}), out_mha = zeros(dev, F, {B, T, C}), lse_mha = zeros(dev, F, {B, NH, T});
   for (int64_t r = 0; r < B * T; ++r) {
     const double* src = qkv.data_as<double>() + r * W;
     double* dst = full.data_as<double>() + r * 3 * C;
@@ -114,9 +114,28 @@ BOOST_AUTO_TEST_CASE(grouped_query_attention) {
       }
     }
   }
-  dev.attention_forward(out_mha, att_mha, full, NH);
+  dev.attention_forward(out_mha, lse_mha, full, NH);
   for (int64_t i = 0; i < out.numel(); ++i) BOOST_TEST(out.data_as<double>()[i] == out_mha.data_as<double>()[i]);
-  BOOST_CHECK_THROW(dev.attention_forward(out, att, qkv, NH, 3), std::invalid_argument);  // 4 heads, 3 groups
+  BOOST_CHECK_THROW(dev.attention_forward(out, lse, qkv, NH, 3), std::invalid_argument);  // 4 heads, 3 groups
+}
+
+// Across tiles (the CPU device's are 64 positions) with packed documents, one starting
+// at the tile edge (64) and one just past it (65): the gradient by differences.
+BOOST_AUTO_TEST_CASE(attention_across_tiles_with_documents) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t B = 1, T = 70, NH = 2, KVH = 1, hs = 2, C = NH * hs, W = (NH + 2 * KVH) * hs;
+  Tensor qkv = random_tensor(dev, F, {B, T, W}, 29), R = random_tensor(dev, F, {B, T, C}, 30);
+  Tensor docs = Tensor::empty(dev, nn::DType::i32, {B * T});
+  for (int64_t t = 0; t < T; ++t) docs.data_as<int32_t>()[t] = t < 30 ? 0 : t < 64 ? 30 : t < 65 ? 64 : 65;
+  Tensor out = zeros(dev, F, {B, T, C}), lse = zeros(dev, F, {B, NH, T});
+  auto loss = [&] {
+    dev.attention_forward(out, lse, qkv, NH, KVH, docs);
+    return test::dot(out, R);
+  };
+  loss();
+  Tensor dqkv = zeros(dev, F, {B, T, W});
+  dev.attention_backward(dqkv, R, qkv, out, lse, NH, KVH, docs);
+  BOOST_TEST(max_grad_error(loss, qkv, dqkv) < kTol);
 }
 
 BOOST_AUTO_TEST_CASE(gelu) {

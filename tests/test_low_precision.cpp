@@ -23,7 +23,9 @@ using nn::Tensor;
 
 namespace {
 
-enum class Kind { in, out, accum, accum_f32 };  // accum_f32: a weight gradient, f32 under mixed precision
+// accum_f32: a weight gradient, f32 under mixed precision; stat_out/stat_in: statistics
+// (attention's log-sum-exps), f32 whatever the activations' dtype.
+enum class Kind { in, out, accum, accum_f32, stat_out, stat_in };
 
 struct Arg {
   Kind kind;
@@ -68,12 +70,14 @@ std::vector<Case> cases() {
        [](nn::Device& d, const std::vector<Tensor>& a, const Tensor&) {
          d.layernorm_backward(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
        }},
-      {"attention_forward (GQA)", {{K::out, {B, T, C}}, {K::out, {B, NH, T, T}}, {K::in, {B, T, (NH + 2 * KVH) * HD}}},
+      {"attention_forward (GQA)", {{K::out, {B, T, C}}, {K::stat_out, {B, NH, T}}, {K::in, {B, T, (NH + 2 * KVH) * HD}}},
        [](nn::Device& d, const std::vector<Tensor>& a, const Tensor&) { d.attention_forward(a[0], a[1], a[2], NH, KVH); }},
       {"attention_backward (GQA)",
        {{K::accum, {B, T, (NH + 2 * KVH) * HD}}, {K::in, {B, T, C}}, {K::in, {B, T, (NH + 2 * KVH) * HD}},
-        {K::in, {B, NH, T, T}}},
-       [](nn::Device& d, const std::vector<Tensor>& a, const Tensor&) { d.attention_backward(a[0], a[1], a[2], a[3], NH, KVH); }},
+        {K::in, {B, T, C}}, {K::stat_in, {B, NH, T}}},
+       [](nn::Device& d, const std::vector<Tensor>& a, const Tensor&) {
+         d.attention_backward(a[0], a[1], a[2], a[3], a[4], NH, KVH);
+       }},
       {"rmsnorm_forward", {{K::out, {N, C}}, {K::out, {N}}, {K::in, {N, C}}, {K::in, {C}}},
        [](nn::Device& d, const std::vector<Tensor>& a, const Tensor&) { d.rmsnorm_forward(a[0], a[1], a[2], a[3], 1e-5); }},
       {"rmsnorm_backward",
@@ -126,14 +130,16 @@ BOOST_AUTO_TEST_CASE(every_op_rounds_the_f32_result_once) {
           std::vector<Tensor> ref, lowp;
           uint64_t seed = 100;
           for (const Arg& a : c.args) {
-            const Tensor x = a.kind == Kind::out ? test::zeros(dev, DType::f32, a.shape) : representable(dev, low, a.shape, ++seed);
+            const bool out = a.kind == Kind::out || a.kind == Kind::stat_out;
+            const Tensor x = out ? test::zeros(dev, DType::f32, a.shape) : representable(dev, low, a.shape, ++seed);
             ref.push_back(as(dev, DType::f32, x));
-            lowp.push_back(as(dev, mixed && a.kind == Kind::accum_f32 ? DType::f32 : low, x));
+            const bool f32 = (mixed && a.kind == Kind::accum_f32) || a.kind == Kind::stat_out || a.kind == Kind::stat_in;
+            lowp.push_back(as(dev, f32 ? DType::f32 : low, x));
           }
           c.run(dev, ref, tokens);
           c.run(dev, lowp, tokens);
           for (size_t i = 0; i < c.args.size(); ++i) {
-            if (c.args[i].kind == Kind::in) continue;
+            if (c.args[i].kind == Kind::in || c.args[i].kind == Kind::stat_in) continue;
             const bool stays_f32 = lowp[i].dtype() == DType::f32;
             const Tensor want = stays_f32 ? ref[i] : as(dev, DType::f32, as(dev, low, ref[i]));
             const Tensor got = as(dev, DType::f32, lowp[i]);

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <fstream>
@@ -95,7 +96,7 @@ std::string visible_devices() {
 }
 
 // One line per GPU: what it is, its memory as this process sees it after creating its own
-// (primary) context, and the shared memory attention can opt into.
+// (primary) context, and the head sizes attention's shared memory allows.
 DoctorCheck describe_gpu(const Driver& d, int ordinal) {
   const std::string name = "gpu " + std::to_string(ordinal);
   int dev = 0, major = 0, minor = 0, optin = 0;
@@ -122,9 +123,8 @@ DoctorCheck describe_gpu(const Driver& d, int ordinal) {
   } else {
     os << bytes(free) << " free of " << bytes(total);
   }
-  os << "; opt-in shared memory per block " << optin << " bytes: attention backward fits T <= "
-     << attention_max_seq(optin, 64, 4) << " at head size 64, " << attention_max_seq(optin, 128, 4)
-     << " at 128 (f32 accumulation)";
+  os << "; opt-in shared memory per block " << optin << " bytes: attention takes head sizes up to "
+     << attention_max_head(optin, 4) << " at any sequence length (f32 accumulation)";
   if (rc != 0) return make(DoctorCheck::fail, name, os.str(), "another process may hold the GPU (nvidia-smi)");
   // This process's own context takes well under 1 GiB; more in use is someone else's.
   const bool busy = total - free > (3ull << 29);
@@ -198,9 +198,9 @@ DoctorCheck check_tf32(const char* value) {
               "unset it (or set 0) for the tests and for fp32 runs that must match the CPU device");
 }
 
-long attention_max_seq(long optin_bytes, int head_size, int accumulator_bytes) {
+long attention_max_head(long optin_bytes, int accumulator_bytes) {
   const long elements = optin_bytes / accumulator_bytes;
-  return elements < 3L * head_size ? 0 : (elements - 3L * head_size) / 2;
+  return elements < 1088 + 96 ? 0 : std::min(256L, (elements - 1088) / 96);
 }
 
 DoctorCheck mpi_cuda_verdict(int status, const std::string& probe_output, const char* enable_gpu) {

@@ -42,9 +42,11 @@ bool found_no_gpu(const std::vector<DoctorCheck>& checks);
 // The pieces, for tests.
 // NVIDIA_TF32_OVERRIDE's value (null: unset).
 DoctorCheck check_tf32(const char* value);
-// The longest T whose attention backward key kernel, (2T + 3 hs) accumulator elements of
-// shared memory per block (nn/cuda_kernels.cu), fits in `optin_bytes`.
-long attention_max_seq(long optin_bytes, int head_size, int accumulator_bytes);
+// The largest head size (at most the kernels' 256) whose attention kernels fit in
+// `optin_bytes` of shared memory per block: the largest, backward's dK/dV kernel at 4 warps,
+// takes 96 hs + 1088 accumulator elements (nn/cuda_kernels.cu, backward_kv_shared). The
+// sequence length does not enter: the kernels are tiled.
+long attention_max_head(long optin_bytes, int accumulator_bytes);
 // The mpi+cuda verdict from the probe's output line (see gpu_mpi_probe_main), its exit
 // status, and MPIR_CVAR_ENABLE_GPU's value (null: unset).
 DoctorCheck mpi_cuda_verdict(int status, const std::string& probe_output, const char* enable_gpu);
