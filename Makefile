@@ -1,7 +1,7 @@
 # ferry's front door. CMake is the real build; this file names the jobs.
 #   make run     install what is missing, build, train the tiny GPT on the bundled corpus
 #   make test    install what is missing, build, run every test (release build, then ASan+UBSan build)
-#   make bench   run the benchmarks (ferry bench model, comm, adam, io, ckpt, step), JSON results under out/
+#   make bench   run the benchmarks (ferry bench model, attention, comm, adam, io, ckpt, step), JSON results under out/
 #   make clean   remove build folders and outputs
 # Tests run one at a time: OpenMP's spin-waiting threads of two test processes sharing two
 # cores slow each other down a hundredfold.
@@ -49,6 +49,7 @@ test: test-release test-asan
 bench: build
 	@mkdir -p out
 	$(BUILD)/examples/ferry bench model --json out/bench-model.json
+	$(BUILD)/examples/ferry bench attention --json out/bench-attention.json
 	mpiexec -n 2 $(BUILD)/examples/ferry bench comm --json out/bench-comm.json
 	$(BUILD)/examples/ferry bench adam --json out/bench-adam.json
 	$(BUILD)/examples/ferry bench io --path out --json out/bench-io.json

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "benchmarks/bench_adam.h"
+#include "benchmarks/bench_attention.h"
 #include "benchmarks/bench_ckpt.h"
 #include "benchmarks/bench_comm.h"
 #include "benchmarks/bench_io.h"
@@ -47,6 +48,9 @@ int run(const std::string& name, const BenchArgs& a) {
       rc = run_ckpt_bench(CkptBenchOptions{a.path, a.opt.quick}, report);
     } else if (name == "tokenize") {
       rc = run_tokenize_bench(TokenizeBenchOptions{a.tokenizer, a.path, a.python, a.opt.threads, a.opt.quick}, report);
+    } else if (name == "attention") {
+      rc = run_attention_bench(AttentionBenchOptions{a.opt.device, a.opt.bf16, a.python, a.opt.threads, a.opt.quick},
+                               report);
     } else if (name == "adam") {
       rc = run_adam_bench(AdamBenchOptions{a.opt.threads, 100'000'000, a.opt.quick}, report);
     } else {
@@ -105,6 +109,13 @@ std::function<int()> bench_command(CLI::App& cmd) {
   tokenize->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: tests/data/tokenizers/llama3)");
   tokenize->add_option("--corpus", a->path, "UTF-8 text (default: examples/data/kjv.txt)");
   tokenize->add_option("--python", a->python, "a Python with the tokenizers package: the reference");
+  CLI::App* attention = add("attention",
+                            "attention forward and backward alone at contexts 256-8192 (12 heads of 64, 8192 tokens "
+                            "per call); with --python, against PyTorch's scaled_dot_product_attention in the same run");
+  threads(attention);
+  attention->add_option("--device", a->opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  attention->add_flag("--bf16", a->opt.bf16, "bf16 q, k, v (f32 accumulation)");
+  attention->add_option("--python", a->python, "a Python with torch: PyTorch's SDPA as the reference");
   CLI::App* step = add("step",
                        "a step with parameters and optimizer state on NVMe: overlapped vs sequential, and vs the "
                        "longest of its resources measured alone");
