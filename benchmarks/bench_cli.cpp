@@ -92,6 +92,10 @@ std::function<int()> bench_command(CLI::App& cmd) {
   model->add_option("--only", a->opt.only, "one configuration by name (e.g. tiny)");
   model->add_option("--device", a->opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   model->add_flag("--bf16", a->opt.bf16, "bf16 weights and activations (fp32 accumulation)");
+  model->add_option("--contexts", a->opt.contexts,
+                    "the whole step at these contexts (e.g. 256,1024,4096,8192): the largest config's shape at the "
+                    "same tokens per step")
+      ->delimiter(',');
   add("comm",
       "all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB, as a fraction of the same MPI "
       "collective called directly (run under mpiexec -n N)");

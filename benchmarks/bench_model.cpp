@@ -12,7 +12,9 @@
 // LayerNorm, GELU, softmax, bias and residual adds, memory traffic between them).
 #include "benchmarks/bench_model.h"
 
+#include <algorithm>
 #include <chrono>
+#include <stdexcept>
 #include <iostream>
 
 #include <Eigen/Core>
@@ -140,6 +142,21 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
     cases = {{"tiny", {4, 4, 128, 256, 128}, 16, opt.quick ? 2 : 10},
              {"gpt2-124m", {12, 12, 768, 256, 1024}, 8, opt.quick ? 2 : 10},
              {"gpt2-350m", {24, 16, 1024, 256, 1024}, 8, opt.quick ? 1 : 5}};
+  }
+  if (!opt.contexts.empty()) {
+    const Case base = cases.size() > 1 ? cases[1] : cases[0];
+    const int64_t tokens = base.B * base.cfg.block_size;
+    std::vector<Case> sweep;
+    for (const int64_t T : opt.contexts) {
+      if (T < 1) throw std::invalid_argument("--contexts: a context must be at least 1, got " + std::to_string(T));
+      Case k = base;
+      k.name = base.name + " T=" + std::to_string(T);
+      k.cfg.block_size = T;
+      k.B = std::max<int64_t>(1, tokens / T);
+      k.steps = opt.quick ? 1 : 2;
+      sweep.push_back(k);
+    }
+    cases = sweep;
   }
   for (const Case& k : cases) {
     if (!opt.only.empty() && opt.only != k.name) continue;

@@ -1,7 +1,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "benchmarks/bench_report.h"
 
@@ -14,6 +16,9 @@ struct ModelBenchOptions {
   std::string only;                // one config by name; "" = all
   std::string device = "cpu";      // cpu | cuda
   bool bf16 = false;               // bf16 weights and activations (fp32 accumulation)
+  // The whole step at these contexts instead of the named configs: the largest config's
+  // shape (gpt-50m on the CPU, gpt2-124m on a GPU) with the same tokens per step (B = tokens / T).
+  std::vector<int64_t> contexts;
 };
 
 // Fills `report` (the headline is the last, largest config). Returns the exit status.
