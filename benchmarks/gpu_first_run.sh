@@ -74,6 +74,13 @@ fi
 # the PCIe bytes per parameter, to set against docs/design.md's formula (bf16: 2 x 2/N up,
 # 4/N down per micro-batch, plus a third upload of the tied embedding).
 step bench_model_bf16 "$ferry" bench model --device cuda --bf16
+# Issue 25: the attention kernels alone at contexts 256-8192, against PyTorch's SDPA where the
+# machine's python3 has torch with CUDA (the ratio column), else alone.
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  step bench_attention "$ferry" bench attention --device cuda --bf16 --python python3
+else
+  step bench_attention "$ferry" bench attention --device cuda --bf16
+fi
 step bench_step_cuda "$ferry" bench step --device cuda --bf16 --nvme-path "${FERRY_NVME_PATH:-$out}" \
   --json "$out/bench_step_cuda.json"
 gpt2=(--config examples/configs/tiny.json --set device.type=cuda --set bf16.enabled=true
@@ -91,6 +98,7 @@ step zero3_offload_nvme "$ferry" train "${gpt2[@]}" --set zero_optimization.offl
 {
   echo "--- issue 17: bf16 model bench and ZeRO-3 offloaded runs (last step lines)"
   tail -3 "$out/bench_model_bf16.log"
+  tail -6 "$out/bench_attention.log"
   grep -E 'overlapped|sequential|alone|bytes/param' "$out/bench_step_cuda.log"
   grep -h '^step ' "$out/zero3_offload_cpu.log" | tail -2
   grep -h '^step ' "$out/zero3_offload_nvme.log" | tail -2
