@@ -105,6 +105,12 @@ BOOST_AUTO_TEST_CASE(gpu_check_pieces) {
   BOOST_TEST(attention_max_head(49152, 4) == 116);   // 48 KiB without the opt-in
   BOOST_TEST(attention_max_head(512, 4) == 0);
 
+  for (const char* yes : {"libcuda.so.1", "libcudart.so.13", "libcublasLt.so.13", "libnccl.so.2", "libnvidia-ml.so.1",
+                          "libuct_cuda.so.0", "libnvrtc.so.13"})
+    BOOST_TEST(is_cuda_library(yes), yes);
+  for (const char* no : {"libicudata.so.74.2", "libcurl.so.4", "libmpich.so.12", "cuda.so", "libucs.so.0"})
+    BOOST_TEST(!is_cuda_library(no), no);
+
   BOOST_TEST(check_tf32(nullptr).status == DoctorCheck::ok);
   BOOST_TEST(check_tf32("0").status == DoctorCheck::ok);
   const DoctorCheck tf32 = check_tf32("1");

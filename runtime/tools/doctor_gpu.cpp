@@ -17,6 +17,16 @@
 
 namespace ferry::runtime {
 
+bool is_cuda_library(const std::string& base) {
+  if (base.rfind("lib", 0) != 0) return false;
+  const std::string n = base.substr(3);
+  for (const char* p : {"cuda", "cublas", "cudnn", "cufft", "curand", "cusparse", "cusolver", "cupti", "nvrtc",
+                        "nvJitLink", "nvToolsExt", "nvidia", "nccl"}) {
+    if (n.rfind(p, 0) == 0) return true;
+  }
+  return n.find("_cuda") != std::string::npos || n.find("-cuda") != std::string::npos;
+}
+
 namespace {
 
 DoctorCheck make(DoctorCheck::Status s, std::string name, std::string detail, std::string fix = "") {
@@ -156,7 +166,7 @@ std::set<std::string> mapped_cuda_libraries() {
     if (slash == std::string::npos) continue;
     const std::string path = line.substr(slash);
     const std::string base = path.substr(path.rfind('/') + 1);
-    if (base.find("cuda") != std::string::npos || base.find("nvidia") != std::string::npos) out.insert(base);
+    if (is_cuda_library(base)) out.insert(base);
   }
   return out;
 }

@@ -47,6 +47,11 @@ DoctorCheck check_tf32(const char* value);
 // takes 96 hs + 1088 accumulator elements (nn/cuda_kernels.cu, backward_kv_shared). The
 // sequence length does not enter: the kernels are tiled.
 long attention_max_head(long optin_bytes, int accumulator_bytes);
+// Whether a mapped library's file name is CUDA's or NVIDIA's (libcuda*, libcublas*, libnccl*,
+// libnvidia-*, ...) or another library's CUDA module (UCX's libuct_cuda, Open MPI's
+// *_cuda): what the mpi+cuda probe reports MPI_Init as having loaded. Not a name that merely
+// contains "cuda": the first GPU machine's MPI loads ICU's libicudata, which is not.
+bool is_cuda_library(const std::string& base);
 // The mpi+cuda verdict from the probe's output line (see gpu_mpi_probe_main), its exit
 // status, and MPIR_CVAR_ENABLE_GPU's value (null: unset).
 DoctorCheck mpi_cuda_verdict(int status, const std::string& probe_output, const char* enable_gpu);
