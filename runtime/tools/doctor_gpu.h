@@ -4,7 +4,7 @@
 //             or "no GPU: ..." with the reason (no libcuda.so.1, cuInit failed, 0 devices)
 //   gpu N     per visible GPU: name, compute capability, free/total memory (cuMemGetInfo
 //             in the device's primary context), the opt-in shared memory per block and the
-//             longest sequence attention backward fits in it (review F5)
+//             largest head size the attention kernels fit in it, at any length (review F5)
 //   tf32      NVIDIA_TF32_OVERRIDE: 1 turns ferry's fp32 GEMMs into TF32 (review Q5)
 //   mpi+cuda  whether MPI_Init creates CUDA contexts or loads CUDA libraries (review Q1):
 //             a 1-rank probe under mpiexec reads each GPU's primary-context state
