@@ -29,6 +29,8 @@
 
 #include <Eigen/Core>
 
+#include "nn/cpu_kernels.h"
+
 namespace ferry::nn::cpu {
 
 constexpr int64_t kQueryTile = 64;
@@ -36,12 +38,13 @@ constexpr int64_t kKeyTile = 64;
 
 namespace flash {
 
+// The row-major matrix and strided-map types of the other CPU kernels (nn/cpu_kernels.h).
 template <class T>
-using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Mat = RowMat<T>;
 template <class T>
-using Map = Eigen::Map<Mat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+using Map = MatMap<T>;
 template <class T>
-using CMap = Eigen::Map<const Mat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+using CMap = ConstMatMap<T>;
 
 struct Shape {
   int64_t B, T, C, NH, KVH, hs, W, group;
@@ -75,6 +78,23 @@ void probabilities(Mat<T>& S, int64_t rows, int64_t cols, int64_t i0, int64_t j0
     row.head(lo).setZero();
     if (hi < cols) row.segment(std::max(hi, lo), cols - std::max(hi, lo)).setZero();
   }
+}
+
+// Backward's recomputation for a query tile (Q, dO: rows x hs) against a key tile (K, V:
+// cols x hs), into the top-left rows x cols of P and dS: P = exp(scale q k^T - lse) where
+// visible, dS = P * (dO v^T - D) * scale.
+template <class T>
+void recompute(Mat<T>& P, Mat<T>& dS, const CMap<T>& Q, const CMap<T>& K, const CMap<T>& V, const CMap<T>& dO,
+               const T* lse, const T* D, T scale, int64_t i0, int64_t j0, const int32_t* doc_start, int64_t b,
+               int64_t Tn) {
+  const int64_t rows = Q.rows(), cols = K.rows();
+  auto Pt = P.topLeftCorner(rows, cols);
+  Pt.noalias() = scale * (Q * K.transpose());
+  probabilities(P, rows, cols, i0, j0, lse, doc_start, b, Tn);
+  auto dSt = dS.topLeftCorner(rows, cols);
+  dSt.noalias() = dO * V.transpose();
+  for (int64_t r = 0; r < rows; ++r)
+    dSt.row(r) = (Pt.row(r).array() * (dSt.row(r).array() - D[r]) * scale).matrix();
 }
 
 }  // namespace flash
@@ -183,13 +203,9 @@ void flash_attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out
           CMap<T> dO(dout + (b * T_ + i0) * C + h * s.hs, rows, s.hs, Eigen::OuterStride<>(C));
           const T* L = lse + (b * NH + h) * T_ + i0;
           const T* Dr = D.data() + (b * NH + h) * T_ + i0;
+          recompute(P, dS, Q, K, V, dO, L, Dr, scale, i0, j0, doc_start, b, T_);
           auto Pt = P.topLeftCorner(rows, cols);
-          Pt.noalias() = scale * (Q * K.transpose());
-          probabilities(P, rows, cols, i0, j0, L, doc_start, b, T_);
           auto dSt = dS.topLeftCorner(rows, cols);
-          dSt.noalias() = dO * V.transpose();
-          for (int64_t r = 0; r < rows; ++r)
-            dSt.row(r) = (Pt.row(r).array() * (dSt.row(r).array() - Dr[r]) * scale).matrix();
           dV.topRows(cols).noalias() += Pt.transpose() * dO;
           dK.topRows(cols).noalias() += dSt.transpose() * Q;
         }
@@ -220,14 +236,8 @@ void flash_attention_backward(T* dqkv, const T* dout, const T* qkv, const T* out
         const int64_t cols = std::min(kKeyTile, T_ - j0);
         CMap<T> K(base + j0 * s.W + (NH + kv) * s.hs, cols, s.hs, Eigen::OuterStride<>(s.W));
         CMap<T> V(base + j0 * s.W + (NH + KVH + kv) * s.hs, cols, s.hs, Eigen::OuterStride<>(s.W));
-        auto Pt = P.topLeftCorner(rows, cols);
-        Pt.noalias() = scale * (Q * K.transpose());
-        probabilities(P, rows, cols, i0, j0, L, doc_start, b, T_);
-        auto dSt = dS.topLeftCorner(rows, cols);
-        dSt.noalias() = dO * V.transpose();
-        for (int64_t r = 0; r < rows; ++r)
-          dSt.row(r) = (Pt.row(r).array() * (dSt.row(r).array() - Dr[r]) * scale).matrix();
-        dQ.topRows(rows).noalias() += dSt * K;
+        recompute(P, dS, Q, K, V, dO, L, Dr, scale, i0, j0, doc_start, b, T_);
+        dQ.topRows(rows).noalias() += dS.topLeftCorner(rows, cols) * K;
       }
       Map<T> gQ(dqkv + (b * T_ + i0) * s.W + h * s.hs, rows, s.hs, Eigen::OuterStride<>(s.W));
       gQ += dQ.topRows(rows);

@@ -9,14 +9,13 @@
 
 #include <Eigen/Core>
 
+#include "nn/cpu_kernels.h"
+
 namespace ferry::testing::reference {
 
-template <class T>
-using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <class T>
-using MatMap = Eigen::Map<RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <class T>
-using ConstMatMap = Eigen::Map<const RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
+using nn::cpu::ConstMatMap;
+using nn::cpu::MatMap;
+using nn::cpu::RowMat;
 
 // One (batch, head) pair per task. Each writes disjoint slices of out/att (forward) and of
 // dqkv (backward), so the tasks never collide. The products inside run single-threaded
