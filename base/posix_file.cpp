@@ -4,12 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "base/io_faults.h"
 
 namespace ferry {
 
@@ -32,7 +35,7 @@ File::~File() {
 void File::write_at(uint64_t offset, const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    const ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+    const ssize_t n = io_pwrite(fd_, p, bytes, offset, path_);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) fail(path_, "write of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset), n < 0 ? errno : EIO);
     p += n, offset += static_cast<uint64_t>(n), bytes -= static_cast<size_t>(n);
@@ -42,7 +45,7 @@ void File::write_at(uint64_t offset, const void* data, size_t bytes) {
 void File::read_at(uint64_t offset, void* data, size_t bytes) {
   char* p = static_cast<char*>(data);
   while (bytes > 0) {
-    const ssize_t n = ::pread(fd_, p, bytes, static_cast<off_t>(offset));
+    const ssize_t n = io_pread(fd_, p, bytes, offset, path_);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail(path_, "read at offset " + std::to_string(offset), errno);
     if (n == 0) throw std::runtime_error(path_ + ": ends before offset " + std::to_string(offset + bytes) + " (truncated?)");
@@ -57,7 +60,7 @@ uint64_t File::size() const {
 }
 
 void File::sync() {
-  if (::fdatasync(fd_) != 0) fail(path_, "fdatasync", errno);
+  if (io_fdatasync(fd_, path_) != 0) fail(path_, "fdatasync", errno);
 }
 
 void File::close() {
@@ -69,7 +72,7 @@ void File::close() {
 void fsync_dir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) fail(dir, "cannot open directory", errno);
-  const int rc = ::fsync(fd);
+  const int rc = io_fsync(fd, dir);
   const int err = errno;
   ::close(fd);
   if (rc != 0) fail(dir, "fsync", err);
@@ -81,9 +84,39 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   f.write_at(0, content.data(), content.size());
   f.sync();
   f.close();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(path, "rename from " + tmp, errno);
+  rename_path(tmp, path);
   const std::string parent = std::filesystem::path(path).parent_path().string();
   fsync_dir(parent.empty() ? "." : parent);
+}
+
+void copy_file_atomic(const std::string& from, const std::string& to) {
+  File in(from, File::read);
+  const uint64_t size = in.size();
+  const std::string tmp = to + ".tmp";
+  {
+    File out(tmp, File::create);
+    std::string piece;
+    for (uint64_t at = 0; at < size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(1u << 20, size - at));
+      piece.resize(n);
+      in.read_at(at, piece.data(), n);
+      out.write_at(at, piece.data(), n);
+      at += n;
+    }
+    out.sync();
+    out.close();
+  }
+  rename_path(tmp, to);
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  if (io_rename(from, to) != 0) fail(to, "rename from " + from, errno);
+}
+
+bool exchange_paths(const std::string& a, const std::string& b) {
+  if (io_exchange(a, b) == 0) return true;
+  if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) return false;  // the file system cannot
+  fail(b, "exchange with " + a, errno);
 }
 
 std::string read_text_file(const std::string& path) {

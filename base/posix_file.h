@@ -35,6 +35,16 @@ class File {
 void fsync_dir(const std::string& dir);
 // Writes `content` to path.tmp, syncs it, renames it over `path`, syncs the directory.
 void write_file_atomic(const std::string& path, const std::string& content);
+// Copies a file to path.tmp through File (so through the fault seam), syncs it and renames
+// it over `to`; throws naming the file that failed. For the small files a checkpoint and an
+// export carry (config.json, tokenizer.json): the copy is read and written in 1 MiB pieces.
+void copy_file_atomic(const std::string& from, const std::string& to);
+// rename(2) through the I/O fault seam (base/io_faults.h); throws naming both paths.
+void rename_path(const std::string& from, const std::string& to);
+// Swaps two existing paths atomically (renameat2's RENAME_EXCHANGE): no moment where either
+// name is missing. False where the file system cannot (then nothing changed); throws naming
+// both paths on any other error.
+bool exchange_paths(const std::string& a, const std::string& b);
 std::string read_text_file(const std::string& path);  // throws naming the path
 
 }  // namespace ferry

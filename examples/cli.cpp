@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <stdexcept>
+
+#include "base/io_faults.h"
 
 namespace ferry::cli {
 
@@ -44,6 +47,14 @@ int parse_and_run(CLI::App& app, int argc, char** argv, const std::function<Run(
       const std::string name = command_name(app);
       std::cerr << name << ": " << e.what() << "\n(run '" << name << " --help' for the options)\n";
     }
+    return 2;
+  }
+  try {
+    // Fault injection for trying what a failing disk does to a run (base/io_faults.h).
+    const std::string faults = install_io_faults_from_env();
+    if (!faults.empty() && !quiet) std::cerr << command_name(app) << ": " << faults << "\n";
+  } catch (const std::invalid_argument& e) {
+    if (!quiet) std::cerr << command_name(app) << ": " << e.what() << "\n";
     return 2;
   }
   try {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 
+#include "base/io_faults.h"
 
 namespace ferry::offload {
 
@@ -114,6 +115,7 @@ void IoUringStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t 
     io_uring_cqe_seen(ring, cqe);
     --inflight;
     Request& r = reqs[i];
+    io_fault_completion(is_write, files_->path(r.file), r.foff + r.done, r.len - r.done, direct_ ? 4096 : 1, result);
     if (fault_) fault_(is_write, files_->path(r.file), r.foff + r.done, r.len - r.done, result);
     if ((result == -EINTR || result == -EAGAIN) && ++r.retries < 1000) {
       ready.push_front(i);  // retried as is

@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <thread>
 
+#include "base/io_faults.h"
+
 namespace ferry::offload {
 
 PosixStorage::PosixStorage(std::unique_ptr<StripedFiles> files, bool direct, const AioConfig& aio, FaultHook fault)
@@ -29,8 +31,9 @@ void PosixStorage::transfer(bool is_write, uint64_t offset, char* buf, size_t le
       size_t done = 0;
       int retries = 0;
       while (done < p.len) {
-        const ssize_t r = is_write ? pwrite(files_->fd(p.file), p.ptr + done, p.len - done, static_cast<off_t>(p.foff + done))
-                                   : pread(files_->fd(p.file), p.ptr + done, p.len - done, static_cast<off_t>(p.foff + done));
+        const size_t align = direct_ ? 4096 : 1;
+        const ssize_t r = is_write ? io_pwrite(files_->fd(p.file), p.ptr + done, p.len - done, p.foff + done, files_->path(p.file), align)
+                                   : io_pread(files_->fd(p.file), p.ptr + done, p.len - done, p.foff + done, files_->path(p.file), align);
         int64_t result = r < 0 ? -errno : r;
         if (fault_) fault_(is_write, files_->path(p.file), p.foff + done, p.len - done, result);
         if ((result == -EINTR || result == -EAGAIN) && ++retries < 1000) continue;

@@ -14,6 +14,9 @@
 //   out of disk shows up then, not in the middle of a run.
 // - Threads: read()/write() may be called from several threads at once; each call is
 //   synchronous for its caller.
+// - Faults: every system request (and the syncs) passes through base/io_faults.h, the
+//   process-wide seam that tests and FERRY_IO_FAULTS use to inject EIO, ENOSPC, short and
+//   torn transfers and delays; FaultHook below is a per-store hook on completed requests.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/io_faults.h"
 #include "offload/storage.h"
 
 namespace ferry::offload {
@@ -93,7 +94,7 @@ std::string StripedFiles::describe(const std::string& engine, bool direct) const
 
 void StripedFiles::sync() const {
   for (size_t i = 0; i < fds_.size(); ++i) {
-    if (fdatasync(fds_[i]) != 0) throw StorageError(paths_[i], 0, 0, errno, "fdatasync");
+    if (io_fdatasync(fds_[i], paths_[i]) != 0) throw StorageError(paths_[i], 0, 0, errno, "fdatasync");
   }
 }
 

@@ -22,6 +22,7 @@
 #include <ostream>
 
 #include "base/crc32c.h"
+#include "base/io_faults.h"
 #include "base/stop_signal.h"
 #include "nn/dtype.h"
 #include "runtime/ckpt/checkpoint.h"
@@ -301,6 +302,141 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_refused_by_name) {
   BOOST_TEST(err.find("names 'step-00000009', which is not a checkpoint directory") != std::string::npos, err);
   r["checkpoint"]["resume"] = good.string();
   BOOST_TEST(train(r, 1).report.resumed_from == 4);
+}
+
+namespace {
+
+// The same event in another copy of the checkpoint folder.
+IoEvent moved(IoEvent e, const fs::path& from, const fs::path& to) {
+  const fs::path rel = fs::path(e.path).lexically_relative(from);
+  e.path = rel == "." ? to.string() : (to / rel).string();
+  return e;
+}
+
+std::string describe(const IoEvent& e, IoFaultKind k) {
+  return std::string(io_fault_name(k)) + " on " + io_op_name(e.op) + " " + e.path + " @" + std::to_string(e.offset);
+}
+
+// What `latest` in `dir` names, "" when it is missing.
+std::string latest_in(const fs::path& dir) {
+  std::ifstream in(dir / "latest");
+  std::string name;
+  in >> name;
+  return name;
+}
+
+}  // namespace
+
+// Every I/O operation a checkpoint save makes (the rank files' writes and syncs, the
+// indexes, the manifest, the renames and directory syncs, `latest`), failed in turn with
+// each fault base/io_faults.h injects: a failed save says which file, `latest` always names
+// a complete checkpoint, and resuming from it ends with the uninterrupted run's weights, bit
+// for bit. Short transfers and delays must not fail the save at all. Then the same for a
+// step saved a second time (a resume from an older one), where the new step replaces the
+// one `latest` names.
+BOOST_AUTO_TEST_CASE(every_operation_of_a_checkpoint_save_fails_safely) {
+  test::TempDir dir("ckfault");
+  const fs::path base = dir.path / "base";
+  json d = doc(2, 4);
+  place(d, 3, "none", "none", dir.path);
+  const Run straight = train(d, 2);
+  d["checkpoint"] = {{"dir", base.string()}, {"keep_last", 0}};
+  train(d, 2, {"train.steps=2"});
+  BOOST_REQUIRE_EQUAL(latest_in(base), "step-00000002");
+  d["checkpoint"]["resume"] = "auto";
+
+  // Which operations a save of step 3 makes, recorded on a copy.
+  const fs::path rec = dir.path / "recorded";
+  fs::copy(base, rec, fs::copy_options::recursive);
+  std::vector<IoEvent> events;
+  {
+    json r = d;
+    r["checkpoint"]["dir"] = rec.string();
+    auto plan = std::make_shared<RecordingIoPlan>(rec.string());
+    ScopedIoFaults faults(plan);
+    train(r, 2, {"train.steps=3"});
+    events = plan->events();
+  }
+  int writes = 0, syncs = 0, renames = 0;
+  for (const IoEvent& e : events) {
+    writes += e.op == IoOp::write, syncs += e.op == IoOp::sync, renames += e.op == IoOp::rename;
+  }
+  BOOST_TEST_MESSAGE(events.size() << " operations: " << writes << " writes, " << syncs << " syncs, " << renames << " renames");
+  BOOST_REQUIRE(writes >= 6);   // 2 rank files and 2 indexes, the manifest, latest
+  BOOST_REQUIRE(syncs >= 8);    // each of those, and the directories
+  BOOST_REQUIRE(renames >= 3);  // the manifest, the step folder, latest
+
+  // One sweep: each recorded event failed with each fault, on a fresh copy of `from`.
+  // resave: resume from the copy's step 2 while its `latest` names a step 3, and fail only
+  // the renames and syncs (the writes are those of the first sweep).
+  auto sweep = [&](const fs::path& from, bool resave) {
+    int cases = 0;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const IoEvent& recorded = events[i];
+      int nth = 1;  // the same (op, path, offset) seen before: a folder synced twice
+      for (size_t j = 0; j < i; ++j)
+        nth += events[j].op == recorded.op && events[j].path == recorded.path && events[j].offset == recorded.offset;
+      if (resave && recorded.op == IoOp::write) continue;
+      for (IoFaultKind kind : {IoFaultKind::eio, IoFaultKind::enospc, IoFaultKind::torn, IoFaultKind::short_io, IoFaultKind::delay}) {
+        const bool transfer = recorded.op == IoOp::write;
+        if (!transfer && (kind == IoFaultKind::torn || kind == IoFaultKind::short_io)) continue;  // as eio there
+        const fs::path w = dir.path / ("case-" + std::to_string(cases++));
+        fs::copy(from, w, fs::copy_options::recursive);
+        const IoEvent target = moved(recorded, rec, w);
+        BOOST_TEST_CONTEXT(describe(target, kind) << " #" << nth) {
+          json r = d;
+          r["checkpoint"]["dir"] = w.string();
+          if (resave) r["checkpoint"]["resume"] = (w / "step-00000002").string();
+          std::string err;
+          bool fired;
+          {
+            auto plan = std::make_shared<TargetedIoPlan>(target, IoFault{kind, 5}, nth);
+            ScopedIoFaults faults(plan);
+            err = error_of([&] { train(r, 2, {"train.steps=3"}); });
+            fired = plan->fired();
+          }
+          BOOST_TEST(fired);
+          const bool harmless = kind == IoFaultKind::delay || kind == IoFaultKind::short_io;
+          if (harmless) {
+            BOOST_TEST(err.empty(), err);
+            BOOST_TEST(latest_in(w) == "step-00000003");
+          } else {
+            BOOST_TEST(!err.empty());
+            // The failing file, or for a directory sync or a rename, the folder or target.
+            BOOST_TEST(err.find(target.path) != std::string::npos, "the error names " << target.path << ": " << err);
+          }
+          const std::string latest = latest_in(w);
+          BOOST_TEST((latest == "step-00000002" || latest == "step-00000003"), "latest: '" << latest << "'");
+          // Whatever `latest` names resumes to the uninterrupted run's end, bit for bit.
+          r["checkpoint"]["resume"] = "auto";
+          Run resumed;
+          const std::string err2 = error_of([&] { resumed = train(r, 2); });
+          BOOST_REQUIRE_MESSAGE(err2.empty(), "resuming after the fault: " << err2);
+          BOOST_TEST(resumed.report.resumed_from == (latest == "step-00000003" ? 3 : 2));
+          BOOST_REQUIRE_EQUAL(resumed.weights.size(), straight.weights.size());
+          for (size_t u = 0; u < straight.weights.size(); ++u)
+            BOOST_TEST(std::memcmp(resumed.weights[u].data(), straight.weights[u].data(), straight.weights[u].size() * 4) == 0,
+                       "unit " << u);
+        }
+        fs::remove_all(w);
+      }
+    }
+    return cases;
+  };
+  const int first = sweep(base, false);
+
+  // Step 3 saved again from step 2 while `latest` names the first step 3: the new one
+  // takes its place (the rename and sync events are the ones that differ).
+  const fs::path twice = dir.path / "twice";
+  fs::copy(base, twice, fs::copy_options::recursive);
+  {
+    json r = d;
+    r["checkpoint"]["dir"] = twice.string();
+    train(r, 2, {"train.steps=3"});
+  }
+  BOOST_REQUIRE_EQUAL(latest_in(twice), "step-00000003");
+  const int second = sweep(twice, true);
+  BOOST_TEST_MESSAGE(first << " + " << second << " faulted saves");
 }
 
 // The real handler, through raise(): one request delivered twice at once (Slurm signals

@@ -113,6 +113,10 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
     write_rank_files(tmp, layout, units, opt, rank, world, req.step);
   } catch (const std::exception& e) {
     error = e.what();
+    // Said here, by the rank that knows which file: the job may end on another rank's
+    // message, which can only count the failures.
+    log::error(log::Subsys::ckpt, "rank " + std::to_string(rank) + ": checkpoint at step " + std::to_string(req.step) +
+                                      ": " + error);
   }
   if (const int failed = failures_everywhere(comm, !error.empty()); failed > 0) {
     throw std::runtime_error("checkpoint at step " + std::to_string(req.step) + " failed on " + std::to_string(failed) +
@@ -133,16 +137,24 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
       for (const std::string& f : req.carry_files) {
         if (!fs::exists(f)) continue;
         fs::create_directories(fs::path(tmp) / "hf");
-        fs::copy_file(f, fs::path(tmp) / "hf" / fs::path(f).filename(), fs::copy_options::overwrite_existing);
+        copy_file_atomic(f, (fs::path(tmp) / "hf" / fs::path(f).filename()).string());
       }
       write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
-      if (fs::exists(final_dir)) {  // the same step saved before (a resume from an older one)
+      if (fs::exists(final_dir)) {
+        // The same step saved before (a resume from an older one), perhaps the one `latest`
+        // names: swap the two in one step, so that name never points at nothing. Where the
+        // file system cannot swap, the old one goes aside first (a crash between the two
+        // renames leaves `latest` naming a missing step; resolve_resume then says so).
         const std::string aside = (fs::path(req.dir) / (".tmp-old-" + name)).string();
-        fs::rename(final_dir, aside);
-        fs::rename(tmp, final_dir);
-        fs::remove_all(aside);
+        if (exchange_paths(tmp, final_dir)) {
+          fs::remove_all(tmp);
+        } else {
+          rename_path(final_dir, aside);
+          rename_path(tmp, final_dir);
+          fs::remove_all(aside);
+        }
       } else {
-        fs::rename(tmp, final_dir);
+        rename_path(tmp, final_dir);
       }
       fsync_dir(req.dir);
       write_file_atomic((fs::path(req.dir) / "latest").string(), name + "\n");

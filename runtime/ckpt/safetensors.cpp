@@ -1,6 +1,7 @@
 #include "runtime/ckpt/safetensors.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -33,7 +34,7 @@ uint64_t expected_bytes(const SafetensorsEntry& e) {
 
 SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<SafetensorsEntry> entries,
                                      const std::map<std::string, std::string>& metadata)
-    : file_(path, File::create), entries_(std::move(entries)) {
+    : path_(path), file_(path + ".tmp", File::create), entries_(std::move(entries)) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t at = 0;
@@ -58,9 +59,17 @@ void SafetensorsWriter::write(size_t index, const void* data, size_t bytes) {
   file_.write_at(data_start_ + e.begin, data, bytes);
 }
 
+SafetensorsWriter::~SafetensorsWriter() {
+  if (finished_) return;
+  std::error_code ignored;
+  std::filesystem::remove(path_ + ".tmp", ignored);
+}
+
 void SafetensorsWriter::finish() {
   file_.sync();
   file_.close();
+  rename_path(path_ + ".tmp", path_);
+  finished_ = true;
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File::read), path_(path) {

@@ -25,15 +25,22 @@ size_t safetensors_dtype_size(const std::string& dtype);  // throws for an unkno
 
 // Declare every tensor up front (the header needs every offset), then write each one's
 // bytes, in any order, with write(); finish() syncs and closes.
+// Writes PATH.tmp; finish() syncs it and renames it to PATH, so PATH is only ever a whole
+// file. Destroyed unfinished (an error on the way), it removes PATH.tmp.
 class SafetensorsWriter {
  public:
   SafetensorsWriter(const std::string& path, std::vector<SafetensorsEntry> entries,
                     const std::map<std::string, std::string>& metadata);
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
   void write(size_t index, const void* data, size_t bytes);  // bytes == end - begin
   void finish();
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
 
  private:
+  std::string path_;
+  bool finished_ = false;
   File file_;
   std::vector<SafetensorsEntry> entries_;
   uint64_t data_start_ = 0;

@@ -1,6 +1,7 @@
 #include "runtime/ckpt/stream_io.h"
 
 #include "base/crc32c.h"
+#include "base/io_faults.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -73,7 +74,7 @@ void StreamWriter::io_loop() {
     try {
       const char* p = bufs_.at(job.buffer);
       for (size_t done = 0; done < job.bytes;) {
-        const ssize_t n = ::pwrite(fd_, p + done, job.bytes - done, static_cast<off_t>(job.offset + done));
+        const ssize_t n = io_pwrite(fd_, p + done, job.bytes - done, job.offset + done, path_, direct_ ? kDirectAlign : 1);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) fail(path_, "write of " + std::to_string(job.bytes) + " bytes at offset " + std::to_string(job.offset), n < 0 ? errno : EIO);
         done += static_cast<size_t>(n);
@@ -133,7 +134,7 @@ void StreamWriter::finish() {
   }
   rethrow();
   if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) fail(path_, "ftruncate", errno);
-  if (::fdatasync(fd_) != 0) fail(path_, "fdatasync", errno);
+  if (io_fdatasync(fd_, path_) != 0) fail(path_, "fdatasync", errno);
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail(path_, "close", errno);
@@ -185,7 +186,7 @@ void StreamReader::io_loop() {
     try {
       size_t got = 0;
       while (got < c.want) {
-        const ssize_t n = ::pread(fd_, buf + got, c.want - got, static_cast<off_t>(c.at + got));
+        const ssize_t n = io_pread(fd_, buf + got, c.want - got, c.at + got, path_, direct_ ? kDirectAlign : 1);
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) fail(path_, "read at offset " + std::to_string(c.at + got), errno);
         if (n == 0) break;  // end of file: the last block of a file StreamWriter trimmed

@@ -40,13 +40,6 @@ json read_json(const fs::path& p) {
   return j;
 }
 
-void write_text(const fs::path& p, const std::string& text) {
-  File f(p.string(), File::create);
-  f.write_at(0, text.data(), text.size());
-  f.sync();
-  f.close();
-}
-
 }  // namespace
 
 HfExportReport export_hf(const std::string& checkpoint, const std::string& out, const std::string& dtype,
@@ -143,16 +136,11 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
       ++rep.tensors;
     }
   }
-  for (auto& w : writers) w->finish();
+  // What transformers looks for comes last: config.json and the side files first, then the
+  // weights renamed into place, then (sharded) the index. An export that fails on the way
+  // leaves no model.safetensors or index behind (the writers remove their .tmp files), so
+  // the folder is never taken for a whole model and a retry into it is allowed.
   rep.files = nfiles;
-  if (nfiles > 1) {
-    json index = {{"metadata", {{"total_size", rep.bytes}}}, {"weight_map", json::object()}};
-    for (const OutTensor& o : order) {
-      index["weight_map"][hfl.tensors[o.map].pieces[o.piece].name] = file_name(o.file);
-    }
-    write_text(fs::path(out) / "model.safetensors.index.json", index.dump(2) + "\n");
-  }
-
   // config.json: the source's, with ferry's shape keys written over it, or ferry's alone.
   const fs::path carried = fs::path(rep.checkpoint) / "hf";
   json config = hf_config_json(model, torch_dtype(dtype));
@@ -168,11 +156,19 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
     config["bos_token_id"] = nullptr;
     config["eos_token_id"] = nullptr;
   }
-  write_text(fs::path(out) / "config.json", config.dump(2) + "\n");
+  write_file_atomic((fs::path(out) / "config.json").string(), config.dump(2) + "\n");
   for (const char* f : kHfSideFiles) {
     if (std::string(f) == "config.json" || !fs::exists(carried / f)) continue;
-    fs::copy_file(carried / f, fs::path(out) / f, fs::copy_options::overwrite_existing);
+    copy_file_atomic((carried / f).string(), (fs::path(out) / f).string());
     ++rep.carried;
+  }
+  for (auto& w : writers) w->finish();
+  if (nfiles > 1) {
+    json index = {{"metadata", {{"total_size", rep.bytes}}}, {"weight_map", json::object()}};
+    for (const OutTensor& o : order) {
+      index["weight_map"][hfl.tensors[o.map].pieces[o.piece].name] = file_name(o.file);
+    }
+    write_file_atomic((fs::path(out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
   return rep;
 }
