@@ -78,13 +78,29 @@ void fsync_dir(const std::string& dir) {
   if (rc != 0) fail(dir, "fsync", err);
 }
 
+namespace {
+// Runs `write` (which makes `tmp`), then renames tmp over `to`; on any error removes tmp.
+template <typename Write>
+void replace_atomically(const std::string& tmp, const std::string& to, Write write) {
+  try {
+    write();
+    rename_path(tmp, to);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+}
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& content) {
   const std::string tmp = path + ".tmp";
-  File f(tmp, File::create);
-  f.write_at(0, content.data(), content.size());
-  f.sync();
-  f.close();
-  rename_path(tmp, path);
+  replace_atomically(tmp, path, [&] {
+    File f(tmp, File::create);
+    f.write_at(0, content.data(), content.size());
+    f.sync();
+    f.close();
+  });
   const std::string parent = std::filesystem::path(path).parent_path().string();
   fsync_dir(parent.empty() ? "." : parent);
 }
@@ -93,7 +109,7 @@ void copy_file_atomic(const std::string& from, const std::string& to) {
   File in(from, File::read);
   const uint64_t size = in.size();
   const std::string tmp = to + ".tmp";
-  {
+  replace_atomically(tmp, to, [&] {
     File out(tmp, File::create);
     std::string piece;
     for (uint64_t at = 0; at < size;) {
@@ -105,8 +121,7 @@ void copy_file_atomic(const std::string& from, const std::string& to) {
     }
     out.sync();
     out.close();
-  }
-  rename_path(tmp, to);
+  });
 }
 
 void rename_path(const std::string& from, const std::string& to) {

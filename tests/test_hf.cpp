@@ -18,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/io_faults.h"
 #include "nn/cpu_device.h"
 #include "runtime/ckpt/safetensors.h"
 #include "runtime/hf/hf_export.h"
@@ -207,6 +208,85 @@ BOOST_AUTO_TEST_CASE(import_checkpoint_export_is_bit_exact_and_carries_the_token
       BOOST_TEST(again == first);
     }
   }
+}
+
+// An export under every fault base/io_faults.h injects: each write, sync and rename of a
+// sharded export with its side files failed in turn. A failed export names the file and
+// leaves neither model.safetensors.index.json nor a .tmp file (so transformers never takes
+// the folder for a whole model), and a retry into the same folder writes the same bytes as
+// an export that never failed. A short transfer changes nothing.
+BOOST_AUTO_TEST_CASE(an_export_under_io_faults_never_leaves_a_partial_model) {
+  test::TempDir dir("hf_faults");
+  json d = doc(kData + "llama3");
+  d["checkpoint"] = {{"dir", (dir.path / "ck").string()}};
+  std::ostringstream log;
+  test::run_ranks(1, [&](int, comm::Communicator& comm) { runtime::Trainer(config(d), comm, log).run(); });
+  const std::string ck = (dir.path / "ck").string();
+  const fs::path ref = dir.path / "ref";
+  std::vector<IoEvent> events;
+  {
+    auto plan = std::make_shared<RecordingIoPlan>(ref.string());
+    ScopedIoFaults faults(plan);
+    BOOST_REQUIRE(runtime::export_hf(ck, ref.string(), "fp32", 100000).files > 1);
+    events = plan->events();
+  }
+  auto attempt = [&](const fs::path& out) -> std::string {  // "" when it succeeds
+    try {
+      runtime::export_hf(ck, out.string(), "fp32", 100000);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  auto bytes_of = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  int cases = 0, renames = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const IoEvent& e = events[i];
+    renames += e.op == IoOp::rename;
+    int nth = 1;
+    for (size_t j = 0; j < i; ++j) nth += events[j].op == e.op && events[j].path == e.path && events[j].offset == e.offset;
+    for (IoFaultKind kind : {IoFaultKind::eio, IoFaultKind::torn, IoFaultKind::short_io}) {
+      if (e.op != IoOp::write && kind != IoFaultKind::eio) continue;
+      const fs::path out = dir.path / ("case-" + std::to_string(cases++));
+      IoEvent target = e;
+      const fs::path rel = fs::path(e.path).lexically_relative(ref);
+      target.path = rel == "." ? out.string() : (out / rel).string();
+      BOOST_TEST_CONTEXT(io_fault_name(kind) << " on " << io_op_name(e.op) << " " << target.path << " @" << e.offset << " #" << nth) {
+        std::string err;
+        {
+          auto plan = std::make_shared<TargetedIoPlan>(target, IoFault{kind, 0}, nth);
+          ScopedIoFaults faults(plan);
+          err = attempt(out);
+          BOOST_TEST(plan->fired());
+        }
+        if (kind == IoFaultKind::short_io) {
+          BOOST_TEST(err.empty(), err);
+        } else {
+          BOOST_TEST(!err.empty());
+          BOOST_TEST(err.find(target.path) != std::string::npos, "the error names " << target.path << ": " << err);
+          BOOST_TEST(!fs::exists(out / "model.safetensors.index.json"));
+          for (const auto& f : fs::directory_iterator(out))
+            BOOST_TEST(f.path().extension() != ".tmp", "left behind: " << f.path());
+          const std::string retry = attempt(out);
+          BOOST_REQUIRE_MESSAGE(retry.empty(), "the retry: " << retry);
+        }
+        int files = 0;
+        for (const auto& f : fs::directory_iterator(ref)) {
+          ++files;
+          BOOST_TEST((bytes_of(f.path()) == bytes_of(out / f.path().filename())), f.path().filename());
+        }
+        BOOST_TEST(std::distance(fs::directory_iterator(out), fs::directory_iterator{}) == files);
+      }
+      fs::remove_all(out);
+    }
+  }
+  BOOST_TEST(renames >= 4);  // the shards, config.json, the side files, the index
+  BOOST_TEST_MESSAGE(events.size() << " operations, " << cases << " faulted exports");
 }
 
 BOOST_AUTO_TEST_CASE(fp16_folders_export_bit_exact) {

@@ -35,22 +35,28 @@ uint64_t expected_bytes(const SafetensorsEntry& e) {
 SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<SafetensorsEntry> entries,
                                      const std::map<std::string, std::string>& metadata)
     : path_(path), file_(path + ".tmp", File::create), entries_(std::move(entries)) {
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  uint64_t at = 0;
-  for (SafetensorsEntry& e : entries_) {
-    e.begin = at;
-    e.end = at += expected_bytes(e);
-    header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+  try {
+    json header = json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    uint64_t at = 0;
+    for (SafetensorsEntry& e : entries_) {
+      e.begin = at;
+      e.end = at += expected_bytes(e);
+      header[e.name] = {{"dtype", e.dtype}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+    const uint64_t n = text.size();
+    unsigned char len[8];
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+    file_.write_at(0, len, 8);
+    file_.write_at(8, text.data(), text.size());
+    data_start_ = 8 + n;
+  } catch (...) {  // no destructor runs for a writer never built: remove the file here
+    std::error_code ignored;
+    std::filesystem::remove(path_ + ".tmp", ignored);
+    throw;
   }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
-  const uint64_t n = text.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  file_.write_at(0, len, 8);
-  file_.write_at(8, text.data(), text.size());
-  data_start_ = 8 + n;
 }
 
 void SafetensorsWriter::write(size_t index, const void* data, size_t bytes) {
@@ -70,6 +76,14 @@ void SafetensorsWriter::finish() {
   file_.close();
   rename_path(path_ + ".tmp", path_);
   finished_ = true;
+  try {
+    const std::string parent = std::filesystem::path(path_).parent_path().string();
+    fsync_dir(parent.empty() ? "." : parent);
+  } catch (...) {  // not known to be durable: an error leaves no file, as everywhere else
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+    throw;
+  }
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File::read), path_(path) {

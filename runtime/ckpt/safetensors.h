@@ -25,8 +25,9 @@ size_t safetensors_dtype_size(const std::string& dtype);  // throws for an unkno
 
 // Declare every tensor up front (the header needs every offset), then write each one's
 // bytes, in any order, with write(); finish() syncs and closes.
-// Writes PATH.tmp; finish() syncs it and renames it to PATH, so PATH is only ever a whole
-// file. Destroyed unfinished (an error on the way), it removes PATH.tmp.
+// Writes PATH.tmp; finish() syncs it, renames it to PATH and syncs the folder, so PATH is
+// only ever a whole file and an error (which removes what it wrote, PATH.tmp or PATH) leaves
+// none. Destroyed unfinished, it removes PATH.tmp.
 class SafetensorsWriter {
  public:
   SafetensorsWriter(const std::string& path, std::vector<SafetensorsEntry> entries,

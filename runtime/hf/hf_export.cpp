@@ -168,7 +168,14 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
     for (const OutTensor& o : order) {
       index["weight_map"][hfl.tensors[o.map].pieces[o.piece].name] = file_name(o.file);
     }
-    write_file_atomic((fs::path(out) / "model.safetensors.index.json").string(), index.dump(2) + "\n");
+    const std::string path = (fs::path(out) / "model.safetensors.index.json").string();
+    try {
+      write_file_atomic(path, index.dump(2) + "\n");
+    } catch (...) {  // renamed but the folder's sync failed: not a model until a retry succeeds
+      std::error_code ignored;
+      fs::remove(path, ignored);
+      throw;
+    }
   }
   return rep;
 }

@@ -27,7 +27,10 @@ struct HfExportReport {
 };
 
 // `checkpoint`: a step directory or a checkpoint.dir (its latest); dtype fp32|bf16|fp16;
-// `out` is created (it must not hold a model already).
+// `out` is created (it must not hold a model already). Every file is written as NAME.tmp and
+// renamed when synced; config.json and the side files come first, the weights next, the
+// index (or the single model.safetensors) last, so a failed export leaves no file that
+// makes the folder look like a model, and a retry into it is allowed. Errors name the file.
 HfExportReport export_hf(const std::string& checkpoint, const std::string& out, const std::string& dtype,
                          uint64_t max_shard_bytes);
 
