@@ -293,8 +293,6 @@ const Knob* find_knob(const std::string& path) {
   return nullptr;
 }
 
-namespace {
-
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -307,8 +305,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   }
   return prev[b.size()];
 }
-
-}  // namespace
 
 std::string closest_key(const std::string& path) {
   std::vector<std::string> candidates;

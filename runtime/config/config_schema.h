@@ -70,6 +70,8 @@ const std::vector<EnvKnob>& environment_knobs();
 const Knob* find_knob(const std::string& path);
 // The closest known key or section to `path`, or "" when nothing is close.
 std::string closest_key(const std::string& path);
+// Levenshtein distance (insertions, deletions, substitutions), for "did you mean".
+size_t edit_distance(const std::string& a, const std::string& b);
 std::string knob_type_name(KnobType t);
 
 }  // namespace ferry::runtime

@@ -44,7 +44,7 @@ const std::map<std::string, std::string>& mapped_keys() {
 }
 
 // Keys that change how DeepSpeed lays out memory, logs or profiles, never what it computes.
-bool ignorable(const std::string& path) {
+const std::vector<std::string>& ignorable_keys() {
   static const std::vector<std::string> prefixes = {
       "steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "tensorboard", "wandb",
       "csv_monitor", "comet", "flops_profiler", "comms_logger", "activation_checkpointing", "checkpoint",
@@ -72,7 +72,11 @@ bool ignorable(const std::string& path) {
       // fp16 inputs are cast where the first layer reads them anyway; bf16's fused-update and
       // overflow-check switches only change when DeepSpeed does the same arithmetic.
       "fp16.auto_cast", "bf16.immediate_grad_update", "bf16.check_grad_overflow"};
-  for (const std::string& p : prefixes)
+  return prefixes;
+}
+
+bool ignorable(const std::string& path) {
+  for (const std::string& p : ignorable_keys())
     if (path == p || path.starts_with(p + ".")) return true;
   return false;
 }
@@ -201,6 +205,11 @@ class Translator {
       if (is_ferry_section(path)) {
         fail(path, "is a ferry section; put it in the --config file (the --deepspeed file holds the runtime keys)");
       }
+      if (const std::string near = near_miss(path); !near.empty()) {
+        // One or two letters from a key DeepSpeed reads: a typo whose setting would be lost
+        // without a word (DeepSpeed itself ignores unknown top-level keys).
+        fail(path, "is not a DeepSpeed key; did you mean '" + near + "'?");
+      }
       out_.ignored.push_back(path + " (unknown to ferry)");
     }
   }
@@ -214,6 +223,19 @@ class Translator {
         out_.ignored.push_back(path);
       }
     }
+  }
+
+  // A key DeepSpeed reads within two edits of `path` ("" if none): the mapped and the
+  // ignorable ones.
+  static std::string near_miss(const std::string& path) {
+    if (path.size() < 6) return "";
+    std::vector<std::string> known;
+    for (const auto& [ds, ferry] : mapped_keys()) known.push_back(ds);
+    for (const char* k : {"optimizer.type", "scheduler.type", "zero_optimization.cpu_offload", "amp"}) known.push_back(k);
+    for (const std::string& k : ignorable_keys()) known.push_back(k);
+    for (const std::string& k : known)
+      if (edit_distance(path, k) <= 2) return k;
+    return "";
   }
 
   static bool is_known_section(const std::string& path) {
