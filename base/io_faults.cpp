@@ -80,24 +80,27 @@ ssize_t transfer(const IoFault& f, size_t len, size_t align, Call call) {
 int metadata_call(const IoFault& f, const std::function<int()>& call) {
   switch (f.kind) {
     case IoFaultKind::none:
+    case IoFaultKind::short_io:  // nothing to shorten
       return call();
     case IoFaultKind::delay:
       sleep_ms(f.delay_ms);
       return call();
     case IoFaultKind::enospc:
       return fail_with(ENOSPC);
-    default:
+    case IoFaultKind::eio:
+    case IoFaultKind::torn:
       return fail_with(EIO);
   }
+  return call();
 }
 
-IoFaultKind kind_named(const std::string& s) {
+IoFaultKind kind_named(const std::string& s, const std::string& value) {
   if (s == "eio") return IoFaultKind::eio;
   if (s == "enospc") return IoFaultKind::enospc;
   if (s == "short") return IoFaultKind::short_io;
   if (s == "torn") return IoFaultKind::torn;
   if (s == "delay") return IoFaultKind::delay;
-  throw std::invalid_argument("FERRY_IO_FAULTS: unknown fault '" + s + "' (eio, enospc, short, torn, delay)");
+  throw std::invalid_argument("FERRY_IO_FAULTS='" + value + "': unknown fault '" + s + "' (eio, enospc, short, torn, delay)");
 }
 
 }  // namespace
@@ -188,7 +191,7 @@ std::string install_io_faults_from_env() {
   std::vector<IoFaultKind> kinds;
   if (parts.size() > 2) {
     std::stringstream ks(parts[2]);
-    for (std::string k; std::getline(ks, k, ',');) kinds.push_back(kind_named(k));
+    for (std::string k; std::getline(ks, k, ',');) kinds.push_back(kind_named(k, text));
   }
   const std::string prefix = parts.size() > 3 ? parts[3] : "";
   // The plan lives as long as the process: a binary that asks for faults keeps them.

@@ -15,7 +15,7 @@
 //   torn         transfers the first half, then returns -1 with errno EIO (data on disk,
 //                error reported: what a dying disk or a full one mid-request gives)
 //   delay        sleeps delay_ms, then transfers all of it
-// sync and rename take eio, enospc and delay; short_io and torn act as eio there.
+// sync and rename: eio, enospc and delay as above; torn acts as eio, short_io as none.
 //
 // Identity: an event is (op, path, offset), never its position in time, so a plan picks
 // the same events however threads interleave. Threads: every function may be called from

@@ -379,7 +379,7 @@ BOOST_AUTO_TEST_CASE(every_operation_of_a_checkpoint_save_fails_safely) {
       if (resave && recorded.op == IoOp::write) continue;
       for (IoFaultKind kind : {IoFaultKind::eio, IoFaultKind::enospc, IoFaultKind::torn, IoFaultKind::short_io, IoFaultKind::delay}) {
         const bool transfer = recorded.op == IoOp::write;
-        if (!transfer && (kind == IoFaultKind::torn || kind == IoFaultKind::short_io)) continue;  // as eio there
+        if (!transfer && (kind == IoFaultKind::torn || kind == IoFaultKind::short_io)) continue;  // eio or nothing there
         const fs::path w = dir.path / ("case-" + std::to_string(cases++));
         fs::copy(from, w, fs::copy_options::recursive);
         const IoEvent target = moved(recorded, rec, w);

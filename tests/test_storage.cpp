@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <thread>
 
+#include "base/io_faults.h"
 #include "nn/rng.h"
 #include "offload/io_uring_storage.h"
 #include "offload/storage.h"
@@ -279,6 +281,67 @@ BOOST_AUTO_TEST_CASE(eio_and_enospc_name_the_path_and_spare_other_data) {
       BOOST_TEST(first_bad(good.p, 0, 1 << 20, 21) == -1);  // earlier data intact
     }
   }
+}
+
+// The process-wide seam (base/io_faults.h), which checkpoints and exports also pass
+// through, reaches both engines: short transfers and delays chosen by a seed leave every
+// byte right; a torn write is reported as EIO naming the file. The seeded plan picks the
+// same events for the same seed, other ones for another; FERRY_IO_FAULTS' mistakes are named.
+BOOST_AUTO_TEST_CASE(the_fault_seam_reaches_both_engines_and_is_deterministic) {
+  TempDirs d;
+  for (bool uring : {true, false}) {
+    BOOST_TEST_CONTEXT((uring ? "io_uring" : "pread/pwrite")) {
+      auto s = offload::make_storage(options(d.two, uring, true), nullptr);
+      if (uring && !dynamic_cast<offload::IoUringStorage*>(s.get())) {
+        BOOST_TEST_MESSAGE("io_uring case skipped: the kernel refuses io_uring");
+        continue;
+      }
+      {
+        auto plan = std::make_shared<SeededIoPlan>(5, 0.3, std::vector<IoFaultKind>{IoFaultKind::short_io, IoFaultKind::delay},
+                                                   d.root.string(), 1);
+        ScopedIoFaults faults(plan);
+        random_round_trips(*s, 31);
+        BOOST_TEST(plan->faults() > 10u);
+      }
+      {
+        auto plan = std::make_shared<SeededIoPlan>(5, 1.0, std::vector<IoFaultKind>{IoFaultKind::torn}, d.root.string());
+        ScopedIoFaults faults(plan);
+        AlignedBuffer buf(1 << 20);
+        fill(buf.p, 0, 1 << 20, 3);
+        try {
+          s->write(0, buf.p, 1 << 20);
+          BOOST_FAIL("a torn write was not reported");
+        } catch (const StorageError& e) {
+          BOOST_TEST(e.err == EIO);
+          BOOST_TEST((e.path == d.two[0] + "/ferry.swp" || e.path == d.two[1] + "/ferry.swp"), e.path);
+        }
+      }
+    }
+  }
+  std::vector<IoEvent> events;
+  for (int i = 0; i < 200; ++i) events.push_back({i % 2 ? IoOp::write : IoOp::read, "/x/f" + std::to_string(i % 7), uint64_t(i) * 4096, 4096});
+  auto picks = [&](uint64_t seed) {
+    SeededIoPlan plan(seed, 0.2, {IoFaultKind::eio, IoFaultKind::torn}, "/x");
+    std::string out;
+    for (const IoEvent& e : events) out += io_fault_name(plan.decide(e).kind)[0];
+    return out;
+  };
+  BOOST_TEST(picks(1) == picks(1));
+  BOOST_TEST(picks(1) != picks(2));
+  const std::string p1 = picks(1);
+  const auto faulted = std::count_if(p1.begin(), p1.end(), [](char c) { return c != 'n'; });
+  BOOST_TEST((faulted > 20 && faulted < 70), faulted << " of 200 at p = 0.2");
+  for (const char* bad : {"7", "x:0.1", "7:2", "7:0.1:eio,melt", "7:0.1:eio:/a:b"}) {
+    ::setenv("FERRY_IO_FAULTS", bad, 1);
+    try {
+      install_io_faults_from_env();
+      BOOST_FAIL("FERRY_IO_FAULTS=" << bad << " accepted");
+    } catch (const std::invalid_argument& e) {
+      BOOST_TEST(std::string(e.what()).find(std::string("FERRY_IO_FAULTS='") + bad + "'") != std::string::npos, e.what());
+    }
+  }
+  ::unsetenv("FERRY_IO_FAULTS");
+  BOOST_TEST(install_io_faults_from_env().empty());
 }
 
 BOOST_AUTO_TEST_CASE(bad_folders_and_requests_are_refused_with_the_path) {
