@@ -119,7 +119,10 @@ CpuDevice::CpuDevice(size_t capacity_bytes, int threads) {
   stats_.capacity = capacity_bytes;
   threads_ = threads > 0 ? threads : omp_get_max_threads();
   omp_set_num_threads(threads_);
-  Eigen::setNbThreads(threads_);
+  // Not Eigen::setNbThreads: it writes a process-wide static that every Eigen product
+  // reads, from any thread, unsynchronized (ThreadSanitizer caught two ranks' devices
+  // constructed at once). Left unset, Eigen asks omp_get_max_threads() of the thread
+  // running the product, which on this thread is threads_ from the line above.
   if (capacity_bytes != kScratchCapacity) scratch_ = std::make_unique<CpuDevice>(kScratchCapacity, threads_);
 }
 

@@ -23,7 +23,9 @@ namespace ferry::nn {
 
 class CpuDevice final : public Device {
  public:
-  // threads = 0: every core OpenMP sees. Sets the OpenMP and Eigen thread counts (process-wide).
+  // threads = 0: every core OpenMP sees. Sets the constructing thread's OpenMP team size
+  // (omp_set_num_threads: nthreads-var is per thread), which Eigen's products follow too:
+  // the device's parallel work runs with `threads` threads on the thread that made it.
   explicit CpuDevice(size_t capacity_bytes, int threads = 0);
   ~CpuDevice() override;
 

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <ostream>
@@ -177,19 +178,25 @@ BOOST_AUTO_TEST_CASE(failed_optimizer_writes_name_the_file_and_keep_the_last_ste
   {
     runtime::Trainer t(runtime::config_from_json(doc(3, "nvme", "none", dir.path.string()), "ref", "", {}), c, discard);
     t.train_step(0);
+    // With clipping (the default) a step's updates and its commit run on the update thread
+    // after train_step returns: read the state once they are done.
+    t.sync_updates();
     for (int u = 0; u < t.model().num_units(); ++u) after_step1.push_back(t.optimizer().master(u));
   }
   for (int err : {EIO, ENOSPC}) {
-    bool armed = false;
+    // Read by the hook on the I/O threads (swapper, update thread) as the main thread sets it.
+    std::atomic<bool> armed{false};
     runtime::Config cfg = runtime::config_from_json(doc(3, "nvme", "none", dir.path.string()), "faulty", "", {});
     cfg.offload.fault = [&](bool write, const std::string& path, uint64_t, size_t, int64_t& result) {
       if (armed && write && path.find("ferry-optimizer") != std::string::npos) result = -err;
     };
     runtime::Trainer t(cfg, c, discard);
     t.train_step(0);
+    t.sync_updates();  // step 1 committed before the fault is armed, so that step 2's writes fail
     armed = true;
     try {
       t.train_step(1);
+      t.sync_updates();  // step 2's updates ran after train_step returned: their error comes here
       BOOST_FAIL("a failing optimizer-state write went unreported");
     } catch (const offload::StorageError& e) {
       BOOST_TEST(e.err == err);

@@ -49,6 +49,17 @@ TeamSeen run_in_worker(const UpdateWorker::Options& o) {
   return seen;
 }
 
+// The ThreadSanitizer build runs LLVM's libomp in libgomp's place (the top CMakeLists.txt).
+// libomp keeps one pool of threads for the whole process and hands them to any thread's
+// team with the mask they were created with, so a team need not inherit the worker's
+// pinning: that is libgomp's behaviour (each thread's team is its own), which UpdateWorker
+// relies on and the release and ASan builds check. Under TSan the team sizes are checked.
+#ifdef __SANITIZE_THREAD__
+constexpr bool kTeamsInheritPinning = false;
+#else
+constexpr bool kTeamsInheritPinning = true;
+#endif
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(team_has_the_configured_size_and_cores) {
@@ -60,7 +71,9 @@ BOOST_AUTO_TEST_CASE(team_has_the_configured_size_and_cores) {
         const TeamSeen seen = run_in_worker({.threaded = true, .threads = threads, .cpus = cpus});
         BOOST_TEST(seen.max_threads == threads);
         BOOST_TEST(seen.team_sizes == std::vector<int>(static_cast<size_t>(threads), threads));
-        for (const CpuSet& c : seen.member_cpus) BOOST_TEST(c.to_string() == cpus.to_string());
+        if (kTeamsInheritPinning) {
+          for (const CpuSet& c : seen.member_cpus) BOOST_TEST(c.to_string() == cpus.to_string());
+        }
       }
     }
   }
@@ -70,7 +83,9 @@ BOOST_AUTO_TEST_CASE(team_has_the_configured_size_and_cores) {
 BOOST_AUTO_TEST_CASE(unpinned_worker_inherits_the_owner_mask) {
   const TeamSeen seen = run_in_worker({.threaded = true, .threads = 2, .cpus = {}});
   BOOST_TEST(seen.team_sizes == std::vector<int>(2, 2));
-  for (const CpuSet& c : seen.member_cpus) BOOST_TEST(c == ferry::allowed_cpus());
+  if (kTeamsInheritPinning) {
+    for (const CpuSet& c : seen.member_cpus) BOOST_TEST(c == ferry::allowed_cpus());
+  }
 }
 
 BOOST_AUTO_TEST_CASE(unthreaded_jobs_use_the_callers_team) {
@@ -79,7 +94,9 @@ BOOST_AUTO_TEST_CASE(unthreaded_jobs_use_the_callers_team) {
   const TeamSeen seen = run_in_worker({.threaded = false, .threads = 1, .cpus = CpuSet({0})});
   omp_set_num_threads(before);
   BOOST_TEST(seen.max_threads == 3);
-  for (const CpuSet& c : seen.member_cpus) BOOST_TEST(c == ferry::allowed_cpus());
+  if (kTeamsInheritPinning) {
+    for (const CpuSet& c : seen.member_cpus) BOOST_TEST(c == ferry::allowed_cpus());
+  }
 }
 
 BOOST_AUTO_TEST_CASE(rejects_an_empty_team) {

@@ -114,6 +114,10 @@ class Trainer {
   std::string save_checkpoint(int64_t steps_done, double lr);
   int64_t load_checkpoint(const std::string& step_dir);
   double evaluate();
+  // Waits for the optimizer updates still running on the update thread (with clipping, a
+  // step's updates and its commit run after train_step returns) and rethrows their first
+  // error: call it before reading optimizer() state between steps.
+  void sync_updates() { worker_->drain(); }
   std::string sample(int64_t n_tokens, double temperature, uint64_t seed);
 
   nn::Model& model() { return *model_; }
@@ -135,7 +139,6 @@ class Trainer {
   double optimizer_step(int64_t step, double* grad_norm_out);
   void gradients_ready(int unit);           // ShardedUnits' callback: the unit's gradient is final
   void submit_update(int unit, double clip);
-  void sync_updates() { worker_->drain(); }
 
   Config cfg_;
   comm::Communicator& comm_;
