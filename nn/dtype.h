@@ -48,16 +48,24 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 // IEEE binary16 through the compiler's _Float16 (round to nearest even; past 65504 the
-// result is infinity, which is what fp16 loss scaling watches for).
+// result is infinity, which is what fp16 loss scaling watches for). Clang before 15 has
+// no _Float16 on x86 (the fuzz build, tests/fuzz/); its __fp16 is the same binary16 with
+// the same single rounding, as a storage type.
+#if defined(__clang__) && __clang_major__ < 15
+using Half = __fp16;
+#else
+using Half = _Float16;
+#endif
+
 inline uint16_t f32_to_f16(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
+  const Half h = static_cast<Half>(f);
   uint16_t u;
   std::memcpy(&u, &h, 2);
   return u;
 }
 
 inline float f16_to_f32(uint16_t u) {
-  _Float16 h;
+  Half h;
   std::memcpy(&h, &u, 2);
   return static_cast<float>(h);
 }

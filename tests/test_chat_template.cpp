@@ -161,6 +161,42 @@ BOOST_AUTO_TEST_CASE(runtime_errors_are_jinja2s) {
       contains(error_of([&] { render("{% set x = 1 %}{% set x.a = 2 %}"); }), "non-namespace"));
   BOOST_TEST(render("{{ messages[0].missing is defined }}{{ messages[0]['role'] }}") ==
              "Falseuser");
+  // Float literals beyond a double are Python's float(): inf and 0.0, no error (an
+  // std::out_of_range escaped before; found by tests/fuzz/fuzz_chat_template.cpp).
+  BOOST_TEST(render("{{ 1e999 }} {{ -1.5e999 }} {{ 1.5e-999 }}") == "inf -inf 0.0");
+  // Integers are 64-bit (Python's have no bound): a result past them is refused, where it
+  // wrapped (undefined behaviour) before; powers take 63 rounds at most (1 ** 10**18 ran
+  // for ever); floor division and modulo keep Python's signs at the edges; a repetition past
+  // 64 MiB is refused; a slice step near the limit ends (found by fuzz_chat_template.cpp).
+  BOOST_TEST(contains(error_of([&] { render("{{ 4052555153018976267 * 3 }}"); }),
+                      "integer overflow: 4052555153018976267 * 3 does not fit 64 bits"));
+  BOOST_TEST(contains(error_of([&] { render("{{ 2 ** 63 }}"); }), "integer overflow: 2 ** 63"));
+  BOOST_TEST(contains(error_of([&] { render("{{ -(-9223372036854775807 - 1) }}"); }), "integer overflow"));
+  BOOST_TEST(contains(error_of([&] { render("{{ (-9223372036854775807 - 1) // -1 }}"); }), "integer overflow"));
+  BOOST_TEST(contains(error_of([&] { render("{{ 1e20 | int }}"); }), "int: 1e+20 does not fit 64 bits"));
+  BOOST_TEST(contains(error_of([&] { render("{{ 'ab' * 100000000 }}"); }),
+                      "repetition by 100000000 builds a value past 67108864 bytes"));
+  BOOST_TEST(contains(error_of([&] { render("{{ ['x' * 1000] * 100000 }}"); }), "builds a value past 67108864 bytes"));
+  BOOST_TEST(render("[{{ '' * 1000000000000000000 }}{{ [] * 1000000000000000000 }}]") == "[[]]");
+  // What a render may build and how long it may loop (chat_template_value.h): doubling a
+  // string, joining or replacing past 64 MiB, a rendering past it, loops of loops past a
+  // million rounds, an indent past 1024 are refused (they exhausted memory or time).
+  BOOST_TEST(contains(error_of([&] {
+                        render("{% set ns = namespace(s='ab') %}{% for x in [0] * 40 %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}");
+                      }),
+                      "t:1:75: a value past 67108864 bytes"));
+  BOOST_TEST(contains(error_of([&] { render("{{ (['x' * 1000000] * 60) | join('x' * 1000000) }}"); }), "join: the result is longer"));
+  BOOST_TEST(contains(error_of([&] { render("{{ ('x' * 1000000).replace('', 'y' * 100) }}"); }), "replace(): the result is past"));
+  BOOST_TEST(contains(error_of([&] { render("{% for x in [0] * 100 %}{{ 'a' * 40000000 }}{% endfor %}"); }),
+                      "the rendering is longer than 67108864 bytes"));
+  BOOST_TEST(contains(error_of([&] { render("{% for a in [0] * 1001 %}{% for b in [0] * 1000 %}{% endfor %}{% endfor %}"); }),
+                      "the template loops more than 1000000 times"));
+  BOOST_TEST(contains(error_of([&] { render("{{ messages | tojson(indent=1000000000) }}"); }), "tojson: indent 1000000000 is past 1024"));
+  BOOST_TEST(render("{{ 1 ** 1000000000000000000 }} {{ (-2) ** 63 }} {{ 3 ** 39 }} {{ 0 ** 0 }}") ==
+             "1 -9223372036854775808 4052555153018976267 1");
+  BOOST_TEST(render("{{ 7 % -2 }} {{ -7 % 2 }} {{ -7 // 2 }} {{ 5 % -1 }} {{ (-9223372036854775807 - 1) % 3 }}") ==
+             "-1 1 -4 0 1");
+  BOOST_TEST(render("{{ 'abc'[1::9223372036854775807] }}{{ 'abc'[1::-9223372036854775807] }}") == "bb");
 }
 
 BOOST_AUTO_TEST_CASE(strftime_now_and_the_defaults_of_transformers) {

@@ -306,6 +306,117 @@ BOOST_AUTO_TEST_CASE(damaged_checkpoints_are_refused_by_name) {
 
 namespace {
 
+// A checkpoint folder as checkpoint.cpp writes one, small enough to edit by hand: one unit
+// "u" of 6 elements (tensor "w" [2, 3]) saved by 2 ranks, 3 elements each; every array
+// holds element i of rank r's slice as r * 3 + i (+ 10 for m, + 20 for v).
+void write_small_checkpoint(const fs::path& dir, const std::function<void(json& manifest, json& index0)>& damage) {
+  fs::create_directories(dir);
+  json manifest = {{"format", "ferry-checkpoint"}, {"format_version", 1}, {"ferry_version", "0"}, {"step", 3},
+                   {"world_size", 2}, {"stage", 3}, {"model", json::object()}, {"trainer", json::object()},
+                   {"units", {{{"name", "u"}, {"numel", 6},
+                               {"tensors", {{{"name", "w"}, {"shape", {2, 3}}, {"offset", 0}, {"decay", true}}}}}}}};
+  std::vector<json> index(2);
+  for (int r = 0; r < 2; ++r) {
+    std::string bytes;
+    json segments = json::array();
+    for (int a = 0; a < 3; ++a) {
+      float v[3];
+      for (int i = 0; i < 3; ++i) v[i] = static_cast<float>(r * 3 + i + 10 * a);
+      segments.push_back({{"unit", 0}, {"array", a}, {"begin", r * 3}, {"count", 3}, {"offset", bytes.size()},
+                          {"crc32c", crc32c(v, sizeof v)}});
+      bytes.append(reinterpret_cast<const char*>(v), sizeof v);
+    }
+    index[static_cast<size_t>(r)] = {{"rank", r}, {"world_size", 2}, {"bytes", bytes.size()}, {"segments", segments}};
+    std::ofstream(dir / runtime::rank_file(r, "bin"), std::ios::binary) << bytes;
+  }
+  damage(manifest, index[0]);
+  std::ofstream(dir / "manifest.json") << manifest.dump();
+  for (int r = 0; r < 2; ++r) std::ofstream(dir / runtime::rank_file(r, "json")) << index[static_cast<size_t>(r)].dump();
+}
+
+}  // namespace
+
+// `latest` names a checkpoint folder inside the checkpoint directory: a name with a '/'
+// (which made it any path: "/x" replaced the directory), "..", or one too long for the file
+// system (is_directory threw its own error, naming neither file) is refused naming `latest`
+// (found by tests/fuzz/fuzz_checkpoint.cpp).
+BOOST_AUTO_TEST_CASE(latest_names_a_folder_in_the_checkpoint_directory) {
+  test::TempDir dir("checkpoint_latest");
+  fs::create_directories(dir.path / "step-00000001");
+  fs::create_directories(dir.path / "elsewhere" / "step-00000001");
+  const std::string latest = (dir.path / "latest").string();
+  std::ofstream(latest) << "step-00000001\n";
+  BOOST_TEST(runtime::resolve_resume("auto", dir.path.string()) == (dir.path / "step-00000001").string());
+  for (const std::string& name : {(dir.path / "elsewhere" / "step-00000001").string(), std::string("elsewhere/step-00000001"),
+                                 std::string(".."), std::string(5000, 'x')}) {
+    std::ofstream(latest) << name << "\n";
+    std::string err;
+    try {
+      runtime::resolve_resume("auto", dir.path.string());
+    } catch (const runtime::CheckpointError& e) {
+      err = e.what();
+    }
+    BOOST_TEST(err.starts_with(latest + " names '" + name + "', which is not a checkpoint directory there"),
+               "for " << name.substr(0, 40) << ": " << err.substr(0, 200));
+  }
+}
+
+// What the fuzz target (tests/fuzz/fuzz_checkpoint.cpp) found or showed, each now refused
+// when the reader opens the checkpoint, naming the file: fields of another JSON type, floats
+// where integers belong (converting them was undefined behaviour), a world size that sized
+// an allocation before any rank file was read (3 x world_size x units segments: 100 GB for
+// 2^30), segments outside their unit or their data file (the tiling sum overflowed), and
+// tensors of the manifest outside their unit.
+BOOST_AUTO_TEST_CASE(damaged_indexes_and_manifests_are_refused_when_opened) {
+  test::TempDir dir("checkpoint_fields");
+  {
+    const fs::path good = dir.path / "good";
+    write_small_checkpoint(good, [](json&, json&) {});
+    runtime::CheckpointReader reader(good.string());
+    std::vector<float> m(6);
+    reader.read(0, 1, 0, 6, m.data());
+    BOOST_TEST(m == (std::vector<float>{10, 11, 12, 13, 14, 15}), boost::test_tools::per_element());
+  }
+  struct Case {
+    std::string what;
+    std::function<void(json&, json&)> damage;
+    std::string file, message;  // the file named, and the problem
+  };
+  const std::vector<Case> cases = {
+      {"negative world size", [](json& m, json&) { m["world_size"] = -1; }, "manifest.json", "world_size -1"},
+      {"float world size", [](json& m, json&) { m["world_size"] = 1e300; }, "manifest.json", "world_size is 1e+300"},
+      {"huge world size", [](json& m, json&) { m["world_size"] = 1 << 30; }, "rank-00002.json",
+       "is missing (saved by 1073741824 ranks"},
+      {"string numel", [](json& m, json&) { m["units"][0]["numel"] = "6"; }, "manifest.json", "numel is \"6\""},
+      {"count overflowing the unit", [](json&, json& i) { i["segments"][0]["count"] = INT64_MAX; }, "rank-00000.json",
+       "lies outside the unit's 6 elements"},
+      {"offset past the data", [](json&, json& i) { i["segments"][2]["offset"] = 30; }, "rank-00000.json",
+       "or the data file's 36 bytes"},
+      {"float checksum", [](json&, json& i) { i["segments"][1]["crc32c"] = 4.2e135; }, "rank-00000.json",
+       "crc32c is 4.2e+135"},
+      {"tensor outside its unit", [](json& m, json&) { m["units"][0]["tensors"][0]["shape"] = {2, 4}; }, "manifest.json",
+       "tensor w [2,4] at offset 0 does not fit the unit's 6 elements"},
+      {"tensor without offset", [](json& m, json&) { m["units"][0]["tensors"][0].erase("offset"); }, "manifest.json",
+       "missing or malformed field"},
+  };
+  for (const Case& c : cases) {
+    BOOST_TEST_CONTEXT(c.what) {
+      const fs::path p = dir.path / (std::string("case-") + std::to_string(&c - cases.data()));
+      write_small_checkpoint(p, c.damage);
+      std::string err;
+      try {
+        runtime::CheckpointReader reader(p.string());
+      } catch (const runtime::CheckpointError& e) {
+        err = e.what();
+      }
+      BOOST_TEST(err.find((p / c.file).string()) != std::string::npos, "names " << c.file << ": " << err);
+      BOOST_TEST(err.find(c.message) != std::string::npos, "says '" << c.message << "': " << err);
+    }
+  }
+}
+
+namespace {
+
 // The same event in another copy of the checkpoint folder.
 IoEvent moved(IoEvent e, const fs::path& from, const fs::path& to) {
   const fs::path rel = fs::path(e.path).lexically_relative(from);

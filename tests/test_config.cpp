@@ -99,6 +99,32 @@ BOOST_AUTO_TEST_CASE(wrong_types_and_ranges_name_the_key) {
   BOOST_TEST(has(e, "'data.path' is required"), e);
 }
 
+// A number an integer setting cannot hold is refused naming the key, in the file and from
+// --set: storing it wrapped (an integer past an int field) or was undefined behaviour (a
+// float such as 2e81 for a 64-bit bucket size; found by tests/fuzz/fuzz_deepspeed.cpp).
+BOOST_AUTO_TEST_CASE(numbers_beyond_an_integer_setting_are_refused) {
+  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"zero_optimization", {{"reduce_bucket_size", 2e81}}}}); });
+  BOOST_TEST(has(e, "cfg.json: key 'zero_optimization.reduce_bucket_size' is 2e+81, beyond the range of this integer setting"), e);
+  e = error_of([] { from(kMinimal, {"zero_optimization.stage3_max_live_parameters=1e19"}); });
+  BOOST_TEST(has(e, "key 'zero_optimization.stage3_max_live_parameters' is 1e+19, beyond the range"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"checkpoint", {{"keep_last", int64_t{1} << 40}}}}); });
+  BOOST_TEST(has(e, "key 'checkpoint.keep_last' is 1099511627776, beyond the range"), e);
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_layer", uint64_t{1} << 63}}}}); });
+  BOOST_TEST(has(e, "key 'model.n_layer' is 9223372036854775808, beyond the range"), e);
+  // A shape whose element counts would overflow the layout's 64-bit products (n_embd 2^40:
+  // 3 x 2^80 elements in one matrix; found by tests/fuzz/fuzz_config.cpp).
+  e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", int64_t{1} << 40}, {"n_head", 1}}}}); });
+  BOOST_TEST(has(e, "cfg.json: model.n_layer 4, n_embd 1099511627776, vocab_size 256, block_size 128 give a model of "
+                    "about"),
+             e);
+  BOOST_TEST(has(e, "parameters, beyond 2^50"), e);
+  BOOST_TEST(from({{"data", {{"path", "x"}}}, {"model", {{"preset", "llama-405b"}}}}).model.n_layer == 126);
+  // The largest values the fields hold are taken.
+  BOOST_TEST(from({{"data", {{"path", "x"}}}, {"zero_optimization", {{"reduce_bucket_size", 9e18}}}}).zero.reduce_bucket_size ==
+             int64_t{9'000'000'000'000'000'000});
+  BOOST_TEST(from({{"data", {{"path", "x"}}}, {"checkpoint", {{"keep_last", INT32_MAX}}}}).checkpoint.keep_last == INT32_MAX);
+}
+
 BOOST_AUTO_TEST_CASE(cross_key_checks) {
   std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", 100}, {"n_head", 3}}}}); });
   BOOST_TEST(has(e, "model.n_embd (100) must be a multiple of model.n_head (3)"), e);
@@ -133,6 +159,11 @@ BOOST_AUTO_TEST_CASE(files_bad_json_and_missing) {
   BOOST_TEST(has(e, "bad.json: not valid JSON"), e);
   e = error_of([&] { load_config((dir / "absent.json").string(), {}); });
   BOOST_TEST(has(e, "absent.json: cannot open"), e);
+  {  // a number past a double: json's out_of_range escaped before (tests/fuzz/fuzz_config.cpp)
+    std::ofstream(dir / "huge.json") << R"({"data": {"path": "c.txt"}, "train": {"steps": 1e999}})";
+  }
+  e = error_of([&] { load_config((dir / "huge.json").string(), {}); });
+  BOOST_TEST(has(e, "huge.json: not valid JSON: [json.exception.out_of_range.406] number overflow parsing '1e999'"), e);
   {
     std::ofstream(dir / "typo.json") << R"({"data": {"path": "c.txt"}, "train": {"stpes": 3}})";
   }

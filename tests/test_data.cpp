@@ -345,6 +345,28 @@ BOOST_AUTO_TEST_CASE(token_files_are_mapped_and_tokenize_output_reads_back) {
   }
 }
 
+// A meta.json whose fields have another JSON type is refused naming it (json's own
+// type_error escaped before, naming nothing; found by tests/fuzz/fuzz_tokens.cpp).
+BOOST_AUTO_TEST_CASE(a_tokenize_folder_with_a_damaged_meta_json_is_refused_by_name) {
+  TempDir dir;
+  const fs::path f = dir.path / "tok";
+  fs::create_directories(f);
+  std::ofstream(f / "tokens.bin", std::ios::binary) << std::string(16, '\0');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"format": 7})", "not a ferry tokenize folder"},
+      {R"({"format": "ferry-tokens", "records": "yes"})", "\"records\" must be true or false, got \"yes\""}};
+  for (const auto& [meta, message] : cases) {
+    std::ofstream(f / "meta.json") << meta;
+    std::string err;
+    try {
+      TokenData::load(opts(f, "tokens", 1000));
+    } catch (const std::runtime_error& e) {
+      err = e.what();
+    }
+    BOOST_TEST(err.find((f / "meta.json").string() + ": " + message) != std::string::npos, err);
+  }
+}
+
 // {"messages": [...]} records through a chat template (ChatML here, bytes as tokens): the
 // prompt is the rendering of the turns before the last plus the generation prompt, and
 // only the last (assistant) turn's rendering is trained on.

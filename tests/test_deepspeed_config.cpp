@@ -193,6 +193,9 @@ BOOST_AUTO_TEST_CASE(refused_keys_name_the_file_and_key) {
       {{{"curriculum_learning", {{"enabled", true}}}}, {"key 'curriculum_learning.enabled'"}},
       {{{"model", {{"n_layer", 2}}}}, {"key 'model'", "--config"}},
       {{{"zero_optimization", {{"stage", 5}}}}, {"key 'zero_optimization.stage' must be in [0, 3]"}},
+      // A float no integer setting holds: refused under this file's name (tests/fuzz/fuzz_deepspeed.cpp).
+      {{{"zero_optimization", {{"reduce_bucket_size", 2e81}}}},
+       {"key 'zero_optimization.reduce_bucket_size' is 2e+81, beyond the range of this integer setting"}},
       {{{"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.5}}}}}, {"scheduler", {{"type", "WarmupLR"}}}},
        {}},  // accepted: control
   };

@@ -395,6 +395,12 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_compute_is_refused_by_name) {
         {"window/config.json", "sliding_window 8", "model.block_size 16"});
   names(refused_config(broken("headdim", "llama3", edit_config({{"head_dim", 16}}))), {"headdim/config.json", "head_dim"});
   names(refused_config(broken("act", "mistral", edit_config({{"hidden_act", "gelu"}}))), {"act/config.json", "hidden_act"});
+  // The model.* knobs' ranges hold for the folder's values too (a vocab_size of 2^40 reached
+  // the layout, whose products overflowed; tests/fuzz/fuzz_hf_folder.cpp).
+  names(refused_config(broken("vocab", "llama3", edit_config({{"vocab_size", int64_t{1} << 40}}))),
+        {"vocab/config.json", "key 'model.vocab_size' must be in [1, "});
+  names(refused_config(broken("orig", "llama3", edit_config({{"rope_scaling", {{"original_max_position_embeddings", 1e300}}}}))),
+        {"orig/config.json", "original_max_position_embeddings' must be a positive integer"});
   names(error_of([&] {
           json d = doc(kData + "llama3");
           d["model"]["n_layer"] = 4;
@@ -477,6 +483,52 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_compute_is_refused_by_name) {
         {"hugelen/model.safetensors", "past the end"});
   names(refused_weights(broken("noweights", "mistral", [&](const fs::path& p) { fs::remove(p / "model.safetensors"); })),
         {"noweights: no model.safetensors"});
+}
+
+// An empty tensor where the next one starts (the safetensors library writes such files):
+// both read whatever their names, so their order, in the header. The check that tensors
+// follow each other sorted them by start alone and refused the file when the empty one
+// came second (found by tests/fuzz/fuzz_safetensors.cpp).
+BOOST_AUTO_TEST_CASE(an_empty_tensor_beside_another_is_read_in_any_order) {
+  test::TempDir dir("hf_empty_tensor");
+  for (const std::string empty : {"0_empty", "z_empty"}) {
+    std::string header = R"({"a":{"dtype":"F16","shape":[2,3],"data_offsets":[0,12]},"b":{"dtype":"F16","shape":[1],)"
+                         R"("data_offsets":[12,14]},")";
+    header += empty;
+    header += R"(":{"dtype":"F16","shape":[0,5],"data_offsets":[12,12]}})";
+    std::string file(8, '\0');
+    for (int i = 0; i < 8; ++i) file[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    file += header;
+    file.append(14, '\x3c');
+    const fs::path p = dir.path / (empty + ".safetensors");
+    std::ofstream(p, std::ios::binary) << file;
+    runtime::SafetensorsReader r(p.string());
+    BOOST_TEST_REQUIRE(r.entries().size() == 3u);
+    for (const runtime::SafetensorsEntry& e : r.entries()) BOOST_TEST(r.read(e).size() == (e.name == "b" ? 2u : e.name == "a" ? 12u : 0u));
+  }
+}
+
+// Header numbers that are not integers of their field's range are refused naming the file
+// (converting a float such as 1.92e210 was undefined behaviour; tests/fuzz/fuzz_safetensors.cpp).
+BOOST_AUTO_TEST_CASE(safetensors_header_numbers_must_be_integers_in_range) {
+  test::TempDir dir("hf_header_numbers");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,1.92e210]}})", "tensor x's data_offsets is 1.92e+210"},
+      {R"({"x":{"dtype":"F32","shape":[2.5],"data_offsets":[0,4]}})", "tensor x's shape is 2.5"},
+      {R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", "tensor x's data_offsets is -4"},
+      {R"({"x":{"dtype":"F32","shape":7,"data_offsets":[0,4]}})", "tensor x's shape is not a list"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string& header = cases[i].first;
+    std::string file(8, '\0');
+    for (int b = 0; b < 8; ++b) file[static_cast<size_t>(b)] = static_cast<char>((header.size() >> (8 * b)) & 0xff);
+    file += header;
+    file.append(4, '\0');
+    const fs::path p = dir.path / (std::to_string(i) + ".safetensors");
+    std::ofstream(p, std::ios::binary) << file;
+    const std::string err = error_of([&] { runtime::SafetensorsReader r(p.string()); });
+    BOOST_TEST(err.find(p.string() + ": bad safetensors header: " + cases[i].second) != std::string::npos, err);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(fine_tuning_starts_at_the_imported_loss_and_falls) {

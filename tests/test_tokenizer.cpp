@@ -107,6 +107,19 @@ BOOST_AUTO_TEST_CASE(unsupported_pieces_and_bad_input_are_refused_by_name) {
       }),
       "tok.json: pre_tokenizer.pattern: regex (unclosed does not compile");
   has(refused([](json& j) { j["model"]["merges"] = json::array({"q zz"}); }), "tok.json: model.merges[0]");
+  // A value of another JSON type than the one read: a TokenizerError naming the file (json's
+  // type_error escaped before, naming nothing; found by tests/fuzz/fuzz_tokenizer.cpp).
+  const std::string typed = refused([](json& j) { j["added_tokens"][0]["special"] = 1; });
+  has(typed, "tok.json: [json.exception.type_error.302] type must be boolean, but is number");
+  BOOST_CHECK_EXCEPTION(text::Tokenizer::from_json(
+                            [&] {
+                              json j = base;
+                              j["model"]["byte_fallback"] = "no";
+                              return j.dump();
+                            }(),
+                            "tok.json"),
+                        text::TokenizerError,
+                        [](const text::TokenizerError& e) { return std::string(e.what()).starts_with("tok.json: "); });
   has(error_of([] { text::Tokenizer::from_json("{not json", "x.json"); }), "x.json: not a JSON object");
   has(error_of([] { text::Tokenizer::from_file("/nonexistent/tokenizer.json"); }), "/nonexistent/tokenizer.json: cannot open");
   const text::Tokenizer tok = text::Tokenizer::from_json(base.dump(), "tok.json");

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "base/crc32c.h"
 #include "base/posix_file.h"
@@ -51,7 +52,11 @@ std::string resolve_resume(const std::string& spec, const std::string& dir) {
   std::string name = read_text_file(latest.string());
   while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
   const fs::path target = fs::path(dir) / name;
-  if (name.empty() || !fs::is_directory(target)) {
+  // A name in `dir` (a '/' would leave it: "/x" replaces dir), and a folder; is_directory's
+  // error_code form: a name too long for the file system is no exception of its own.
+  std::error_code ec;
+  if (name.empty() || name == "." || name == ".." || name.find_first_of(std::string("/\0", 2)) != std::string::npos ||
+      !fs::is_directory(target, ec)) {
     throw CheckpointError(latest.string() + " names '" + name + "', which is not a checkpoint directory there");
   }
   return target.string();
@@ -68,6 +73,17 @@ json read_json(const std::string& path, const std::string& what) {
   }
 }
 
+// An integer field of a manifest or index that T holds. json's get<T>() would convert a
+// float outside T's range (undefined behaviour) or wrap a negative one into an unsigned T.
+template <class T>
+T integer(const json& v, const std::string& path, const std::string& what) {
+  if (v.is_number_unsigned() && std::in_range<T>(v.get<uint64_t>())) return static_cast<T>(v.get<uint64_t>());
+  if (v.is_number_integer() && !v.is_number_unsigned() && std::in_range<T>(v.get<int64_t>())) {
+    return static_cast<T>(v.get<int64_t>());
+  }
+  throw CheckpointError(path + ": " + what + " is " + v.dump() + ", not an integer in range; the file is damaged");
+}
+
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir) {
@@ -76,21 +92,23 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
   manifest_ = read_json(mpath, "an incomplete checkpoint: the manifest is written last");
   try {
     if (manifest_.value("format", "") != "ferry-checkpoint") throw CheckpointError(mpath + ": not a ferry checkpoint manifest");
-    const int version = manifest_.at("format_version").get<int>();
+    const int version = integer<int>(manifest_.at("format_version"), mpath, "format_version");
     if (version != kCheckpointFormat) {
       throw CheckpointError(mpath + ": checkpoint format version " + std::to_string(version) + " (written by ferry " +
                             manifest_.value("ferry_version", "?") + "); this ferry (" + kVersion + ") reads version " +
                             std::to_string(kCheckpointFormat));
     }
-    world_ = manifest_.at("world_size").get<int>();
+    world_ = integer<int>(manifest_.at("world_size"), mpath, "world_size");
+    if (world_ < 1) throw CheckpointError(mpath + ": world_size " + std::to_string(world_) + " is not a number of ranks");
     for (const json& u : manifest_.at("units")) {
       UnitInfo info;
       info.name = u.at("name").get<std::string>();
-      info.numel = u.at("numel").get<int64_t>();
-      info.segments.assign(3, std::vector<Segment>(static_cast<size_t>(world_)));
+      info.numel = integer<int64_t>(u.at("numel"), mpath, std::string("unit ") + info.name + "'s numel");
+      if (info.numel < 0) throw CheckpointError(mpath + ": unit " + info.name + " has numel " + std::to_string(info.numel));
+      info.segments.resize(3);  // one segment per saving rank is added as each rank's index is read
       units_.push_back(std::move(info));
     }
-    manifest_.at("step").get<int64_t>();
+    (void)integer<int64_t>(manifest_.at("step"), mpath, "step");
   } catch (const json::exception& e) {
     throw CheckpointError(mpath + ": missing or malformed field (" + std::string(e.what()) + ")");
   }
@@ -98,16 +116,30 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
     const std::string ipath = (fs::path(dir_) / rank_file(r, "json")).string();
     const std::string dpath = (fs::path(dir_) / rank_file(r, "bin")).string();
     const json index = read_json(ipath, "saved by " + std::to_string(world_) + " ranks, each writes one");
+    for (UnitInfo& info : units_)
+      for (std::vector<Segment>& by_rank : info.segments) by_rank.emplace_back();
     uint64_t bytes = 0;
     try {
-      bytes = index.at("bytes").get<uint64_t>();
+      bytes = integer<uint64_t>(index.at("bytes"), ipath, "bytes");
       for (const json& s : index.at("segments")) {
-        const size_t u = s.at("unit").get<size_t>();
-        const int a = s.at("array").get<int>();
+        const size_t u = integer<size_t>(s.at("unit"), ipath, "a segment's unit");
+        const int a = integer<int>(s.at("array"), ipath, "a segment's array");
         if (u >= units_.size() || a < 0 || a > 2) throw CheckpointError(ipath + ": segment for unit " + std::to_string(u) + " array " + std::to_string(a) + " does not exist in the manifest");
-        units_[u].segments[static_cast<size_t>(a)][static_cast<size_t>(r)] =
-            Segment{s.at("begin").get<int64_t>(), s.at("count").get<int64_t>(), s.at("offset").get<uint64_t>(),
-                    s.at("crc32c").get<uint32_t>()};
+        const Segment seg{integer<int64_t>(s.at("begin"), ipath, "a segment's begin"),
+                          integer<int64_t>(s.at("count"), ipath, "a segment's count"),
+                          integer<uint64_t>(s.at("offset"), ipath, "a segment's offset"),
+                          integer<uint32_t>(s.at("crc32c"), ipath, "a segment's crc32c")};
+        // Within the unit and within the data file the index describes (so that nothing
+        // read or allocated later is sized by a damaged number).
+        if (seg.begin < 0 || seg.count < 0 || seg.count > units_[u].numel - seg.begin || seg.offset > bytes ||
+            static_cast<uint64_t>(seg.count) > (bytes - seg.offset) / 4) {
+          throw CheckpointError(ipath + ": segment for unit " + std::to_string(u) + " array " + std::to_string(a) +
+                                " (elements from " + std::to_string(seg.begin) + ", " + std::to_string(seg.count) +
+                                " at byte " + std::to_string(seg.offset) + ") lies outside the unit's " +
+                                std::to_string(units_[u].numel) + " elements or the data file's " +
+                                std::to_string(bytes) + " bytes");
+        }
+        units_[u].segments[static_cast<size_t>(a)][static_cast<size_t>(r)] = seg;
       }
     } catch (const json::exception& e) {
       throw CheckpointError(ipath + ": missing or malformed field (" + std::string(e.what()) + ")");
@@ -133,19 +165,41 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
       }
     }
   }
+  (void)layout();  // the tensors of the manifest, checked here rather than at first use
 }
 
 std::vector<nn::UnitSpec> CheckpointReader::layout() const {
+  const std::string mpath = (fs::path(dir_) / "manifest.json").string();
   std::vector<nn::UnitSpec> out;
-  for (const json& u : manifest_.at("units")) {
-    nn::UnitSpec spec;
-    spec.name = u.at("name").get<std::string>();
-    spec.numel = u.at("numel").get<int64_t>();
-    for (const json& t : u.at("tensors")) {
-      spec.tensors.push_back({t.at("name").get<std::string>(), t.at("shape").get<nn::Shape>(), t.at("offset").get<int64_t>(),
-                              t.at("decay").get<bool>()});
+  try {
+    for (const json& u : manifest_.at("units")) {
+      nn::UnitSpec spec;
+      spec.name = u.at("name").get<std::string>();
+      spec.numel = integer<int64_t>(u.at("numel"), mpath, std::string("unit ") + spec.name + "'s numel");
+      for (const json& t : u.at("tensors")) {
+        nn::TensorSpec ts{t.at("name").get<std::string>(), {}, integer<int64_t>(t.at("offset"), mpath, "a tensor's offset"),
+                          t.at("decay").get<bool>()};
+        if (!t.at("shape").is_array()) throw CheckpointError(mpath + ": tensor " + ts.name + "'s shape is not a list");
+        for (const json& d : t.at("shape")) ts.shape.push_back(integer<int64_t>(d, mpath, std::string("tensor ") + ts.name + "'s shape"));
+        // Inside the unit: the tensor's elements are read (export) by offset and shape.
+        int64_t n = 1;
+        bool inside = ts.offset >= 0 && ts.offset <= spec.numel;
+        for (const int64_t d : ts.shape) {
+          inside = inside && d >= 0 && (d == 0 || n <= (spec.numel - ts.offset) / d);
+          if (inside) n *= d;
+        }
+        inside = inside && n <= spec.numel - ts.offset;
+        if (!inside) {
+          throw CheckpointError(mpath + ": unit " + spec.name + ": tensor " + ts.name + " " + t.at("shape").dump() +
+                                " at offset " + std::to_string(ts.offset) + " does not fit the unit's " +
+                                std::to_string(spec.numel) + " elements");
+        }
+        spec.tensors.push_back(std::move(ts));
+      }
+      out.push_back(std::move(spec));
     }
-    out.push_back(std::move(spec));
+  } catch (const json::exception& e) {
+    throw CheckpointError(mpath + ": missing or malformed field (" + std::string(e.what()) + ")");
   }
   return out;
 }

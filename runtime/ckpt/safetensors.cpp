@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <stdexcept>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -21,6 +22,17 @@ size_t safetensors_dtype_size(const std::string& dtype) {
 }
 
 namespace {
+// An integer of the header that T holds: json's get<T>() converts a float outside T's range
+// (undefined behaviour) and wraps a negative one into an unsigned T.
+template <class T>
+T header_integer(const json& v, const std::string& what) {
+  if (v.is_number_unsigned() && std::in_range<T>(v.get<uint64_t>())) return static_cast<T>(v.get<uint64_t>());
+  if (v.is_number_integer() && !v.is_number_unsigned() && std::in_range<T>(v.get<int64_t>())) {
+    return static_cast<T>(v.get<int64_t>());
+  }
+  throw std::runtime_error(what + " is " + v.dump() + ", not an integer in range");
+}
+
 // UINT64_MAX for a shape no file can hold (a negative or overflowing dimension).
 uint64_t expected_bytes(const SafetensorsEntry& e) {
   uint64_t n = safetensors_dtype_size(e.dtype);
@@ -108,8 +120,11 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File
       }
         continue;
       }
-      SafetensorsEntry e{name, v.at("dtype").get<std::string>(), v.at("shape").get<std::vector<int64_t>>(),
-                         v.at("data_offsets").at(0).get<uint64_t>(), v.at("data_offsets").at(1).get<uint64_t>()};
+      SafetensorsEntry e{name, v.at("dtype").get<std::string>(), {},
+                         header_integer<uint64_t>(v.at("data_offsets").at(0), std::string("tensor ") + name + "'s data_offsets"),
+                         header_integer<uint64_t>(v.at("data_offsets").at(1), std::string("tensor ") + name + "'s data_offsets")};
+      if (!v.at("shape").is_array()) throw std::runtime_error(std::string("tensor ") + name + "'s shape is not a list");
+      for (const json& d : v.at("shape")) e.shape.push_back(header_integer<int64_t>(d, std::string("tensor ") + name + "'s shape"));
       if (e.end < e.begin || e.end - e.begin != expected_bytes(e))
         throw std::runtime_error(path + ": tensor " + name + " has offsets that do not match its shape and dtype");
       entries_.push_back(std::move(e));
@@ -122,7 +137,10 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File
     throw std::runtime_error(path + ": bad safetensors header: " + what);
   }
   std::vector<SafetensorsEntry> sorted = entries_;
-  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.begin < b.begin; });
+  // By (begin, end), as the safetensors library validates: an empty tensor at the start of
+  // another sorts first (by begin alone, their order was the sort's choice).
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto& a, const auto& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t at = 0;
   for (const auto& e : sorted) {
     if (e.begin != at) throw std::runtime_error(path + ": tensor " + e.name + " does not start where the previous ends");

@@ -67,12 +67,12 @@ json check_value(const Knob& k, const json& v, const std::string& source, const 
   }
   switch (k.type) {
     case KnobType::integer:
-      if (!v.is_number_integer()) type_error();
-      check_range(k, v.get<double>(), source);
-      return v;
     case KnobType::number:
-      if (!v.is_number()) type_error();
+      if (k.type == KnobType::integer ? !v.is_number_integer() : !v.is_number()) type_error();
       check_range(k, v.get<double>(), source);
+      if (k.bind.fits && !k.bind.fits(v)) {
+        fail(source, "key '" + k.path + "' is " + v.dump() + ", beyond the range of this integer setting");
+      }
       return v;
     case KnobType::boolean:
       if (!v.is_boolean()) type_error();
@@ -271,7 +271,10 @@ static void apply_hf_model(json& resolved, const json& user, const std::string& 
       fail(source, "model." + key + " is " + mine->dump() + " here but " + value.dump() + " in " + hf_path +
                        " (model.init_from); remove the key or make the two agree");
     }
-    set_path(resolved, "model." + key, value);
+    // The knob's type and range, as for a value of ferry's own file (a vocab_size of 2^40
+    // reached the model's layout unchecked).
+    const Knob* k = find_knob("model." + key);
+    set_path(resolved, "model." + key, k ? check_value(*k, value, hf_path, "") : value);
   }
   const json* block = get_path(user, "model.block_size");
   const int64_t block_size = block && block->is_number_integer() ? block->get<int64_t>() : std::min<int64_t>(hf.max_positions, 2048);
@@ -308,7 +311,12 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   for (const Knob& k : config_knobs()) {
     const json& v = *get_path(resolved, k.path);
     if (!k.bind || v.is_null()) continue;  // null: absent, the field's initialiser stands for it
-    k.bind.store(c, k.type == KnobType::bytes ? json(parse_bytes(v, source + ": key '" + k.path + "'")) : v);
+    const json value = k.type == KnobType::bytes ? json(parse_bytes(v, source + ": key '" + k.path + "'")) : v;
+    try {
+      k.bind.store(c, value);
+    } catch (const ConfigError& e) {
+      fail(source, "key '" + k.path + "': " + e.what());
+    }
   }
   detail::apply_rules(resolved, user, c, source);
   drop_nulls(resolved);
@@ -328,7 +336,7 @@ json read_json_file(const std::string& path, const char* what) {
     in.seekg(0);
     try {
       doc = json::parse(in, nullptr, true, true);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for a number past a double
       throw ConfigError(path + ": not valid JSON: " + e.what());
     }
   }

@@ -1,6 +1,7 @@
 // The cross-key rules of the configuration: what no single knob's type and range can say.
 // Each knob's own value is already checked and stored (config.cpp); here the keys meet.
 #include <algorithm>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,29 @@ bool given(const json& user, const std::string& path) {
   return v && !v->is_null();
 }
 
+// The shape's element counts must leave 64-bit offsets room for bytes and for the three
+// arrays kept per parameter: at most 2^50 parameters (Llama 3 405B has 2^38.6). Counted in
+// double, an upper bound, before anything multiplies the dimensions (the layout's products
+// overflowed for an n_embd of 2^40).
+void size_rule(const Config& c, const std::string& source) {
+  const double C = static_cast<double>(c.model.n_embd), L = static_cast<double>(c.model.n_layer);
+  const double rows = static_cast<double>(c.model.vocab_size) + static_cast<double>(c.model.positions()) +
+                      static_cast<double>(c.model.block_size);
+  const double inter = std::max(4 * C, static_cast<double>(c.llama.intermediate));
+  const double params = L * (4 * C * C + 3 * inter * C + 16 * C) + 2 * rows * C + 4 * C;
+  if (!(params <= 0x1p50)) {
+    std::ostringstream n;
+    n << params;
+    fail(source, "model.n_layer " + std::to_string(c.model.n_layer) + ", n_embd " + std::to_string(c.model.n_embd) +
+                     ", vocab_size " + std::to_string(c.model.vocab_size) + ", block_size " +
+                     std::to_string(c.model.block_size) + " give a model of about " + n.str() +
+                     " parameters, beyond 2^50");
+  }
+}
+
 void model_rules(json& resolved, Config& c, const std::string& source) {
   if (c.bf16 && c.fp16) fail(source, "bf16.enabled and fp16.enabled are both true; choose one");
+  size_rule(c, source);
   c.zero.compute = c.bf16 ? nn::DType::bf16 : c.fp16 ? nn::DType::f16 : nn::DType::f32;
   if (c.model.n_embd % c.model.n_head != 0) {
     fail(source, "model.n_embd (" + std::to_string(c.model.n_embd) +

@@ -1,7 +1,10 @@
 #include "runtime/config/config_schema.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "runtime/config/config.h"
 
@@ -11,6 +14,16 @@ using nlohmann::json;
 
 namespace {
 
+// Whether a JSON number is a value of the integer type T: an integer within its range, or
+// a float (5e8) within it. Converting any other would wrap, or be undefined for a float.
+template <class T>
+bool fits(const json& v) {
+  if (v.is_number_unsigned()) return std::in_range<T>(v.get<uint64_t>());
+  if (v.is_number_integer()) return std::in_range<T>(v.get<int64_t>());
+  const double d = v.get<double>();
+  return d >= static_cast<double>(std::numeric_limits<T>::min()) && d < std::ldexp(1.0, std::numeric_limits<T>::digits);
+}
+
 // Converts a checked knob value to a field's type and back. Integer fields also take
 // KnobType::number values (bucket sizes written 5e8); lists of paths are comma-joined.
 template <class T>
@@ -18,6 +31,7 @@ void assign(T& field, const json& v) {
   if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string> || std::is_floating_point_v<T>) {
     field = v.get<T>();
   } else if constexpr (std::is_integral_v<T>) {
+    if (!fits<T>(v)) throw ConfigError(v.dump() + " is out of range for this key");  // check_value refused it first
     field = v.is_number_integer() ? v.get<T>() : static_cast<T>(v.get<double>());
   } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
     field.clear();
@@ -46,8 +60,11 @@ json to_json(const T& field) {
 // `access` is a generic lambda returning a reference to the field, of a Config or a const Config.
 template <class Access>
 Binding field(Access access) {
-  return {[access](Config& c, const json& v) { assign(access(c), v); },
-          [access](const Config& c) { return to_json(access(c)); }};
+  using T = std::remove_reference_t<decltype(access(std::declval<Config&>()))>;
+  Binding b{[access](Config& c, const json& v) { assign(access(c), v); },
+            [access](const Config& c) { return to_json(access(c)); }};
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) b.fits = [](const json& v) { return fits<T>(v); };
+  return b;
 }
 
 #define F(member) field([](auto& c) -> auto& { return c.member; })

@@ -27,6 +27,10 @@ struct Config;
 struct Binding {
   std::function<void(Config&, const nlohmann::json&)> store;
   std::function<nlohmann::json(const Config&)> read;
+  // Integer fields: whether a (checked) JSON number is within the field's type, so that an
+  // unfit value is refused naming its file instead of wrapping (or, from a float, being
+  // undefined behaviour) when stored. Null for other fields.
+  std::function<bool(const nlohmann::json&)> fits = nullptr;
   explicit operator bool() const { return static_cast<bool>(store); }
 };
 

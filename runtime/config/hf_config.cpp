@@ -61,7 +61,8 @@ void gpt2_keys(const json& hf, const std::string& path, HfModelConfig& out) {
   out.max_positions = opt(hf, "n_positions") ? positive(hf, "n_positions", path) : positive(hf, "n_ctx", path);
   k["n_positions"] = out.max_positions;
   const int64_t C = k["n_embd"].get<int64_t>();
-  only(hf, "n_inner", {json(4 * C)}, path, "the MLP is 4 x n_embd wide");
+  // 4 x n_embd where it fits (an n_embd past 2^60 is refused by model.n_embd's checks).
+  only(hf, "n_inner", {json(C < (int64_t{1} << 60) ? 4 * C : 0)}, path, "the MLP is 4 x n_embd wide");
   only(hf, "activation_function", {"gelu_new", "gelu_pytorch_tanh"}, path, "GELU is the tanh approximation");
   if (std::abs(number(hf, "layer_norm_epsilon", 1e-5, path) - 1e-5) > 1e-12)
     refuse(path, "key 'layer_norm_epsilon' must be 1e-5, ferry's LayerNorm epsilon, got " + hf["layer_norm_epsilon"].dump());
@@ -105,11 +106,14 @@ void llama_keys(const json& hf, const std::string& path, const std::string& arch
       const std::string key = params ? "rope_parameters" : "rope_scaling";
       const double factor = number(*scaling, "factor", 0.0, path);
       if (!(factor > 0)) refuse(path, "key '" + key + ".factor' must be a positive number");
+      const double original = number(*scaling, "original_max_position_embeddings", 8192.0, path);
+      if (!(original >= 1 && original < 0x1p62)) {  // converting one outside int64_t was undefined
+        refuse(path, std::string("key '") + key + ".original_max_position_embeddings' must be a positive integer");
+      }
       k["rope_scaling"] = {{"factor", factor},
                            {"low_freq_factor", number(*scaling, "low_freq_factor", 1.0, path)},
                            {"high_freq_factor", number(*scaling, "high_freq_factor", 4.0, path)},
-                           {"original_max_position_embeddings",
-                            static_cast<int64_t>(number(*scaling, "original_max_position_embeddings", 8192.0, path))}};
+                           {"original_max_position_embeddings", static_cast<int64_t>(original)}};
     } else if (!type.empty() && type != "default") {
       refuse(path, std::string("key '") + (params ? "rope_parameters" : "rope_scaling") + "' has rope type '" + type +
                        "'; ferry computes 'default' and 'llama3'");

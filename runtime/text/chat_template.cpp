@@ -50,10 +50,10 @@ class Renderer {
     switch (n.kind) {
       case Node::Kind::Text:
         out_ += n.text;
-        return;
+        return check_output(n.pos);
       case Node::Kind::Output:
         out_ += to_str(eval(*n.expr));
-        return;
+        return check_output(n.pos);
       case Node::Kind::If:
         for (size_t k = 0; k < n.conds.size(); ++k)
           if (truthy(eval(*n.conds[k]))) return exec(n.bodies[k]);
@@ -79,12 +79,24 @@ class Renderer {
     }
   }
 
+  // A render's limits (chat_template_value.h): loops of loops over long lists ran for ever.
+  void count_step(size_t pos) {
+    if (++steps_ > kMaxLoopSteps) fail(pos, std::string("the template loops more than ") + std::to_string(kMaxLoopSteps) + " times");
+  }
+  void check_output(size_t pos) const {
+    if (out_.size() > kMaxTextBytes) fail(pos, std::string("the rendering is longer than ") + std::to_string(kMaxTextBytes) + " bytes");
+  }
+  void check_built(const Value& v, size_t pos) const {
+    if (weight(v) > kMaxTextBytes) fail(pos, std::string("a value past ") + std::to_string(kMaxTextBytes) + " bytes");
+  }
+
   void exec_for(const Node& n) {
     Value seq = eval(*n.expr);
     List items = iterate(seq, n.expr->pos);
     if (!n.conds.empty()) {  // {% for x in seq if cond %}: filtered before loop.* is counted
       List kept;
       for (const Value& v : items) {
+        count_step(n.pos);
         scopes_.emplace_back();
         bind(n, v);
         bool ok = truthy(eval(*n.conds[0]));
@@ -95,6 +107,7 @@ class Renderer {
     }
     const int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      count_step(n.pos);
       scopes_.emplace_back();
       Dict loop = {
           {"index0", Value::integer(k)},
@@ -199,6 +212,9 @@ class Renderer {
       case Expr::Kind::Pos: {
         Value v = defined(eval(*e.a[0]), e.pos);
         if (v.is(K::Bool)) v = Value::integer(v.b);
+        if (v.is(K::Int) && e.kind == Expr::Kind::Neg && v.i == INT64_MIN) {
+          fail(e.pos, std::string("integer overflow: -(") + std::to_string(v.i) + ") does not fit 64 bits");
+        }
         if (v.is(K::Int)) return Value::integer(e.kind == Expr::Kind::Neg ? -v.i : v.i);
         if (v.is(K::Float)) return Value::real(e.kind == Expr::Kind::Neg ? -v.f : v.f);
         fail(e.pos, "bad operand type for unary " +
@@ -207,12 +223,17 @@ class Renderer {
       }
       case Expr::Kind::Binary: {
         Value l = eval(*e.a[0]), r = eval(*e.a[1]);
-        if (e.name == "~") return Value::string(to_str(l) + to_str(r));
-        defined(l, e.pos);
-        defined(r, e.pos);
-        std::string err;
-        Value v = arithmetic(e.name, l, r, err);
-        if (!err.empty()) fail(e.pos, err);
+        Value v;
+        if (e.name == "~") {
+          v = Value::string(to_str(l) + to_str(r));
+        } else {
+          defined(l, e.pos);
+          defined(r, e.pos);
+          std::string err;
+          v = arithmetic(e.name, l, r, err);
+          if (!err.empty()) fail(e.pos, err);
+        }
+        check_built(v, e.pos);  // concatenations doubling in a loop grew without bound
         return v;
       }
       case Expr::Kind::Compare: {
@@ -381,6 +402,7 @@ class Renderer {
         fail(e.pos, "tojson: ensure_ascii=True is not supported");
       if (indent && !indent->is(K::None) && !indent->is(K::Int))
         fail(e.pos, "tojson: indent must be an int");
+      if (indent && indent->is(K::Int) && indent->i > 1024) fail(e.pos, std::string("tojson: indent ") + std::to_string(indent->i) + " is past 1024");
       std::string err;
       std::string s = to_json(v, indent && indent->is(K::Int) ? static_cast<int>(indent->i) : -1,
                               sort && truthy(*sort), err);
@@ -413,7 +435,13 @@ class Renderer {
     if (f == "int") {
       if (v.is(K::Int)) return v;
       if (v.is(K::Bool)) return Value::integer(v.b);
-      if (v.is(K::Float)) return Value::integer(static_cast<int64_t>(v.f));
+      if (v.is(K::Float)) {
+        // Python's int() of a float: NaN raises ValueError, which the filter turns into its
+        // default; past 64 bits (inf too) ferry cannot hold it (converting was undefined).
+        if (std::isnan(v.f)) return args.empty() ? Value::integer(0) : args[0];
+        if (!(v.f >= -0x1p63 && v.f < 0x1p63)) fail(e.pos, std::string("int: ") + repr(v) + " does not fit 64 bits");
+        return Value::integer(static_cast<int64_t>(v.f));
+      }
       if (v.is(K::String)) {
         try {
           size_t used = 0;
@@ -426,6 +454,7 @@ class Renderer {
     }
     if (f == "abs") {
       defined(v, e.pos);
+      if (v.is(K::Int) && v.i == INT64_MIN) fail(e.pos, std::string("integer overflow: abs(") + std::to_string(v.i) + ") does not fit 64 bits");
       if (v.is(K::Int) || v.is(K::Bool))
         return Value::integer(std::abs(v.is(K::Bool) ? int64_t(v.b) : v.i));
       if (v.is(K::Float)) return Value::real(std::abs(v.f));
@@ -447,7 +476,10 @@ class Renderer {
     }
     if (f == "join") {
       std::string sep = args.empty() ? "" : to_str(args[0]), s;
-      for (size_t k = 0; k < items.size(); ++k) s += (k ? sep : "") + to_str(items[k]);
+      for (size_t k = 0; k < items.size(); ++k) {
+        s += (k ? sep : "") + to_str(items[k]);
+        if (s.size() > kMaxTextBytes) fail(e.pos, std::string("join: the result is longer than ") + std::to_string(kMaxTextBytes) + " bytes");
+      }
       return Value::string(s);
     }
     if (f == "items") {
@@ -541,6 +573,7 @@ class Renderer {
   const std::function<std::string(const std::string&)>& strftime_now_;
   std::vector<std::map<std::string, Value>> scopes_;
   std::string out_;
+  int64_t steps_ = 0;  // loop iterations so far
 };
 
 std::string default_strftime_now(const std::string& format) {

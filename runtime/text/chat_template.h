@@ -32,7 +32,10 @@
 //     syntax errors (unclosed tags, unexpected tokens, missing {% endif %} ...);
 //   - at render, what jinja2 raises: raise_exception(msg) (what() ends with msg, and
 //     raised_message() is msg exactly), use of an undefined value beyond printing/testing/
-//     iterating it, operand type errors, values tojson cannot write.
+//     iterating it, operand type errors, values tojson cannot write;
+//   - at render, where jinja2 would go on: an integer result past 64 bits (Python's have no
+//     bound), a value, a join or replace or the rendering past 64 MiB, more than a million
+//     loop rounds, a tojson indent past 1024 (chat_template_value.h: the limits).
 #pragma once
 
 #include <functional>

@@ -3,6 +3,7 @@
 // tokens inside tags (names, numbers, strings with Python escapes, operators), ending a tag
 // only where its brackets balance, as jinja2 does.
 #include <cctype>
+#include <cstdlib>
 #include <cstring>
 
 #include "runtime/text/chat_template.h"
@@ -158,7 +159,7 @@ class Lexer {
           if (src_[k] != '_') digits += src_[k];
         Token t{is_float ? Token::Float : Token::Int, digits, start};
         if (is_float)
-          t.f = std::stod(digits);
+          t.f = std::strtod(digits.c_str(), nullptr);  // as Python's float(): out of range is inf or 0, no error
         else
           try {
             t.i = std::stoll(digits);

@@ -209,6 +209,7 @@ std::optional<Value> call_method(const Value& obj, const std::string& name,
       for (const std::string& c : cs) {
         if (count < 0 || n < count) out += to, ++n;
         out += c;
+        if (out.size() > kMaxTextBytes) return err = std::string("replace(): the result is past ") + std::to_string(kMaxTextBytes) + " bytes", Value();
       }
       if (count < 0 || n < count) out += to;
       return Value::string(out);
@@ -219,6 +220,7 @@ std::optional<Value> call_method(const Value& obj, const std::string& name,
       size_t at = s.find(from, pos);
       if (at == std::string::npos || (count >= 0 && n >= count)) break;
       out += s.substr(pos, at - pos) + to;
+      if (out.size() > kMaxTextBytes) return err = std::string("replace(): the result is past ") + std::to_string(kMaxTextBytes) + " bytes", Value();
       pos = at + from.size();
       ++n;
     }

@@ -384,7 +384,26 @@ bool order(const Value& a, const Value& b, int& c) {
   return false;
 }
 
+size_t weight(const Value& v, size_t limit) {
+  if (v.is(K::String)) return v.s.size();
+  size_t w = 0;
+  if (v.is(K::List)) {
+    for (auto it = v.list->begin(); it != v.list->end() && w <= limit; ++it) w += 1 + weight(*it, limit - w);
+  } else if (v.is(K::Dict)) {
+    for (auto it = v.dict->begin(); it != v.dict->end() && w <= limit; ++it) {
+      w += 1 + it->first.size() + weight(it->second, limit - w);
+    }
+  }
+  return w;
+}
+
+// Python's integers have no bound; ferry's are 64-bit: a result past them is refused (the
+// wrapped value was undefined behaviour). A repetition past kMaxTextBytes is refused too.
 Value arithmetic(const std::string& op, const Value& a, const Value& b, std::string& err) {
+  auto overflow = [&] {
+    err = std::string("integer overflow: ") + repr(a) + " " + op + " " + repr(b) + " does not fit 64 bits";
+    return Value();
+  };
   auto bad = [&] {
     err = "unsupported operand type(s) for " + op + ": '" + type_name(a) + "' and '" +
           type_name(b) + "'";
@@ -398,8 +417,14 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, std::str
     }
     if (op == "**") {
       if (!fl && as_int(b) >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < as_int(b); ++k) r *= as_int(a);
+        // Square and multiply: at most 63 rounds (a loop of b multiplications ran for ever
+        // on 1 ** 10**18).
+        int64_t base = as_int(a), r = 1;
+        for (int64_t e = as_int(b);; e >>= 1) {
+          if ((e & 1) && __builtin_mul_overflow(r, base, &r)) return overflow();
+          if (e <= 1) break;
+          if (__builtin_mul_overflow(base, base, &base)) return overflow();  // a bit remains: r would overflow too
+        }
         return Value::integer(r);
       }
       return Value::real(std::pow(as_double(a), as_double(b)));
@@ -414,13 +439,19 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, std::str
       if (op == "%") return Value::real(x - y * std::floor(x / y));
       return bad();
     }
-    int64_t x = as_int(a), y = as_int(b);
-    if (op == "+") return Value::integer(x + y);
-    if (op == "-") return Value::integer(x - y);
-    if (op == "*") return Value::integer(x * y);
+    int64_t x = as_int(a), y = as_int(b), r = 0;
+    if (op == "+") return __builtin_add_overflow(x, y, &r) ? overflow() : Value::integer(r);
+    if (op == "-") return __builtin_sub_overflow(x, y, &r) ? overflow() : Value::integer(r);
+    if (op == "*") return __builtin_mul_overflow(x, y, &r) ? overflow() : Value::integer(r);
     if (y == 0) return err = "integer division or modulo by zero", Value();
+    if (y == -1 && (op == "//" || op == "%")) {
+      return op == "%" ? Value::integer(0) : x == INT64_MIN ? overflow() : Value::integer(-x);
+    }
     if (op == "//") return Value::integer(floor_div(x, y));
-    if (op == "%") return Value::integer(x - y * floor_div(x, y));
+    if (op == "%") {  // the sign of y, as Python's; x - y * (x // y) overflowed in between
+      const int64_t m = x % y;
+      return Value::integer(m != 0 && (m < 0) != (y < 0) ? m + y : m);
+    }
     return bad();
   }
   if (op == "+" && a.is(K::String) && b.is(K::String)) return Value::string(a.s + b.s);
@@ -431,6 +462,12 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b, std::str
   }
   if (op == "*" && (a.is(K::String) || a.is(K::List)) && (b.is(K::Int) || b.is(K::Bool))) {
     int64_t n = as_int(b);
+    if (a.is(K::String) ? a.s.empty() : a.list->empty()) n = 0;  // empty whatever n: no loop of n rounds
+    if (n > 0 && static_cast<uint64_t>(n) > kMaxTextBytes / weight(a)) {
+      err = std::string("repetition by ") + std::to_string(n) + " builds a value past " + std::to_string(kMaxTextBytes) +
+            " bytes";
+      return Value();
+    }
     if (a.is(K::String)) {
       std::string s;
       for (int64_t k = 0; k < n; ++k) s += a.s;
@@ -499,6 +536,7 @@ Value slice(const Value& obj, const Value& start, const Value& stop, const Value
       items.push_back((*obj.list)[k]);
     else
       s += cs[k];
+    if (step > 0 ? e - k <= step : k - e + step <= 0) break;  // the next index is past the end (k + step may overflow)
   }
   return obj.is(K::List) ? Value::of_list(std::move(items)) : Value::string(s);
 }

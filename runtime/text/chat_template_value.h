@@ -13,6 +13,16 @@
 
 namespace ferry::text::chat_detail {
 
+// What one render may build: strings (and the output) up to kMaxTextBytes, values up to that
+// weight (weight()), kMaxLoopSteps iterations of its loops. No chat rendering comes near;
+// past them a template would exhaust memory or time, which jinja2 leaves unbounded: a
+// ChatTemplateError instead.
+constexpr size_t kMaxTextBytes = size_t{1} << 26;
+constexpr int64_t kMaxLoopSteps = 1'000'000;
+// The bytes of v's strings plus one per list item and dict entry (a string weighs its
+// length), counted until `limit` is passed (then some value above it).
+size_t weight(const Value& v, size_t limit = kMaxTextBytes);
+
 bool truthy(const Value& v);
 std::string type_name(const Value& v);
 std::string to_str(const Value& v);  // str(v); "" for undefined

@@ -106,7 +106,10 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   return from_json(ss.str(), path);
 }
 
-Tokenizer Tokenizer::from_json(const std::string& text, const std::string& path) {
+// The pieces check what they read and refuse naming the JSON path; a value of another type
+// than the one read (json's get() and value() throw type_error) is refused at the end, naming
+// the file (a function-try-block: the whole body is inside).
+Tokenizer Tokenizer::from_json(const std::string& text, const std::string& path) try {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw TokenizerError(path + ": not a JSON object");
   auto impl = std::make_unique<Impl>();
@@ -151,6 +154,8 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& path)
     if (id < 0 || id >= impl->vocab_size) refuse(path + ": post_processor", "adds id " + std::to_string(id) + " outside the vocabulary");
   }
   return Tokenizer(std::move(impl));
+} catch (const json::exception& e) {
+  throw TokenizerError(path + ": " + e.what());
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {

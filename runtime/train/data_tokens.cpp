@@ -67,8 +67,12 @@ TokenData TokenFiles::load(const DataOptions& o) {
   }
   std::ifstream in(path / "meta.json");
   const nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != "ferry-tokens") {
+  // Compared as JSON values: value("format", "") would throw json's type_error for a number.
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") || meta["format"] != "ferry-tokens") {
     throw std::runtime_error((path / "meta.json").string() + ": not a ferry tokenize folder (format \"ferry-tokens\")");
+  }
+  if (meta.contains("records") && !meta["records"].is_boolean()) {
+    throw std::runtime_error((path / "meta.json").string() + ": \"records\" must be true or false, got " + meta["records"].dump());
   }
   auto tokens = map(path / "tokens.bin");
   if (tokens->size() % 4 != 0) throw std::runtime_error((path / "tokens.bin").string() + ": not a whole number of uint32 ids");
