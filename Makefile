@@ -1,6 +1,8 @@
 # ferry's front door. CMake is the real build; this file names the jobs.
 #   make run     install what is missing, build, train the tiny GPT on the bundled corpus
-#   make test    install what is missing, build, run every test (release build, then ASan+UBSan build)
+#   make test    install what is missing, build, run every test (release build, then ASan+UBSan build,
+#                then the parsers' fuzz targets briefly: make test-fuzz)
+#   make test-tsan  build with ThreadSanitizer, run the tests that start threads (not part of make test)
 #   make bench   run the benchmarks (ferry bench model, attention, comm, adam, io, ckpt, step), JSON results under out/
 #   make clean   remove build folders and outputs
 # Tests run one at a time: OpenMP's spin-waiting threads of two test processes sharing two
@@ -8,10 +10,12 @@
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
 ASAN    ?= build-asan
+FUZZ    ?= build-fuzz
+TSAN    ?= build-tsan
 CMAKE_FLAGS ?=
 CONFIG  ?= examples/configs/tiny.json
 
-.PHONY: all setup build build-asan run test test-release test-asan bench clean
+.PHONY: all setup build build-asan build-fuzz run test test-release test-asan test-fuzz build-tsan test-tsan bench clean
 
 all: build
 
@@ -44,7 +48,42 @@ test-asan: build-asan
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --output-on-failure
 
-test: test-release test-asan
+# ThreadSanitizer over the tests that start threads (ctest label tsan, tests/CMakeLists.txt);
+# only their executables are built. CUDA is left out, as in the ASan build. Each process
+# writes its reports under $(TSAN)/tsan-reports/ rather than to stderr, so that those of
+# ranks under mpiexec and of the fault scripts (which keep part of their output) are seen
+# too: any report fails the target and is printed whole. halt_on_error: the first report
+# ends the process; second_deadlock_stack: both stacks of a lock-order inversion. What is
+# suppressed and why: tests/tsan.supp. TSAN_CTEST_ARGS="-R test_offload" runs some of them.
+TSAN_DIR = $(abspath $(TSAN))
+$(TSAN)/CMakeCache.txt:
+	cmake -S . -B $(TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_TSAN=ON -DFERRY_CUDA=OFF $(CMAKE_FLAGS)
+
+build-tsan: setup $(TSAN)/CMakeCache.txt
+	cmake --build $(TSAN) -j $(JOBS) --target tsan_tests
+
+test-tsan: build-tsan
+	rm -rf $(TSAN_DIR)/tsan-reports && mkdir -p $(TSAN_DIR)/tsan-reports
+	cd $(TSAN) && TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp:log_path=$(TSAN_DIR)/tsan-reports/report \
+	  ctest -L tsan --output-on-failure $(TSAN_CTEST_ARGS); status=$$?; \
+	  if ls $(TSAN_DIR)/tsan-reports/report.* >/dev/null 2>&1; then \
+	    cat $(TSAN_DIR)/tsan-reports/report.*; echo "make test-tsan: ThreadSanitizer reports above"; exit 1; \
+	  fi; exit $$status
+
+# The fuzz targets of every parser of outside input (tests/fuzz/), built with clang's
+# libFuzzer, ASan and UBSan: only the parsers and what they call are compiled. Each target
+# runs 3000 executions over its seed corpus (FUZZ_RUNS=N for more); FUZZ_SECONDS=S runs each
+# for S seconds instead, keeping the corpus it grows under $(FUZZ)/fuzz-corpus/.
+$(FUZZ)/CMakeCache.txt:
+	cmake -S . -B $(FUZZ) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON -DFERRY_CUDA=OFF $(CMAKE_FLAGS)
+
+build-fuzz: setup $(FUZZ)/CMakeCache.txt
+	cmake --build $(FUZZ) -j $(JOBS)
+
+test-fuzz: build-fuzz
+	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run_fuzzers.sh $(FUZZ)
+
+test: test-release test-asan test-fuzz
 
 bench: build
 	@mkdir -p out
@@ -57,4 +96,4 @@ bench: build
 	$(BUILD)/examples/ferry bench step --nvme-path out --json out/bench-step.json
 
 clean:
-	rm -rf $(BUILD) $(ASAN) out
+	rm -rf $(BUILD) $(ASAN) $(FUZZ) $(TSAN) out

@@ -18,6 +18,8 @@ packages=(
   libutf8proc-dev
   fio
   gnuplot-nox
+  libomp-dev  # make test-tsan: LLVM's OpenMP runtime and its Archer tool, which TSan understands
+  clang libclang-rt-14-dev  # make test-fuzz: clang's libFuzzer (Debian 12's clang is 14)
 )
 
 missing=()
