@@ -5,8 +5,9 @@
 #                    scratch corpus and a fixed seed: the same inputs every time
 #   FUZZ_SECONDS=S   instead: S seconds per target, random seed, -use_value_profile, and the
 #                    corpus grown under BUILD_DIR/fuzz-corpus/TARGET kept for the next run
-# The targets write each input's files under $TMPDIR: /dev/shm when writable (the runs on a
-# disk wait on the file system), else ${TMPDIR:-/tmp}.
+# The targets write each input's files under a scratch folder of this run in /dev/shm when
+# writable (the runs on a disk wait on the file system), else in ${TMPDIR:-/tmp}; it is
+# removed at the end (a crashed target cannot remove its own).
 # Limits on every run: 2 GiB resident, 1 GiB for one allocation, 10 s for one input; an
 # input past them, a sanitizer report, a crash or a broken contract (fuzz_util.h) fails the
 # target: its log and the input that did it (BUILD_DIR/fuzz-artifacts/) are kept. Prints one
@@ -21,7 +22,11 @@ if [ ${#targets[@]} -eq 0 ]; then
            fuzz_tokenizer fuzz_chat_template)
 fi
 bin="$build/tests/fuzz"
-if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
+base="${TMPDIR:-/tmp}"
+if [ -d /dev/shm ] && [ -w /dev/shm ]; then base=/dev/shm; fi
+TMPDIR="$(mktemp -d "$base/ferry-fuzz-run-XXXXXX")" || exit 1
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 mkdir -p "$build/fuzz-artifacts" "$build/fuzz-logs"
 failed=()
@@ -44,7 +49,7 @@ for t in "${targets[@]}"; do
     -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$t-" >"$log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - start ))
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   last=$(grep -aE '^#[0-9]+' "$log" | tail -1 | grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+/[0-9a-zA-Z]+')
   if [ $rc -ne 0 ]; then
     failed+=("$t")
