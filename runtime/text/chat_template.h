@@ -34,7 +34,7 @@
 //     raised_message() is msg exactly), use of an undefined value beyond printing/testing/
 //     iterating it, operand type errors, values tojson cannot write;
 //   - at render, where jinja2 would go on: an integer result past 64 bits (Python's have no
-//     bound), a value, a join or replace or the rendering past 64 MiB, more than a million
+//     bound), a value, a join or replace or the rendering past 64 MiB, more than 100,000
 //     loop rounds, a tojson indent past 1024 (chat_template_value.h: the limits).
 #pragma once
 

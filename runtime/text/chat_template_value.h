@@ -18,7 +18,7 @@ namespace ferry::text::chat_detail {
 // past them a template would exhaust memory or time, which jinja2 leaves unbounded: a
 // ChatTemplateError instead.
 constexpr size_t kMaxTextBytes = size_t{1} << 26;
-constexpr int64_t kMaxLoopSteps = 1'000'000;
+constexpr int64_t kMaxLoopSteps = 100'000;
 // The bytes of v's strings plus one per list item and dict entry (a string weighs its
 // length), counted until `limit` is passed (then some value above it).
 size_t weight(const Value& v, size_t limit = kMaxTextBytes);

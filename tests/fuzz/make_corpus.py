@@ -59,6 +59,8 @@ def config_seeds():
     # Regressions (each found by the fuzzer; tests/test_config.cpp checks the message).
     put("fuzz_config", "regress-number-overflow.json", '{"data": {"path": "c.txt"}, "train": {"steps": 1e999}}')
     put("fuzz_config", "regress-int-field.json", compact({**tiny, "checkpoint": {"keep_last": 1 << 40}}))
+    put("fuzz_config", "regress-huge-model.json", compact({**tiny, "model": {**tiny["model"], "n_embd": 1 << 40,
+                                                                            "n_head": 1}}))
 
 
 def deepspeed_seeds():
@@ -173,6 +175,7 @@ def checkpoint_seeds():
     no_offset = json.loads(json.dumps(m))
     del no_offset["units"][0]["tensors"][0]["offset"]
     put("fuzz_checkpoint", "regress-tensor-no-offset", checkpoint_input(no_offset, ranks))
+    put("fuzz_checkpoint", "regress-latest-path", checkpoint_input(m, ranks, latest="/" + "x" * 5000))
 
 
 # --- safetensors and Hugging Face folders ------------------------------------------------
@@ -309,6 +312,7 @@ def hf_seeds():
     put("fuzz_hf_folder", "bad-index-file", hf_input(llama_config(), idx, s1, s2))
     put("fuzz_hf_folder", "bad-config", hf_input(llama_config(hidden_act="gelu", attention_bias=True),
                                                  single=safetensors(llama_tensors())))
+    put("fuzz_hf_folder", "regress-huge-vocab", hf_input(llama_config(vocab_size=1 << 40), single=safetensors(llama_tensors())))
 
 
 # --- data: token files and JSONL -----------------------------------------------------------
@@ -413,6 +417,11 @@ def chat_template_seeds():
     put("fuzz_chat_template", "bad-unclosed.jinja", "{% for m in messages %}{{ m.content }}")
     put("fuzz_chat_template", "raise.jinja", "{% if messages|length > 3 %}{{ raise_exception('too long') }}{% endif %}")
     put("fuzz_chat_template", "regress-float-literals.jinja", "{{ 1e999 }} {{ -1.5e999 }} {{ 1.5e-999 }}")
+    put("fuzz_chat_template", "regress-int-overflow.jinja", "{{ 3 ** 39 * 3 }}{{ 1 ** 1000000000000000000 }}")
+    put("fuzz_chat_template", "regress-nested-loops.jinja",
+        "{% for a in 'x' * 1000 %}{% for b in 'y' * 1000 %}{{ loop.index }}{% endfor %}{% endfor %}")
+    put("fuzz_chat_template", "regress-doubling.jinja",
+        "{% set ns = namespace(s='ab') %}{% for x in [0] * 40 %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
 
 
 if __name__ == "__main__":
