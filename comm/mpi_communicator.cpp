@@ -1,5 +1,6 @@
 #include "comm/mpi_communicator.h"
 
+#include <algorithm>
 #include <climits>
 #include <chrono>
 #include <cstdlib>
@@ -54,7 +55,9 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::world(double timeout_s) {
   }
   MPI_Comm dup;
   FERRY_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
-  auto world = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, timeout_s, owns));
+  auto ranks = std::make_shared<const std::vector<RankInfo>>(gather_rank_info(dup));
+  auto probe = std::make_shared<PeerProbe>(MPI_COMM_WORLD);
+  auto world = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, timeout_s, owns, ranks, probe));
   if (const char* f = std::getenv("FERRY_FAULT_SKIP_COLLECTIVE")) {
     unsigned long long seq = 0;
     int rank = -1;
@@ -71,8 +74,9 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::world(double timeout_s) {
   return world;
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi)
-    : comm_(comm), timeout_s_(timeout_s), owns_mpi_(owns_mpi) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi,
+                                 std::shared_ptr<const std::vector<RankInfo>> ranks, std::shared_ptr<PeerProbe> probe)
+    : comm_(comm), timeout_s_(timeout_s), owns_mpi_(owns_mpi), ranks_(std::move(ranks)), probe_(std::move(probe)) {
   FERRY_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   FERRY_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   FERRY_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -81,11 +85,13 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi)
   FERRY_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   FERRY_MPI_CHECK(MPI_Comm_size(node, &local_size_));
   FERRY_MPI_CHECK(MPI_Comm_free(&node));
-  const int r = rank_;
-  watchdog_ = std::make_unique<Watchdog>(timeout_s_, [this, r](const std::string& report) {
-    log::error(log::Subsys::comm, "watchdog: rank " + std::to_string(r) + ": " + report +
-                                      "; another rank did not reach this collective or died. Recent collectives on rank " +
-                                      std::to_string(r) + ":\n" + recent_ops() + "Aborting the job (MPI_Abort).");
+  int world_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  const std::string me = "rank " + std::to_string(world_rank) + " on " + (*ranks_)[static_cast<size_t>(world_rank)].host;
+  watchdog_ = std::make_unique<Watchdog>(timeout_s_, [this, me, world_rank](const std::string& report) {
+    log::error(log::Subsys::comm, "watchdog: " + me + ": " + report + "; " + report_silent_peers() +
+                                      " Recent collectives on rank " + std::to_string(world_rank) + ":\n" + recent_ops() +
+                                      "Aborting the job (MPI_Abort).");
     // mpiexec tears the job down on MPI_Abort, and lines still in its stderr forwarding
     // are lost (seen in CI): give the forwarder a moment first.
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -104,6 +110,7 @@ MpiCommunicator::~MpiCommunicator() {
   if (worker_.joinable()) worker_.join();
   watchdog_.reset();
   MPI_Comm_free(&comm_);
+  probe_.reset();
   if (owns_mpi_) MPI_Finalize();
 }
 
@@ -125,9 +132,26 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) {
   barrier()->wait();  // the split is collective: keep it ordered with queued collectives
   MPI_Comm sub;
   FERRY_MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
-  auto child = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(sub, timeout_s_, false));
+  auto child = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(sub, timeout_s_, false, ranks_, probe_));
   child->blocking_ = blocking_;
   return child;
+}
+
+std::string MpiCommunicator::report_silent_peers() {
+  // Long enough for a busy peer's probe thread (it polls every 50 ms), short beside the
+  // collective's own timeout.
+  const double wait_s = std::clamp(timeout_s_ / 4, 1.0, 5.0);
+  std::string out;
+  for (int p : probe_->silent(wait_s)) {
+    const RankInfo& info = (*ranks_)[static_cast<size_t>(p)];
+    out += "rank " + std::to_string(p) + " on " + info.host + " (pid " + std::to_string(info.pid) +
+           ") does not answer (its host is unreachable or its process is gone); ";
+  }
+  if (out.empty()) {
+    out = "every other rank answers within " + std::to_string(static_cast<int>(wait_s)) +
+          " s, so one of them is alive but has not reached this collective (stuck or issuing another).";
+  }
+  return out;
 }
 
 void MpiCommunicator::execute(const Op& op, const WorkPtr& work) {

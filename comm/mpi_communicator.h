@@ -17,6 +17,8 @@
 // Test-only fault: FERRY_FAULT_SKIP_COLLECTIVE=RANK:SEQ makes RANK never take part in
 // collective number SEQ of the world communicator, as a rank stuck elsewhere would: its
 // Work stays pending, the other ranks wait for it, and every rank's watchdog reports.
+// Watchdog reports name this rank's host and ask every peer for an answer first
+// (comm/peers.h): a peer that does not answer is named with its host and pid.
 // Errors: MPI errors are returned (MPI_ERRORS_RETURN) and fail the Work with MPI's text.
 // Lifetime: the world communicator finalises MPI when destroyed (on the thread that
 // created it); sub-communicators must be destroyed first.
@@ -31,6 +33,7 @@
 #include <mpi.h>
 
 #include "comm/communicator.h"
+#include "comm/peers.h"
 #include "comm/watchdog.h"
 
 namespace ferry::comm {
@@ -48,7 +51,13 @@ class MpiCommunicator final : public Communicator {
   int local_size() const override { return local_size_; }
   std::string name() const override { return "mpi"; }
   MPI_Comm handle() const { return comm_; }
-  void set_timeout(double timeout_s) { watchdog_->set_timeout(timeout_s); }
+  void set_timeout(double timeout_s) {
+    timeout_s_ = timeout_s;
+    watchdog_->set_timeout(timeout_s);
+  }
+  // Every rank of the world's host name and pid (indexed by world rank); a sub-communicator
+  // shares its world's.
+  const std::vector<RankInfo>& ranks() const { return *ranks_; }
   enum class Progress { automatic, blocking, polling };
   // Call before issuing collectives (the worker reads it without a lock).
   void set_progress(Progress p);
@@ -65,7 +74,9 @@ class MpiCommunicator final : public Communicator {
   void execute(const Op& op, const WorkPtr& work) override;
 
  private:
-  MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi);
+  MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi, std::shared_ptr<const std::vector<RankInfo>> ranks,
+                  std::shared_ptr<PeerProbe> probe);
+  std::string report_silent_peers();
   void worker_loop();
   void run(const Op& op);
 
@@ -80,6 +91,8 @@ class MpiCommunicator final : public Communicator {
   bool blocking_ = false;
   int fault_rank_ = -1;
   uint64_t fault_seq_ = 0;
+  std::shared_ptr<const std::vector<RankInfo>> ranks_;
+  std::shared_ptr<PeerProbe> probe_;  // the world's; destroyed before MPI_Finalize
   std::unique_ptr<Watchdog> watchdog_;
   std::thread worker_;
 };

@@ -87,13 +87,10 @@ int train(const TrainArgs& a) {
   std::ostream discard(nullptr);  // no buffer: writes are dropped
   std::ostream& out = rank == 0 ? std::cout : discard;  // rank 0 logs; others warn and fail only
   // mpiexec names a rank that dies by its pid: this line maps pids to ranks.
-  std::vector<double> pids(static_cast<size_t>(comm->size()), 0.0);
-  pids[static_cast<size_t>(rank)] = static_cast<double>(::getpid());
-  comm->all_reduce_sum(pids);
   out << "ferry " << kVersion << " | allocator " << allocator_name() << " | " << comm->size()
       << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives | pids:";
-  for (size_t r = 0; r < pids.size(); ++r) out << " r" << r << "=" << static_cast<long>(pids[r]);
-  out << "\n"
+  for (size_t r = 0; r < comm->ranks().size(); ++r) out << " r" << r << "=" << comm->ranks()[r].pid;
+  out << " | " << comm::describe_nodes(comm->ranks()) << "\n"
       << "resolved config (" << config_path << (deepspeed_path.empty() ? "" : " + " + deepspeed_path)
       << (overrides.empty() ? "" : " + --set") << "):\n"
       << config.resolved.dump(2) << "\n";

@@ -13,8 +13,12 @@ elapsed=$(( $(date +%s) - start ))
 echo "$out" | grep -E "watchdog|FAULT|Abort" | head -5
 if [ "$rc" -eq 0 ]; then echo "FAIL: the job exited 0"; exit 1; fi
 if [ "$rc" -eq 124 ]; then echo "FAIL: the job hung until timeout(1) killed it"; exit 1; fi
-if ! echo "$out" | grep -q "watchdog: rank [0-9]*: .* #[0-9]* (.* bytes per rank) has not completed after"; then
-  echo "FAIL: no watchdog report naming rank, operation, sequence number and bytes"; exit 1
+if ! echo "$out" | grep -q "watchdog: rank [0-9]* on [^:]*: .* #[0-9]* (.* bytes per rank) has not completed after"; then
+  echo "FAIL: no watchdog report naming rank, host, operation, sequence number and bytes"; exit 1
+fi
+# The skipping rank is alive (its probe thread answers): the report must not call it gone.
+if ! echo "$out" | grep -q "every other rank answers within"; then
+  echo "FAIL: the report does not say that every peer still answers"; exit 1
 fi
 if [ "$elapsed" -gt 60 ]; then echo "FAIL: took ${elapsed}s"; exit 1; fi
 echo "PASS: the job ended with status $rc after ${elapsed}s, with the watchdog's report"
