@@ -280,3 +280,24 @@ BOOST_AUTO_TEST_CASE(gpu_rates_for_cuda) {
     BOOST_TEST(std::string(e.what()).find("unknown GPU 'v100'") != std::string::npos, e.what());
   }
 }
+
+// Hybrid sharding: per rank, groups of G at any world size hold what a plain world of G
+// holds; the time plan adds the gradient shard's all-reduce across groups.
+BOOST_AUTO_TEST_CASE(hybrid_sharding_plans_the_group) {
+  test::TempDir dir("plan_hybrid");
+  for (int stage = 1; stage <= 3; ++stage) {
+    Config hybrid = config_for(stage, "cpu", "none", dir.path.string(), 8, 96);
+    hybrid.zero.shard_group_size = 2;
+    const Config plain = config_for(stage, "cpu", "none", dir.path.string(), 2, 96);
+    const MemoryPlan h = plan_memory(hybrid, 8), p = plan_memory(plain, 2);
+    BOOST_TEST(h.device_peak == p.device_peak);
+    BOOST_TEST(h.host_states == p.host_states);
+    BOOST_TEST(h.host_pinned == p.host_pinned);
+    const TimePlan th = plan_time(hybrid, 8, Rates{}), tp = plan_time(plain, 2, Rates{});
+    double P = 0;
+    for (const nn::UnitSpec& u : model_layout(plain)) P += static_cast<double>(u.numel);
+    BOOST_TEST(th.comm_across_bytes == 2.0 * 4 * P / 2);
+    BOOST_TEST(th.comm_bytes == tp.comm_bytes + th.comm_across_bytes);
+    BOOST_TEST(tp.comm_across_bytes == 0.0);
+  }
+}

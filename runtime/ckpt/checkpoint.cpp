@@ -91,7 +91,8 @@ void write_rank_files(const std::string& tmp, const std::vector<nn::UnitSpec>& l
 
 std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSpec>& layout, ShardedUnits& units,
                             OptimizerState& opt, comm::Communicator& comm) {
-  const int rank = comm.rank(), world = comm.size();
+  const int rank = comm.rank(), world = req.shard_world > 0 ? req.shard_world : comm.size();
+  const bool writes = rank < world;  // hybrid sharding: the other groups hold copies
   const std::string name = checkpoint_name(req.step);
   const std::string tmp = (fs::path(req.dir) / (".tmp-" + name)).string();
   const std::string final_dir = (fs::path(req.dir) / name).string();
@@ -110,7 +111,7 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
     throw std::runtime_error(rank == 0 ? "checkpoint: " + error : "checkpoint: rank 0 could not prepare " + tmp);
   }
   try {
-    write_rank_files(tmp, layout, units, opt, rank, world, req.step);
+    if (writes) write_rank_files(tmp, layout, units, opt, rank, world, req.step);
   } catch (const std::exception& e) {
     error = e.what();
     // Said here, by the rank that knows which file: the job may end on another rank's

@@ -128,6 +128,10 @@ struct SaveRequest {
   // Files rank 0 copies into the checkpoint's hf/ folder (those that exist): a Hugging Face
   // model's config and tokenizer files, which `ferry export --hf` carries along.
   std::vector<std::string> carry_files;
+  // Hybrid sharding: the ranks of one shard group (0 = every rank). Groups hold the same
+  // state, so the first group (ranks 0 .. shard_world - 1) writes a checkpoint of
+  // shard_world ranks and the others write nothing; any world size loads it.
+  int shard_world = 0;
 };
 
 // Collective. Returns the checkpoint's directory. A rank that fails (disk full, I/O

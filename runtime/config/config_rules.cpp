@@ -165,6 +165,21 @@ void offload_rules(const Config& c, const std::string& source) {
   }
 }
 
+void shard_group_rules(json& resolved, Config& c, const std::string& source) {
+  int& g = c.zero.shard_group_size;
+  if (g == -1 || g == c.world_size) g = 0;  // DeepSpeed's -1: MiCS off; the world: plain sharding
+  resolved["zero_optimization"]["shard_group_size"] = g;
+  if (g == 0) return;
+  if (c.zero.stage == 0) {
+    fail(source, "zero_optimization.shard_group_size " + std::to_string(g) +
+                     " shards state within groups, but stage 0 shards nothing: use stage 1, 2 or 3 (or leave it out)");
+  }
+  if (c.world_size % g != 0) {
+    fail(source, "zero_optimization.shard_group_size " + std::to_string(g) + " must divide the world size (" +
+                     std::to_string(c.world_size) + " ranks)");
+  }
+}
+
 // DeepSpeed's _set_batch_related_parameters: with train_batch_size given, a micro batch
 // or accumulation count the configuration leaves out is derived from it (accumulation 1
 // when both are out); then the three must multiply out exactly.
@@ -249,6 +264,7 @@ void apply_rules(json& resolved, const json& user, Config& c, const std::string&
   checkpoint_rules(c, source);
   offload_rules(c, source);
   batch_rules(resolved, user, c, source);
+  shard_group_rules(resolved, c, source);
   scheduler_rules(resolved, user, c, source);
 }
 

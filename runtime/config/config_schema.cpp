@@ -127,6 +127,11 @@ const std::vector<Knob>& config_knobs() {
        "stage 3: elements of parameters all-gathered ahead of use, at most", 0, {}},
       {"zero_optimization.stage3_max_live_parameters", F(zero.max_live_parameters), KnobType::number, 1e9,
        "stage 3: elements of gathered parameters alive at once (in use and prefetched), at most", 1, {}},
+      {"zero_optimization.shard_group_size", F(zero.shard_group_size), KnobType::integer, 0,
+       "hybrid sharding (DeepSpeed's mics_shard_size, FSDP's HYBRID_SHARD): shard within groups of this many "
+       "consecutive ranks (a node: ranks per node) and replicate across groups, so gathers and reduce-scatters "
+       "stay in the group and only gradient shards are all-reduced across groups; 0 = the world (stages 1-3; "
+       "must divide the world size)", -1, {}},
       {"zero_optimization.offload_optimizer.device", F(offload.optimizer_device), KnobType::string, "none",
        "where the fp32 master weights, Adam m and v and the gradient shards live (stages 1-3)", {}, {}, false,
        {"none", "cpu", "nvme"}},

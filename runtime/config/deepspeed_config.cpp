@@ -36,6 +36,7 @@ const std::map<std::string, std::string>& mapped_keys() {
       if (deepspeed_section(knob.path)) k[knob.path] = knob.path;
     k["zero_optimization.prefetch_bucket_size"] = "zero_optimization.stage3_prefetch_bucket_size";
     k["zero_optimization.max_live_parameters"] = "zero_optimization.stage3_max_live_parameters";
+    k["zero_optimization.mics_shard_size"] = "zero_optimization.shard_group_size";  // -1 (off) = 0
     k["aio.thread_count"] = "aio.intra_op_parallelism";  // DeepSpeed >= 0.15's name
     k["bfloat16.enabled"] = "bf16.enabled";              // DeepSpeed's alias
     return k;
@@ -61,7 +62,7 @@ const std::vector<std::string>& ignorable_keys() {
       "zero_optimization.load_from_fp32_weights", "zero_optimization.memory_efficient_linear",
       "zero_optimization.ignore_unused_parameters", "zero_optimization.legacy_stage1",
       "zero_optimization.use_multi_rank_bucket_allreduce", "zero_optimization.zero_hpz_partition_size",
-      "zero_optimization.mics_shard_size", "zero_optimization.offload_optimizer.fast_init",
+      "zero_optimization.offload_optimizer.fast_init",
       "zero_optimization.offload_optimizer.pipeline_read", "zero_optimization.offload_optimizer.pipeline_write",
       "zero_optimization.offload_optimizer.pipeline", "zero_optimization.offload_optimizer.ratio",
       "zero_optimization.stage3_module_granularity_threshold", "aio.use_gds", "optimizer.params.torch_adam",

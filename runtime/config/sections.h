@@ -21,6 +21,9 @@ struct ZeroConfig {
   bool overlap_comm = true;                      // collectives issued ahead of use / without waiting
   int64_t prefetch_bucket_size = 50'000'000;     // stage3_prefetch_bucket_size: elements gathered ahead
   int64_t max_live_parameters = 1'000'000'000;   // stage3_max_live_parameters: elements gathered at once
+  // Hybrid sharding (MiCS, FSDP's HYBRID_SHARD): state is sharded within groups of this
+  // many consecutive ranks and replicated across groups; 0 = one group of every rank.
+  int shard_group_size = 0;
   // The weights handed to the model. bf16/f16 (mixed precision): stage 3 casts a unit's
   // fp32 shard and gathers the two-byte copy; stages 0-2 keep a full two-byte copy beside
   // the fp32 weights, refreshed after each update. Every shard, gradient and reduction

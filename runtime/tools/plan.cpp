@@ -23,8 +23,9 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   const std::vector<nn::UnitSpec> units = model_layout(c);
   double P = 0;
   for (const nn::UnitSpec& u : units) P += static_cast<double>(u.numel);
-  const double shard = P / static_cast<double>(ranks);
   const int stage = c.zero.stage;
+  const int group = stage > 0 && c.zero.shard_group_size > 0 ? c.zero.shard_group_size : ranks;
+  const double shard = P / static_cast<double>(group);
   const std::string& opt = c.offload.optimizer_device;
   const std::string par = stage == 3 ? c.offload.param_device : "none";
   TimePlan t;
@@ -35,11 +36,12 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   // Whole-buffer collectives of the fp32 model (4P bytes each), the unit ferry bench comm's
   // rate is measured in; an all-reduce counts as two (reduce-scatter + all-gather).
   const double accum = static_cast<double>(c.grad_accum);
-  const double buffers = ranks == 1 ? 0.0
+  const double buffers = group == 1 ? 0.0
                          : stage <= 1 ? 2.0 + (stage == 1 ? 1.0 : 0.0)  // gradient all-reduce; stage 1: + weights
                          : stage == 2 ? accum + 1.0                     // reduce-scatter per micro-batch; weights
                                       : 3.0 * accum;                    // gather fwd + bwd, reduce-scatter
-  t.comm_bytes = buffers * 4 * P;
+  t.comm_across_bytes = group < ranks ? 2.0 * 4 * shard : 0.0;  // all-reduce of the gradient shard
+  t.comm_bytes = buffers * 4 * P + t.comm_across_bytes;
   t.comm_s = t.comm_bytes / r.comm_bytes_per_s;
   if (par == "nvme") t.nvme_bytes += accum * 2 * 4 * shard + 4 * shard;  // read fwd + bwd, write once
   if (opt == "nvme") t.nvme_bytes += 24 * shard;                        // master, m, v read and written
@@ -150,6 +152,14 @@ std::string format_plan(const Config& base, int ranks, const Rates& given, const
   if (nn::is_low_precision(base.zero.compute)) {
     os << "\n" << (base.fp16 ? "fp16" : "bf16")
        << ": activations and gathered weights in two bytes; fp32 states, plus a two-byte compute copy at stages 0-2";
+  }
+  if (base.zero.shard_group_size > 0) {
+    const int g = base.zero.shard_group_size;
+    std::snprintf(line, sizeof line,
+                  "\nhybrid sharding (stages 1-3): state sharded within %d groups of %d ranks; per rank and step %.3f GiB "
+                  "all-reduced across groups (its fp32 gradient shard), the gathers and reduce-scatters stay in the group",
+                  ranks / g, g, 2.0 * 4 * P / g / (1024.0 * 1024.0 * 1024.0));
+    os << line;
   }
   os << "\n\nper rank, GiB; step time in seconds (overlapped = the longest resource, sequential = their sum)\n"
      << "stage  optimizer  params |  device peak (states + activations + in flight) |   host + pinned |      nvme | fits | step overlapped  sequential\n";

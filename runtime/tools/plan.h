@@ -9,7 +9,8 @@
 // engine's own allocations, equal to a real run's (tests/test_plan.cpp checks them to the
 // byte against training runs). Rank 0's: other ranks differ by at most shard padding.
 // Time: compute = model FLOPs / the FLOP rate; nvme = bytes moved / bandwidth; comm =
-// whole-model collective buffers / the measured collective rate; adam = parameters
+// whole-model collective buffers / the measured collective rate (hybrid sharding: the
+// group's collectives, plus the all-reduce of this rank's gradient shard across groups); adam = parameters
 // updated on the CPU / Adam's rate. Rates default to round figures of a small server
 // (device.type cuda: a GPU preset, gpu_rates) and are better read from ferry bench results
 // (--bench DIR). Errors: std::invalid_argument / std::runtime_error naming the file or
@@ -66,6 +67,7 @@ struct MemoryPlan {
 struct TimePlan {
   double compute_s = 0, nvme_s = 0, comm_s = 0, adam_s = 0;
   double nvme_bytes = 0, comm_bytes = 0;
+  double comm_across_bytes = 0;  // hybrid sharding: of comm_bytes, those between groups (nodes)
   double overlapped_s() const;
   double sequential_s() const;
 };

@@ -59,13 +59,15 @@ MemoryPlan plan_memory(const Config& config, int ranks) {
   const offload::Tier opt_tier = tiers.optimizer;
   // No cap: the plan reports what a configuration needs, and plan_all judges the fit.
   nn::CountingDevice dev("device", SIZE_MAX, true), host("host memory", SIZE_MAX, true);
-  comm::CountingCommunicator comm(0, ranks);
+  // Hybrid sharding: state is partitioned over the shard group, not the world.
+  const int group = c.zero.stage > 0 && c.zero.shard_group_size > 0 ? c.zero.shard_group_size : ranks;
+  comm::CountingCommunicator comm(0, group);
   std::unique_ptr<nn::Model> model = make_model(c, dev);
   const std::vector<nn::UnitSpec> layout = model->units();
 
   // The trainer's own layout (runtime/train/state_layout.h), on a pool that only counts.
   std::unique_ptr<offload::PinnedPool> pool;
-  if (auto po = staging_pool_options(off, tiers, layout, ranks, 0)) {
+  if (auto po = staging_pool_options(off, tiers, layout, group, 0)) {
     po->pin = false;
     po->count_only = true;
     pool = std::make_unique<offload::PinnedPool>(*po);

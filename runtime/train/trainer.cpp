@@ -186,12 +186,20 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     throw std::invalid_argument("Trainer: the config was resolved for world size " + std::to_string(cfg_.world_size) +
                                 " but the communicator has " + std::to_string(comm_.size()) + " ranks");
   }
+  group_ = &comm_;
+  if (const int g = cfg_.zero.shard_group_size; g > 0) {
+    auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
+    if (!mpi) throw std::invalid_argument("zero_optimization.shard_group_size needs the MPI communicator (ferry train)");
+    group_mpi_ = mpi->split(comm_.rank() / g, comm_.rank());
+    replica_mpi_ = mpi->split(comm_.rank() % g, comm_.rank());
+    group_ = group_mpi_.get();
+  }
   const OffloadConfig& off = cfg_.offload;
   const Tiers tiers = state_tiers(off);
   const offload::Tier opt_tier = tiers.optimizer, param_tier = tiers.params;
   host_ = std::make_unique<nn::CpuDevice>(SIZE_MAX, device_->threads());
   const auto layout = model_->units();
-  if (const auto po = staging_pool_options(off, tiers, layout, comm_.size(), comm_.rank())) {
+  if (const auto po = staging_pool_options(off, tiers, layout, group_->size(), group_->rank())) {
     // Registered for DMA with this rank's GPU on GPU runs only (after make_gpu chose and
     // set it): a CPU run on a GPU node must not make a CUDA context on GPU 0.
     offload::HostRegistration reg;
@@ -203,6 +211,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   }
   bool clamped = false;
   Placement place = state_placement(cfg_, tiers, host_.get(), pool_.get(), &clamped);
+  place.file_rank = comm_.rank();
   if (clamped && comm_.rank() == 0) {
     log::warn(log::Subsys::sched, "schedule.prefetch_depth " + std::to_string(cfg_.schedule.prefetch_depth) +
                                       " needs offload_param.buffer_count >= " +
@@ -217,9 +226,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   // their collectives run where it computes (NCCL on a GPU, the communicator on the CPU
   // device); offloaded shards live in host memory (page-locked on a GPU, so uploads and
   // downloads overlap) or on NVMe, and only shards cross between them.
-  comm::Communicator* shard_comm = &comm_;
+  comm::Communicator* shard_comm = group_;
   if (gpu_) {
-    auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
+    auto* mpi = group_mpi_ ? group_mpi_.get() : dynamic_cast<comm::MpiCommunicator*>(&comm_);
     if (!mpi) throw std::invalid_argument("device.type cuda starts NCCL over MPI: run under ferry-train");
     // NCCL starts before the device's slab is carved (at its first allocation), so the
     // slab's check of free GPU memory sees what NCCL took. NCCL 2.22+ connects lazily, at
@@ -238,6 +247,16 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), layout);
   units_ = std::make_unique<ShardedUnits>(*compute_, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
+  if (replica_mpi_) {
+    // The replicas meet where the reduced shards live: host memory (CPU device, or a GPU
+    // with the optimizer offloaded) over MPI, device memory over NCCL.
+    if (units_->num_units() > 0 && !units_->grad_shard(0).device().host_accessible()) {
+      replica_nccl_ = comm::NcclCommunicator::create(*replica_mpi_, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
+      units_->set_replicas(replica_nccl_.get());
+    } else {
+      units_->set_replicas(replica_mpi_.get());
+    }
+  }
   loaded_rss_ = peak_resident_bytes();
   std::string warning;
   // bf16 parameter shards keep rounded weights: the fp32 master starts from the
@@ -320,7 +339,7 @@ void Trainer::init_unit(int unit, const Tensor& full) {
   if (hf_) {
     // Only the range this rank keeps is read: its shard at stage 3, else the whole unit
     // (stages 0-2 keep full weights on every rank).
-    const Partition p = partition(full.numel(), comm_.size(), comm_.rank());
+    const Partition p = partition(full.numel(), group_->size(), group_->rank());
     const bool sharded = StagePolicy::of(cfg_.zero.stage, cfg_.zero.compute).sharded_weights;
     const int64_t begin = sharded ? std::min(p.begin(), p.numel) : 0;
     const int64_t n = sharded ? p.owned_real() : p.numel;
@@ -380,6 +399,9 @@ void Trainer::describe_placement() {
          << nn::format_bytes(loaded_rss_) << "\n";
   }
   out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
+       << (group_mpi_ ? ", hybrid: sharded within " + std::to_string(comm_.size() / group_->size()) + " groups of " +
+                            std::to_string(group_->size()) + " ranks, replicated across them"
+                      : std::string())
        << "; per rank (device: " << compute_->name() << "):\n"
        << (units_->owned_bf16() ? "  bf16 weight shards           " : "  fp32 weights                 ")
        << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
@@ -447,7 +469,7 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   norms_.device().copy_to_host(sumsq_.data(), norms_);
   std::vector<double> sumsq{0.0};
   for (double s : sumsq_) sumsq[0] += s;
-  comm_.all_reduce_sum(sumsq);
+  group_->all_reduce_sum(sumsq);  // the group's shards partition the whole; replicas hold copies
   const double accum = static_cast<double>(cfg_.grad_accum * comm_.size());
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const double grad_norm = std::sqrt(sumsq[0]) / accum / loss_scale;
@@ -702,6 +724,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
               {"lr", lr},
               {"model_seed", cfg_.model_seed}};
   if (scaler_) req.meta["loss_scaler"] = scaler_->state();
+  req.shard_world = cfg_.zero.shard_group_size;
   return runtime::save_checkpoint(req, model_->units(), *units_, *opt_, comm_);
 }
 

@@ -153,6 +153,13 @@ class Trainer {
   std::unique_ptr<offload::PinnedPool> pool_;
   // device.type cuda without offload: the states live on the GPU and NCCL moves them.
   std::unique_ptr<comm::NcclCommunicator> nccl_;
+  // Hybrid sharding (zero_optimization.shard_group_size): this rank's shard group and its
+  // replicas (the ranks of the same index in the other groups), over MPI; on a GPU also
+  // over NCCL where the shards live on the device. `group_` is the communicator that
+  // partitions state (comm_ without hybrid sharding).
+  std::unique_ptr<comm::MpiCommunicator> group_mpi_, replica_mpi_;
+  std::unique_ptr<comm::NcclCommunicator> replica_nccl_;
+  comm::Communicator* group_ = nullptr;
   std::unique_ptr<HfWeights> hf_;  // model.init_from: the folder the weights are read from
   size_t loaded_rss_ = 0;           // peak resident bytes once the weights were in place
   std::unique_ptr<ShardedUnits> units_;

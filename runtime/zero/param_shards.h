@@ -38,6 +38,9 @@ struct Placement {
   bool overlap_io = true;               // nvme parameter reads ahead of use
   int64_t max_in_cpu = 0;               // nvme: elements of parameter shards kept in host memory instead
   offload::FaultHook fault;             // tests only
+  // Names this process's nvme files: its rank in the job (-1: the communicator's rank).
+  // Hybrid sharding needs it, as ranks of two groups share an index within their groups.
+  int file_rank = -1;
 };
 
 class ParamShards {

@@ -54,7 +54,17 @@ void ShardedUnits::finish_gradients() {
       if (!reduced_[u]) issue_reduction(static_cast<int>(u));
   }
   poll_reductions(true);
-  if (order_.in_step()) {
+  if (order_.in_step() && replicas_) {
+    std::vector<PendingCollective> across(parts_.size());
+    for (size_t u = 0; u < parts_.size(); ++u) {
+      const int unit = static_cast<int>(u);
+      across[u] = issue_all_reduce(*replicas_, grad_shard(unit), zero_.reduce_bucket_size, name(unit) + " (replicas)");
+    }
+    for (size_t u = 0; u < parts_.size(); ++u) {
+      across[u].finish(tracer_);
+      gradient_done(static_cast<int>(u));
+    }
+  } else if (order_.in_step()) {
     for (size_t u = 0; u < parts_.size(); ++u)
       if (!reported_[u]) gradient_done(static_cast<int>(u));
   }
@@ -123,7 +133,7 @@ void ShardedUnits::poll_reductions(bool wait_all) {
         shard.device().accumulate(shard, reduced);
       },
       [this](int unit, bool last) {
-        if (last && order_.in_step()) gradient_done(unit);
+        if (last && order_.in_step() && !replicas_) gradient_done(unit);  // replicas: finish_gradients
       });
 }
 

@@ -66,7 +66,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   reported_.assign(n, false);
   reduced_.assign(n, false);
   for (size_t u = 0; u < n; ++u) parts_.push_back(partition(units[u].numel, comm.size(), comm.rank()));
-  if (policy_.sharded_weights) shards_ = std::make_unique<ParamShards>(dev_, parts_, unit_names(units), comm.rank(), place_, zero.compute);
+  if (policy_.sharded_weights) shards_ = std::make_unique<ParamShards>(dev_, parts_, unit_names(units), place_.file_rank >= 0 ? place_.file_rank : comm.rank(), place_, zero.compute);
   for (size_t u = 0; u < n; ++u) {
     const Partition& p = parts_[u];
     Tensor full = zeroed(dev_, p.padded);

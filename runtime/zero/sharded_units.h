@@ -142,6 +142,14 @@ class ShardedUnits final : public nn::UnitAccess {
   void set_tracer(Tracer* t);
   void set_update_worker(UpdateWorker* w);
   void on_gradients_ready(std::function<void(int)> f) { grads_ready_ = std::move(f); }
+  // Hybrid sharding: `comm` joins this rank with the ranks that hold the same shards in the
+  // other groups (the ShardedUnits communicator is this rank's group). Each unit's reduced
+  // gradient shard is then all-reduced across them (summed) before on_gradients_ready.
+  // Those all-reduces run in finish_gradients, every unit in unit order: the same order on
+  // every rank whatever finished first, which a device-ordered backend (NCCL streams of two
+  // communicators) needs to stay free of cycles. The optimizer then starts after backward
+  // rather than during it. `comm` must reach the shard's memory (grad_shard's device).
+  void set_replicas(comm::Communicator* comm) { replicas_ = comm; }
   // Stages 1-2: the optimizer is changing unit's owned weights; they are gathered into the
   // full weights before the next use. publish_params gathers every such unit now.
   void mark_updating(int unit);
@@ -191,6 +199,7 @@ class ShardedUnits final : public nn::UnitAccess {
   Tracer* tracer_ = nullptr;
   UpdateWorker* updates_ = nullptr;
   std::function<void(int)> grads_ready_;
+  comm::Communicator* replicas_ = nullptr;
 };
 
 }  // namespace ferry::runtime

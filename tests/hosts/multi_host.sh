@@ -32,7 +32,7 @@ for stage in 0 1 2 3; do
     out=s$stage-$ppn
     hosts_mpiexec -hosts "$h0:$ppn,$h1:$ppn" -n $((2 * ppn)) "$ferry" train "${common[@]}" \
       --set zero_optimization.stage=$stage --set log.metrics="$work/$out.jsonl" > $out.log 2>&1 \
-      || fail "2 hosts x $ppn, stage $stage: $(tail -5 $out.log)"
+      || fail "2 hosts x $ppn, stage $stage: exit status $?: $(grep -v '^ ' $out.log | tail -5)"
     same_losses ref$stage.jsonl $out.jsonl || fail "stage $stage at 2 hosts x $ppn"
     if [ $ppn = 1 ]; then nodes="2 node(s): $h0 (rank 0), $h1 (rank 1)"; else nodes="2 node(s): $h0 (ranks 0-1), $h1 (ranks 2-3)"; fi
     grep -qF "$nodes" $out.log \
@@ -40,6 +40,24 @@ for stage in 0 1 2 3; do
   done
   echo "stage $stage: the losses at 2 hosts x 1 and x 2 ranks equal the single process's"
 done
+
+# Hybrid sharding with a group per host: gathers and reduce-scatters stay in the host,
+# only gradient shards cross. The bytes that cross are the hosts' own link counters.
+tx() { local n=0 h; for h in $HOSTS; do n=$((n + $(ip netns exec "$h" cat /sys/class/net/eth0/statistics/tx_bytes))); done; echo $n; }
+for mode in plain hybrid; do
+  extra=(); [ $mode = hybrid ] && extra=(--set zero_optimization.shard_group_size=2)
+  before=$(tx)
+  hosts_mpiexec -hosts "$h0:2,$h1:2" -n 4 "$ferry" train "${common[@]}" --set zero_optimization.stage=3 \
+    --set train.steps=6 --set log.metrics="$work/x-$mode.jsonl" "${extra[@]}" > x-$mode.log 2>&1 \
+    || fail "2 hosts x 2, $mode: $(tail -5 x-$mode.log)"
+  declare "bytes_$mode=$(( $(tx) - before ))"
+done
+timeout 120 "$ferry" train "${common[@]}" --set zero_optimization.stage=3 --set train.steps=6 \
+  --set log.metrics=x-ref.jsonl > x-ref.log 2>&1 || fail "single process, 6 steps"
+same_losses x-ref.jsonl x-hybrid.jsonl || fail "hybrid sharding across 2 hosts"
+[ "$bytes_hybrid" -lt "$bytes_plain" ] || fail "hybrid sharding sent $bytes_hybrid bytes between hosts, plain $bytes_plain"
+echo "across hosts, 6 steps of stage 3 at 2 hosts x 2 ranks: plain $bytes_plain bytes, hybrid (a group per host) $bytes_hybrid" \
+     "bytes ($(awk -v a="$bytes_hybrid" -v b="$bytes_plain" 'BEGIN { printf "%.2f", a / b }') of plain); the losses equal the single process's"
 
 # Runs long enough to be cut short.
 long=(--set train.steps=400 --set comm.timeout_s=6 --set zero_optimization.stage=3)

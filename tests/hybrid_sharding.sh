@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Hybrid sharding (zero_optimization.shard_group_size, DeepSpeed's mics_shard_size) on 4
+# ranks of this machine:
+#   - groups of 2 at stages 1-3 give the single process's losses, and only gradient
+#     shards cross groups (the all-reduce bytes are half a model per rank per step);
+#   - a hybrid checkpoint resumes at other layouts (2 ranks plain, 1 process) and a plain
+#     one resumes hybrid, continuing the uninterrupted losses;
+#   - a group size that does not divide the world, and stage 0, are refused naming the key.
+# Usage: hybrid_sharding.sh MPIEXEC FERRY SOURCE_DIR WORK_DIR
+set -uo pipefail
+mpiexec=$1 ferry=$2 src=$3 work=$4
+mkdir -p "$work" && cd "$work" || exit 1
+rm -rf ./*
+fail() { echo "FAIL: $*"; exit 1; }
+export OMP_NUM_THREADS=1
+common=(--config "$src/examples/configs/tiny-model.json" --set train.eval_batches=1 --set train.sample_tokens=0
+        --set train_batch_size=16 --set train_micro_batch_size_per_gpu=4 --set device.threads=1 --set log.every=1)
+losses() { grep -o '"loss":[-0-9.e+]*' "$1" | cut -d: -f2 | tail -n "${2:-+1}"; }
+same_losses() {  # same_losses A B [LAST_N]: equal to 1e-6 relative (sums in other orders)
+  paste <(losses "$1" "${3:-+1}") <(losses "$2" "${3:-+1}") | awk -v a="$1" -v b="$2" '
+    { n++; d = $1 - $2; if (d < 0) d = -d; if ($2 == "" || d > 1e-6 * ($1 < 0 ? -$1 : $1)) { bad = 1; print "  " $1 " vs " $2 } }
+    END { if (n < 2 || bad) { print "losses differ: " a " vs " b; exit 1 } }'
+}
+run() {  # run NAME RANKS ARGS...
+  local name=$1 np=$2
+  shift 2
+  timeout 300 "$mpiexec" -n "$np" "$ferry" train "${common[@]}" --set log.metrics="$work/$name.jsonl" "$@" \
+    > "$name.log" 2>&1 || fail "$name: $(grep -v '^ ' "$name.log" | tail -5)"
+}
+
+for stage in 1 2 3; do
+  run ref$stage 1 --set train.steps=3 --set zero_optimization.stage=$stage
+  run hyb$stage 4 --set train.steps=3 --set zero_optimization.stage=$stage --set zero_optimization.shard_group_size=2
+  same_losses ref$stage.jsonl hyb$stage.jsonl || fail "stage $stage, groups of 2"
+  grep -q "hybrid: sharded within 2 groups of 2 ranks" hyb$stage.log || fail "no hybrid layout line: $(grep 'state lives' hyb$stage.log)"
+  # Across groups only this rank's gradient shard moves: 842,496 parameters / 2 x 4 bytes.
+  ar=$(grep -o '"all_reduce":[0-9]*' hyb$stage.jsonl | head -1 | cut -d: -f2)
+  [ "$ar" = 1684992 ] || fail "stage $stage: $ar bytes all-reduced across groups per step, not 1684992 (half the fp32 model)"
+  echo "stage $stage: groups of 2 on 4 ranks give the single process's losses; $ar bytes per rank per step across groups"
+done
+
+# DeepSpeed's spelling, from a DeepSpeed file.
+# (DeepSpeed's defaults differ from a ferry file's, so the reference reads a DeepSpeed file too.)
+printf '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}}\n' > ds-plain.json
+printf '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3, "mics_shard_size": 2}}\n' > ds.json
+run ds-plain 1 --set train.steps=3 --deepspeed ds-plain.json
+run ds 4 --set train.steps=3 --deepspeed ds.json
+same_losses ds-plain.jsonl ds.jsonl || fail "mics_shard_size 2 from a DeepSpeed file"
+grep -q "hybrid: sharded within 2 groups of 2 ranks" ds.log || fail "mics_shard_size not taken: $(grep 'state lives' ds.log)"
+
+# Checkpoints across layouts: hybrid -> plain 2 ranks, hybrid -> 1 process, plain 2 ranks -> hybrid.
+run full 4 --set train.steps=4 --set zero_optimization.stage=3 --set zero_optimization.shard_group_size=2
+run save 4 --set train.steps=2 --set zero_optimization.stage=3 --set zero_optimization.shard_group_size=2 \
+  --set checkpoint.dir="$work/ck-hyb"
+[ "$(ls ck-hyb/step-*2/*.bin 2>/dev/null | wc -l)" = 2 ] || fail "the hybrid checkpoint should hold 2 ranks' files (one group): $(ls ck-hyb/*/)"
+cp -a ck-hyb ck-hyb-again  # each resume saves its own end over `latest`
+run resume2 2 --set train.steps=4 --set zero_optimization.stage=3 --set checkpoint.dir="$work/ck-hyb" --set checkpoint.resume=auto
+same_losses full.jsonl resume2.jsonl 2 || fail "a hybrid checkpoint resumed on 2 plain ranks"
+run resume1 1 --set train.steps=4 --set zero_optimization.stage=2 --set checkpoint.dir="$work/ck-hyb-again" --set checkpoint.resume=auto
+same_losses full.jsonl resume1.jsonl 2 || fail "a hybrid checkpoint resumed by one process"
+run plain 2 --set train.steps=2 --set zero_optimization.stage=3 --set checkpoint.dir="$work/ck-plain"
+run resume4 4 --set train.steps=4 --set zero_optimization.stage=3 --set zero_optimization.shard_group_size=2 \
+  --set checkpoint.dir="$work/ck-plain" --set checkpoint.resume=auto
+same_losses full.jsonl resume4.jsonl 2 || fail "a plain checkpoint resumed hybrid"
+echo "checkpoints: hybrid -> 2 plain ranks, hybrid -> 1 process, 2 plain ranks -> hybrid continue the losses"
+
+# Refusals name the key.
+for bad in "3 3" "2 0"; do
+  read -r group stage <<<"$bad"
+  if timeout 60 "$mpiexec" -n 4 "$ferry" train "${common[@]}" --set zero_optimization.stage=$stage \
+       --set zero_optimization.shard_group_size=$group > bad.log 2>&1; then fail "group $group at stage $stage accepted"; fi
+  grep -q "zero_optimization.shard_group_size $group" bad.log || fail "no message naming the key: $(tail -3 bad.log)"
+done
+echo "PASS: hybrid sharding"
