@@ -22,6 +22,37 @@ grep -qF "srun --mpi=pmi2 --kill-on-bad-exit=1 --ntasks=6 --ntasks-per-node=2 " 
 grep -qF -- "--set device.threads=8" <<<"$srun" || fail "cpus per rank not passed: $srun"
 grep -q "gpus-per-node" <<<"$srun" && fail "GPUs requested for a CPU job"
 
+# --max-restarts: the script retries in its allocation, every later attempt resuming from
+# the latest checkpoint, and stops at once on bad input (exit status 2). Run here with a
+# stand-in for Slurm's mpiexec that fails the first attempt and records the arguments.
+script=$("$ferry" launch slurm --nodes 2 --ranks-per-node 1 --time 10 --max-restarts 2 -- --config x.json)
+bash -n <(echo "$script") || fail "the restarting sbatch script is not valid bash"
+export SLURM_JOB_ID=1 SLURM_JOB_NODELIST=n[1-2] FERRY_RESTART_PAUSE=0
+mkdir -p fake && cat > fake/mpiexec <<'FAKE'
+#!/bin/bash
+echo "$*" >> "$FAKE_LOG"
+n=$(wc -l < "$FAKE_LOG")
+[ "$n" -ge "${FAKE_OK_AT:-2}" ] && exit 0
+exit "${FAKE_STATUS:-9}"
+FAKE
+chmod +x fake/mpiexec
+rm -f calls; FAKE_LOG=$PWD/calls PATH=$PWD/fake:$PATH bash <(echo "$script") > loop.out || fail "the loop did not recover: $(cat loop.out)"
+[ "$(wc -l < calls)" = 2 ] || fail "expected 2 attempts: $(cat calls)"
+head -1 calls | grep -q "checkpoint.resume" && fail "the first attempt resumes"
+tail -1 calls | grep -qF -- "--set checkpoint.resume=auto" || fail "the restart does not resume: $(tail -1 calls)"
+grep -q "attempt 1 of 3 ended with exit status 9" loop.out || fail "the restart is not logged: $(cat loop.out)"
+rc=0; rm -f calls; FAKE_LOG=$PWD/calls FAKE_STATUS=2 FAKE_OK_AT=9 PATH=$PWD/fake:$PATH bash <(echo "$script") > loop.out || rc=$?
+[ $rc = 2 ] && [ "$(wc -l < calls)" = 1 ] || fail "bad input (exit 2) was retried: $(cat calls)"
+rc=0; rm -f calls; FAKE_LOG=$PWD/calls FAKE_OK_AT=9 PATH=$PWD/fake:$PATH bash <(echo "$script") > loop.out || rc=$?
+[ $rc = 9 ] && [ "$(wc -l < calls)" = 3 ] || fail "not 3 attempts then the failure's status ($rc): $(cat calls)"
+if "$ferry" launch mpiexec --hosts x --min-nodes 1 -- --config x.json 2> err.txt; then fail "--min-nodes without --max-restarts accepted"; fi
+grep -qF -- "--min-nodes and --launcher-exec go with --max-restarts" err.txt || fail "$(cat err.txt)"
+printf 'localhost:1\n' > one_host
+if "$ferry" launch mpiexec --hosts one_host --max-restarts 1 -- --config "$src/examples/configs/tiny-model.json" 2> err.txt; then
+  fail "--max-restarts without checkpoint.dir accepted"
+fi
+grep -qF -- "--max-restarts resumes from checkpoints" err.txt || fail "$(cat err.txt)"
+
 # Errors name what is wrong, with exit status 2.
 printf 'localhost:two\n' > bad_hosts
 if "$ferry" launch mpiexec --hosts bad_hosts -- --config x.json 2> err.txt; then fail "bad hosts file accepted"; fi

@@ -122,15 +122,36 @@ std::string slurm_script(const LaunchOptions& o) {
       << "export NCCL_DEBUG=${NCCL_DEBUG:-WARN}\n";
   }
   s << "\necho \"ferry job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: " << ranks << " ranks\"\n";
+  std::string run;
   if (o.launcher == "srun") {
-    s << "# srun starts every rank itself (PMI); one rank failing ends the job.\n"
-      << "srun --mpi=pmi2 --kill-on-bad-exit=1 --ntasks=" << ranks << " --ntasks-per-node=" << o.ranks_per_node << " "
-      << program_line(o) << "\n";
+    s << "# srun starts every rank itself (PMI); one rank failing ends the job.\n";
+    run = "srun --mpi=pmi2 --kill-on-bad-exit=1 --ntasks=" + std::to_string(ranks) +
+          " --ntasks-per-node=" + std::to_string(o.ranks_per_node) + " " + program_line(o);
   } else {
     s << "# MPICH's mpiexec (Hydra) starts the ranks through Slurm on the allocated nodes;\n"
-      << "# a rank that dies ends the whole job.\n"
-      << "mpiexec -launcher slurm -n " << ranks << " -ppn " << o.ranks_per_node << " " << program_line(o) << "\n";
+      << "# a rank that dies ends the whole job.\n";
+    run = "mpiexec -launcher slurm -n " + std::to_string(ranks) + " -ppn " + std::to_string(o.ranks_per_node) + " " +
+          program_line(o);
   }
+  if (o.max_restarts < 0) {
+    s << run << "\n";
+    return s.str();
+  }
+  // Restarts in the allocation, as `ferry launch mpiexec --max-restarts` does on a hosts
+  // file: every attempt after the first resumes from the latest checkpoint; bad input
+  // (exit status 2) would fail again and ends the loop.
+  s << "max_restarts=" << o.max_restarts << "\n"
+    << "resume=()\n"
+    << "for attempt in $(seq 0 \"$max_restarts\"); do\n"
+    << "  status=0\n"
+    << "  " << run << " \"${resume[@]}\" || status=$?\n"
+    << "  if [ \"$status\" -eq 0 ]; then exit 0; fi\n"
+    << "  if [ \"$status\" -eq 2 ]; then echo \"ferry: the job refused its input (exit status 2); no restart\"; exit 2; fi\n"
+    << "  echo \"ferry: attempt $((attempt + 1)) of $((max_restarts + 1)) ended with exit status $status at $(date)\"\n"
+    << "  resume=(--set checkpoint.resume=auto)\n"
+    << "  sleep \"${FERRY_RESTART_PAUSE:-5}\"\n"
+    << "done\n"
+    << "exit \"$status\"\n";
   return s.str();
 }
 

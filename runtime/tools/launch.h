@@ -4,6 +4,8 @@
 //            the nodes through Slurm and starts ranks with srun) or srun itself with PMI
 //            (--launcher srun, where the MPI library was built with Slurm's PMI).
 //   mpiexec: one mpiexec command over a hosts file ("host" or "host:ranks" per line).
+// With --max-restarts the slurm script restarts the job in its allocation from the latest
+// checkpoint; `ferry launch mpiexec --max-restarts` runs the job itself (restarts.h).
 // Paths to the program and to --config/--deepspeed files are made absolute: every node
 // must see them at the same path (a shared file system or an identical install).
 // Errors (std::invalid_argument) name the option or the hosts file and line.
@@ -25,6 +27,7 @@ struct LaunchOptions {
   std::string program;               // absolute path of ferry (or of ferry-train, with verb "")
   std::string verb = "train";        // the program's verb, first on its command line ("": none)
   std::vector<std::string> args;     // the train verb's arguments
+  int max_restarts = -1;             // slurm: >= 0 wraps mpiexec/srun in a restart loop
 };
 
 struct HostEntry {

@@ -10,6 +10,8 @@
 #                       id, so UCX would otherwise reach the other "host" through shared memory
 #                       and a link taken down would stop nothing. Ranks of one host still use
 #                       MPICH's own shared memory, as on a real node.
+#   hosts_exec0 CMD...  runs CMD on host 0 (its own host name), with the same limit and UCX
+#                       setting (ferry launch --max-restarts --launcher-exec $HOSTS_DIR/launcher.sh)
 #   host_link NAME up|down   takes a host's only link up or down
 #   hosts_down          removes the namespaces and their /etc/netns files (idempotent)
 #   hosts_can_run       exits 77 with the reason where namespaces cannot be made (not root,
@@ -65,8 +67,9 @@ hosts_up() {
 
 host_link() { ip -n "${HOSTS_PREFIX}-br" link set "v${1##*-}" "$2"; }
 
-hosts_mpiexec() {
+hosts_exec0() {
   local first=${HOSTS%% *}
-  UCX_TLS=${UCX_TLS:-tcp,self} timeout -k 5 "${HOSTS_TIMEOUT_S:-300}" ip netns exec "$first" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$first" \
-    mpiexec -launcher ssh -launcher-exec "$HOSTS_DIR/launcher.sh" "$@"
+  UCX_TLS=${UCX_TLS:-tcp,self} timeout -k 5 "${HOSTS_TIMEOUT_S:-300}" ip netns exec "$first" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$first" "$@"
 }
+
+hosts_mpiexec() { hosts_exec0 mpiexec -launcher ssh -launcher-exec "$HOSTS_DIR/launcher.sh" "$@"; }
