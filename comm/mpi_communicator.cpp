@@ -109,9 +109,32 @@ MpiCommunicator::~MpiCommunicator() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   watchdog_.reset();
+  if (!owns_mpi_) {
+    MPI_Comm_free(&comm_);
+    return;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finalized = false;
+  std::thread guard([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (cv.wait_for(lock, std::chrono::duration<double>(kFinalizeGuardS), [&] { return finalized; })) return;
+    log::warn(log::Subsys::comm, "MPI_Finalize has not returned after " + std::to_string(int(kFinalizeGuardS)) +
+                                     " s (a known hang at exit of MPI over UCX's TCP transport); this rank's work "
+                                     "is done: exiting with status " + std::to_string(exit_status_.load()));
+    std::fflush(nullptr);
+    std::_Exit(exit_status_.load());
+  });
+  MPI_Barrier(comm_);  // every rank is done with its messages before endpoints close
   MPI_Comm_free(&comm_);
   probe_.reset();
-  if (owns_mpi_) MPI_Finalize();
+  MPI_Finalize();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    finalized = true;
+  }
+  cv.notify_all();
+  guard.join();
 }
 
 void MpiCommunicator::abort_job(const std::string& message, int code) {

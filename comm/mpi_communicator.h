@@ -24,6 +24,7 @@
 // created it); sub-communicators must be destroyed first.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -66,6 +67,15 @@ class MpiCommunicator final : public Communicator {
   // one rank, which would otherwise leave the others waiting in a collective.
   [[noreturn]] static void abort_job(const std::string& message, int code);
 
+  // The world communicator's destructor ends MPI: a barrier, then MPI_Finalize under a
+  // guard. MPI_Finalize over UCX's TCP transport can hang for good (a rank that finished
+  // its part of the endpoint flush waits in PMI and no longer makes progress for a peer
+  // still flushing; seen here between namespace hosts, known upstream): after
+  // kFinalizeGuardS the process logs it and exits with this status, its work being done.
+  // Default 1; the program sets 0 once it has succeeded.
+  void set_exit_status(int status) { exit_status_ = status; }
+  static constexpr double kFinalizeGuardS = 30;
+
   // Ranks with the same color form a sub-communicator, ordered by key (hybrid sharding).
   // Collective over this communicator.
   std::unique_ptr<MpiCommunicator> split(int color, int key);
@@ -84,6 +94,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   double timeout_s_;
   bool owns_mpi_;
+  std::atomic<int> exit_status_{1};
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::tuple<Op, WorkPtr, uint64_t>> queue_;

@@ -117,7 +117,10 @@ int train(const TrainArgs& a) {
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  if (failure.empty()) return 0;
+  if (failure.empty()) {
+    comm->set_exit_status(0);
+    return 0;
+  }
   const std::string message = "ferry train: rank " + std::to_string(rank) + ": " + failure;
   if (comm->size() > 1) comm::MpiCommunicator::abort_job(message, 1);
   std::cerr << message << "\n";
