@@ -5,7 +5,10 @@
 #     shards cross groups (the all-reduce bytes are half a model per rank per step);
 #   - a hybrid checkpoint resumes at other layouts (2 ranks plain, 1 process) and a plain
 #     one resumes hybrid, continuing the uninterrupted losses;
-#   - a group size that does not divide the world, and stage 0, are refused naming the key.
+#   - hpZ (zero_hpz_partition_size 2): node copies serve the later gathers, same losses,
+#     also with nvme parameters and 2 micro-batches;
+#   - a group size that does not divide the world, stage 0, hpZ below stage 3 or not
+#     dividing the group are refused naming the key.
 # Usage: hybrid_sharding.sh MPIEXEC FERRY SOURCE_DIR WORK_DIR
 set -uo pipefail
 mpiexec=$1 ferry=$2 src=$3 work=$4
@@ -39,6 +42,22 @@ for stage in 1 2 3; do
   echo "stage $stage: groups of 2 on 4 ranks give the single process's losses; $ar bytes per rank per step across groups"
 done
 
+# hpZ: node copies serve every gather after a unit's first in the step; the same losses.
+# With parameters on nvme and 2 micro-batches, reads ahead for units whose node copy is
+# ready are dropped. The trace names the gathers from node copies.
+run hpz 4 --set train.steps=3 --set zero_optimization.stage=3 --set zero_optimization.zero_hpz_partition_size=2 \
+  --set log.trace="$work/hpz-trace.json"
+same_losses ref3.jsonl hpz.jsonl || fail "hpZ, node groups of 2"
+grep -q "(node copy)" hpz-trace*.json || fail "no gather from the node copies in the trace"
+grep -q "hpZ: a node copy of the weights over groups of 2 ranks" hpz.log || fail "no hpZ layout line"
+run ref3m 1 --set train.steps=3 --set zero_optimization.stage=3 --set train_micro_batch_size_per_gpu=2
+mkdir -p nvme
+run hpznvme 4 --set train.steps=3 --set zero_optimization.stage=3 --set zero_optimization.zero_hpz_partition_size=2 \
+  --set train_micro_batch_size_per_gpu=2 --set zero_optimization.offload_param.device=nvme \
+  --set zero_optimization.offload_param.nvme_path="$work/nvme" --set zero_optimization.shard_group_size=4
+same_losses ref3m.jsonl hpznvme.jsonl || fail "hpZ with parameters on nvme, 2 micro-batches"
+echo "hpZ: node groups of 2 give the single process's losses (also with nvme parameters and 2 micro-batches)"
+
 # DeepSpeed's spelling, from a DeepSpeed file.
 # (DeepSpeed's defaults differ from a ferry file's, so the reference reads a DeepSpeed file too.)
 printf '{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}}\n' > ds-plain.json
@@ -65,10 +84,10 @@ same_losses full.jsonl resume4.jsonl 2 || fail "a plain checkpoint resumed hybri
 echo "checkpoints: hybrid -> 2 plain ranks, hybrid -> 1 process, 2 plain ranks -> hybrid continue the losses"
 
 # Refusals name the key.
-for bad in "3 3" "2 0"; do
-  read -r group stage <<<"$bad"
+for bad in "shard_group_size 3 3" "shard_group_size 2 0" "zero_hpz_partition_size 2 2" "zero_hpz_partition_size 3 3"; do
+  read -r key value stage <<<"$bad"
   if timeout 60 "$mpiexec" -n 4 "$ferry" train "${common[@]}" --set zero_optimization.stage=$stage \
-       --set zero_optimization.shard_group_size=$group > bad.log 2>&1; then fail "group $group at stage $stage accepted"; fi
-  grep -q "zero_optimization.shard_group_size $group" bad.log || fail "no message naming the key: $(tail -3 bad.log)"
+       --set zero_optimization.$key=$value > bad.log 2>&1; then fail "$key $value at stage $stage accepted"; fi
+  grep -q "zero_optimization.$key $value" bad.log || fail "no message naming the key: $(tail -3 bad.log)"
 done
 echo "PASS: hybrid sharding"

@@ -300,4 +300,11 @@ BOOST_AUTO_TEST_CASE(hybrid_sharding_plans_the_group) {
     BOOST_TEST(th.comm_bytes == tp.comm_bytes + th.comm_across_bytes);
     BOOST_TEST(tp.comm_across_bytes == 0.0);
   }
+  // hpZ: the node copies (fp32 here, 1/H of each unit padded to 16 x H) are device state.
+  Config hpz = config_for(3, "none", "none", dir.path.string(), 4, 96);
+  hpz.zero.hpz_partition_size = 2;
+  const Config no_hpz = config_for(3, "none", "none", dir.path.string(), 4, 96);
+  size_t copies = 0;
+  for (const nn::UnitSpec& u : model_layout(no_hpz)) copies += static_cast<size_t>(partition(u.numel, 2, 0).shard) * 4;
+  BOOST_TEST(plan_memory(hpz, 4).device_states == plan_memory(no_hpz, 4).device_states + copies);
 }

@@ -180,6 +180,22 @@ void shard_group_rules(json& resolved, Config& c, const std::string& source) {
   }
 }
 
+void hpz_rules(Config& c, const std::string& source) {
+  const int h = c.zero.hpz_partition_size;
+  const int group = c.zero.shard_group_size > 0 ? c.zero.shard_group_size : c.world_size;
+  if (h <= 1) return;
+  if (c.zero.stage != 3) {
+    fail(source, "zero_optimization.zero_hpz_partition_size " + std::to_string(h) +
+                     " keeps a second copy of stage 3's gathered weights; at stage " + std::to_string(c.zero.stage) +
+                     " the weights are not gathered (use stage 3, or leave it at 1)");
+  }
+  if (group % h != 0) {
+    fail(source, "zero_optimization.zero_hpz_partition_size " + std::to_string(h) + " must divide the " +
+                     (c.zero.shard_group_size > 0 ? "shard group size (" : "world size (") + std::to_string(group) +
+                     " ranks)");
+  }
+}
+
 // DeepSpeed's _set_batch_related_parameters: with train_batch_size given, a micro batch
 // or accumulation count the configuration leaves out is derived from it (accumulation 1
 // when both are out); then the three must multiply out exactly.
@@ -265,6 +281,7 @@ void apply_rules(json& resolved, const json& user, Config& c, const std::string&
   offload_rules(c, source);
   batch_rules(resolved, user, c, source);
   shard_group_rules(resolved, c, source);
+  hpz_rules(c, source);
   scheduler_rules(resolved, user, c, source);
 }
 

@@ -132,6 +132,11 @@ const std::vector<Knob>& config_knobs() {
        "consecutive ranks (a node: ranks per node) and replicate across groups, so gathers and reduce-scatters "
        "stay in the group and only gradient shards are all-reduced across groups; 0 = the world (stages 1-3; "
        "must divide the world size)", -1, {}},
+      {"zero_optimization.zero_hpz_partition_size", F(zero.hpz_partition_size), KnobType::integer, 1,
+       "ZeRO++ hpZ, stage 3: keep a second copy of the weights sharded over groups of this many consecutive ranks "
+       "(a node: ranks per node), made by each unit's first gather of a step, so that backward's gathers and "
+       "those of later micro-batches stay in the group; costs 1/this of the model in the compute dtype per rank "
+       "on the device; 1 = off (must divide shard_group_size, or the world)", 1, {}},
       {"zero_optimization.offload_optimizer.device", F(offload.optimizer_device), KnobType::string, "none",
        "where the fp32 master weights, Adam m and v and the gradient shards live (stages 1-3)", {}, {}, false,
        {"none", "cpu", "nvme"}},

@@ -24,6 +24,10 @@ struct ZeroConfig {
   // Hybrid sharding (MiCS, FSDP's HYBRID_SHARD): state is sharded within groups of this
   // many consecutive ranks and replicated across groups; 0 = one group of every rank.
   int shard_group_size = 0;
+  // ZeRO++ hpZ (stage 3): after a unit's first gather of a step, each rank keeps a slice of
+  // the gathered weights for its node group of this many consecutive ranks, and later
+  // gathers in the step (backward, further micro-batches) read from those: inside the node.
+  int hpz_partition_size = 1;
   // The weights handed to the model. bf16/f16 (mixed precision): stage 3 casts a unit's
   // fp32 shard and gathers the two-byte copy; stages 0-2 keep a full two-byte copy beside
   // the fp32 weights, refreshed after each update. Every shard, gradient and reduction

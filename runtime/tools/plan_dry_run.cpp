@@ -74,7 +74,9 @@ MemoryPlan plan_memory(const Config& config, int ranks) {
   }
   Placement place = state_placement(c, tiers, &host, pool.get());
   // The initial weights' values do not matter here: nothing is initialised.
+  comm::CountingCommunicator node(0, std::max(1, c.zero.hpz_partition_size));  // outlives `units`
   ShardedUnits units(dev, comm, layout, c.zero, [](int, const Tensor&) {}, place);
+  if (c.zero.stage == 3 && c.zero.hpz_partition_size > 1) units.set_node_copies(&node);
   offload::CpuAdam adam(c.optimizer);
   OptimizerState opt(opt_tier, units, dev, host, adam, off, pool.get(), 0, nullptr, [](int, float*) {});
 

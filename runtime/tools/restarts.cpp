@@ -6,12 +6,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <filesystem>
 #include <iostream>
-#include <regex>
 #include <stdexcept>
 #include <thread>
 
@@ -143,15 +143,37 @@ BatchPlan batch_for(int64_t global, int64_t micro, int64_t accum, int world) {
   return b;
 }
 
+namespace {
+
+// The number after `key` in `line` (digits only), or "" when `key` is absent.
+std::string number_after(const std::string& line, const std::string& key, size_t* end = nullptr) {
+  const size_t at = line.find(key);
+  if (at == std::string::npos) return "";
+  size_t i = at + key.size();
+  const size_t first = i;
+  while (i < line.size() && std::isdigit(static_cast<unsigned char>(line[i]))) ++i;
+  if (end) *end = i;
+  return line.substr(first, i - first);
+}
+
+}  // namespace
+
 std::string failure_cause(const std::vector<std::string>& tail, int status) {
-  static const std::regex died(R"(PID (\d+) RUNNING AT (\S+))"), code(R"(EXIT CODE: (\d+))");
+  // mpiexec's report of a rank that ended badly: "=   PID 123 RUNNING AT node2" and
+  // "=   EXIT CODE: 9" on the next line. (std::regex is avoided: GCC 12's warns in it.)
   for (size_t i = 0; i < tail.size(); ++i) {
-    std::smatch m;
-    if (std::regex_search(tail[i], m, died)) {
-      std::string s = "mpiexec: process " + m[1].str() + " on " + m[2].str() + " ended";
-      if (i + 1 < tail.size() && std::regex_search(tail[i + 1], m, code)) s += " with exit code " + m[1].str();
-      return s;
+    size_t end = 0;
+    const std::string pid = number_after(tail[i], "PID ", &end);
+    const std::string running = " RUNNING AT ";
+    if (pid.empty() || tail[i].compare(end, running.size(), running) != 0) continue;
+    const size_t h = end + running.size();
+    const std::string host = tail[i].substr(h, tail[i].find_first_of(" \t", h) - h);
+    std::string s = "mpiexec: process " + pid + " on " + host + " ended";
+    if (i + 1 < tail.size()) {
+      const std::string code = number_after(tail[i + 1], "EXIT CODE: ");
+      if (!code.empty()) s += " with exit code " + code;
     }
+    return s;
   }
   for (const std::string& l : tail)
     if (l.find("watchdog:") != std::string::npos) return l.substr(0, 400);

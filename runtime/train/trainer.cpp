@@ -247,6 +247,17 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), layout);
   units_ = std::make_unique<ShardedUnits>(*compute_, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
+  if (const int h = cfg_.zero.hpz_partition_size; h > 1) {
+    auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
+    if (!mpi) throw std::invalid_argument("zero_optimization.zero_hpz_partition_size needs the MPI communicator (ferry train)");
+    node_mpi_ = mpi->split(comm_.rank() / h, comm_.rank());
+    if (gpu_) {
+      node_nccl_ = comm::NcclCommunicator::create(*node_mpi_, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
+      units_->set_node_copies(node_nccl_.get());
+    } else {
+      units_->set_node_copies(node_mpi_.get());
+    }
+  }
   if (replica_mpi_) {
     // The replicas meet where the reduced shards live: host memory (CPU device, or a GPU
     // with the optimizer offloaded) over MPI, device memory over NCCL.
@@ -402,6 +413,9 @@ void Trainer::describe_placement() {
        << (group_mpi_ ? ", hybrid: sharded within " + std::to_string(comm_.size() / group_->size()) + " groups of " +
                             std::to_string(group_->size()) + " ranks, replicated across them"
                       : std::string())
+       << (node_mpi_ ? ", hpZ: a node copy of the weights over groups of " + std::to_string(node_mpi_->size()) +
+                           " ranks serves the gathers after each unit's first"
+                     : std::string())
        << "; per rank (device: " << compute_->name() << "):\n"
        << (units_->owned_bf16() ? "  bf16 weight shards           " : "  fp32 weights                 ")
        << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
@@ -411,6 +425,10 @@ void Trainer::describe_placement() {
        << nn::format_bytes(opt_->bytes()) << "  in " << opt_at
        << (nccl_ ? (opt_->tier() == offload::Tier::device ? ", updated on the GPU" : ", CPU Adam on the host") : "")
        << "\n";
+  if (sb.node_copies > 0) {
+    out_ << "  hpZ node copies              " << nn::format_bytes(sb.node_copies) << "  in " << arena
+         << ", made by each unit's first gather of a step\n";
+  }
   if (nccl_) out_ << "  collectives                  NCCL on GPU " << nccl_->gpu() << ", ordered by CUDA events\n";
   if (nn::is_low_precision(cfg_.zero.compute)) {
     const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names

@@ -160,6 +160,10 @@ class Trainer {
   std::unique_ptr<comm::MpiCommunicator> group_mpi_, replica_mpi_;
   std::unique_ptr<comm::NcclCommunicator> replica_nccl_;
   comm::Communicator* group_ = nullptr;
+  // hpZ (zero_optimization.zero_hpz_partition_size): this rank's node group, over MPI, and
+  // over NCCL on a GPU (the node copies live on the device).
+  std::unique_ptr<comm::MpiCommunicator> node_mpi_;
+  std::unique_ptr<comm::NcclCommunicator> node_nccl_;
   std::unique_ptr<HfWeights> hf_;  // model.init_from: the folder the weights are read from
   size_t loaded_rss_ = 0;           // peak resident bytes once the weights were in place
   std::unique_ptr<ShardedUnits> units_;

@@ -58,6 +58,13 @@ void Prefetcher::pump_gathers(const std::vector<int>& order, size_t next, size_t
       continue;
     }
     if (ahead + p.padded > limits_.bucket || live + ahead + p.padded > limits_.max_live) break;
+    if (from_node(unit)) {
+      Flight& f = flights_[k];
+      f.unit = unit;
+      issue(f);
+      ahead += p.padded;
+      continue;
+    }
     const bool nvme = shards_->on_nvme(unit);
     if (nvme && it == flights_.end() && (!swapper_ || p.shard > shards_->buffer_elements())) {
       break;  // no read ahead for it: fetched at use
@@ -86,7 +93,7 @@ void Prefetcher::pump_reads(const std::vector<int>& order, size_t next, size_t d
   for (size_t k = next; k < std::min(order.size(), next + depth); ++k) {
     const int unit = order[k];
     if (flights_.count(k)) continue;
-    if (!shards_->on_nvme(unit)) continue;  // in memory: nothing to read
+    if (!shards_->on_nvme(unit) || from_node(unit)) continue;  // in memory: nothing to read
     if (part(unit).shard > shards_->buffer_elements() || !update_ready(unit)) break;
     Flight& f = flights_[k];
     f.unit = unit;
@@ -136,6 +143,14 @@ void Prefetcher::reap_oldest() {
 
 void Prefetcher::issue(Flight& f) {
   const Partition& p = part(f.unit);
+  if (from_node(f.unit)) {
+    if (f.read) swapper_->cancel(f.read);  // read ahead before the node copy was made
+    f.read = 0;
+    f.shard = Tensor{};
+    f.full = Tensor::empty(dev_, limits_.compute, {p.padded});
+    f.gather = node_gather_(f.unit, f.full);
+    return;
+  }
   const Tensor shard = f.read ? take_read(f) : f.shard;
   if (!f.full.defined()) f.full = gather_target(dev_, p, shard, limits_.compute);
   f.gather = issue_weight_gather(comm_, dev_, shard, f.full, p, limits_.allgather_bucket,

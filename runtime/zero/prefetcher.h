@@ -90,6 +90,15 @@ class Prefetcher {
 
   void set_tracer(Tracer* t) { tracer_ = t; }
   void set_update_worker(UpdateWorker* w) { updates_ = w; }
+  // hpZ (ShardedUnits::set_node_copies): a unit whose node copy is ready when its gather
+  // is issued is gathered from it (no read, no upload); a read already started for it is
+  // dropped.
+  using NodeReady = std::function<bool(int unit)>;
+  using NodeGather = std::function<PendingCollective(int unit, const nn::Tensor& full)>;
+  void set_node_source(NodeReady ready, NodeGather gather) {
+    node_ready_ = std::move(ready);
+    node_gather_ = std::move(gather);
+  }
 
  private:
   struct Flight {
@@ -125,6 +134,9 @@ class Prefetcher {
   int64_t hits_ = 0;
   Tracer* tracer_ = nullptr;
   UpdateWorker* updates_ = nullptr;
+  NodeReady node_ready_;
+  NodeGather node_gather_;
+  bool from_node(int unit) const { return node_ready_ && node_ready_(unit); }
 };
 
 }  // namespace ferry::runtime

@@ -78,9 +78,11 @@ void ShardedUnits::end_step() {
 
 void ShardedUnits::mark_updating(int unit) {
   if (policy_.refresh_after_update) stale_.at(static_cast<size_t>(unit)) = true;
+  if (node_) node_valid_.at(static_cast<size_t>(unit)) = false;
 }
 
 void ShardedUnits::publish_params() {
+  if (node_) std::fill(node_valid_.begin(), node_valid_.end(), false);  // the weights were replaced
   if (!policy_.refresh_after_update) return;
   prefetch_->cancel();
   for (size_t u = 0; u < parts_.size(); ++u) {

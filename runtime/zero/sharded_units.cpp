@@ -145,11 +145,15 @@ Tensor ShardedUnits::acquire_weights(int unit) {
     std::optional<Tensor> fetched = ahead() ? prefetch_->take(pos) : std::nullopt;
     if (!fetched) wait_update(unit);  // the optimizer may still be writing this unit
     if (policy_.sharded_weights) {
-      if (!fetched) {
+      if (!fetched && node_copy_ready(unit)) {
+        fetched = Tensor::empty(dev_, zero_.compute, {p.padded});
+        gather_from_node(unit, *fetched).finish(tracer_);
+      } else if (!fetched) {
         const Tensor shard = shards_->fetch(unit);
         fetched = gather_target(dev_, p, shard, zero_.compute);
         issue_weight_gather(comm_, dev_, shard, *fetched, p, zero_.allgather_bucket_size, name(unit)).finish(tracer_);
       }
+      if (node_ && !node_valid_[u]) keep_node_copy(unit, *fetched);
       live_w_[unit].full = *fetched;
     } else {
       if (!fetched && stale_[u]) refresh(unit).finish(tracer_);
@@ -190,6 +194,39 @@ void ShardedUnits::release_grads(int unit, bool complete) {
   poll_reductions(!zero_.overlap_comm);
 }
 
+void ShardedUnits::set_node_copies(comm::Communicator* node) {
+  if (!policy_.sharded_weights) throw std::logic_error("node copies (hpZ) need stage 3");
+  if (comm_.size() % node->size() != 0) throw std::logic_error("node copies (hpZ): the node group must divide the shard group");
+  node_ = node;
+  node_parts_.clear();
+  for (const Partition& p : parts_) node_parts_.push_back(partition(p.numel, node->size(), node->rank()));
+  // Allocated now: device state for the whole run, as ZeRO++ keeps it (and counted so).
+  node_w_.clear();
+  for (const Partition& q : node_parts_) node_w_.push_back(Tensor::empty(dev_, zero_.compute, {q.shard}));
+  node_valid_.assign(parts_.size(), false);
+  prefetch_->set_node_source([this](int unit) { return node_copy_ready(unit); },
+                             [this](int unit, const Tensor& full) { return gather_from_node(unit, full); });
+}
+
+bool ShardedUnits::node_copy_ready(int unit) const {
+  return node_ != nullptr && node_valid_.at(static_cast<size_t>(unit));
+}
+
+PendingCollective ShardedUnits::gather_from_node(int unit, const Tensor& full) {
+  const Partition& q = node_parts_.at(static_cast<size_t>(unit));
+  // The node partition pads to a multiple of 16 x node size, which divides the shard
+  // group's padding: it fits in the gathered tensor, and the model reads only numel.
+  return issue_all_gather(*node_, dev_, node_w_[static_cast<size_t>(unit)], full.view(0, {q.padded}), q,
+                          zero_.allgather_bucket_size, name(unit) + " (node copy)");
+}
+
+void ShardedUnits::keep_node_copy(int unit, const Tensor& full) {
+  const auto u = static_cast<size_t>(unit);
+  const Partition& q = node_parts_[u];
+  dev_.copy(node_w_[u], full.view(q.begin(), {q.shard}));
+  node_valid_[u] = true;
+}
+
 ShardedUnits::Owned ShardedUnits::owned(int unit) const {
   const auto u = static_cast<size_t>(unit);
   const Partition& p = partition_of(unit);
@@ -225,6 +262,7 @@ StateBytes ShardedUnits::state_bytes() const {
     const ParamShards::Bytes b = shards_->bytes();
     s.weights += b.total, s.weights_host += b.host, s.weights_nvme += b.nvme;
   }
+  for (const nn::Tensor& t : node_w_) s.node_copies += t.nbytes();
   for (size_t u = 0; u < parts_.size(); ++u) {
     s.weights += full_w_[u].defined() ? full_w_[u].nbytes() : 0;
     s.compute_copy += compute_w_[u].defined() ? compute_w_[u].nbytes() : 0;

@@ -78,6 +78,7 @@ struct StateBytes {
   size_t weights_nvme = 0;             // of `weights`: shards in nvme files
   size_t gradients_host = 0;           // of `gradients`: shards in host memory (optimizer offloaded)
   size_t compute_copy = 0;             // stages 0-2 under mixed precision: the full bf16/f16 weights (device)
+  size_t node_copies = 0;              // hpZ: this rank's node slices of the weights (device)
 };
 
 class ShardedUnits final : public nn::UnitAccess {
@@ -150,6 +151,17 @@ class ShardedUnits final : public nn::UnitAccess {
   // communicators) needs to stay free of cycles. The optimizer then starts after backward
   // rather than during it. `comm` must reach the shard's memory (grad_shard's device).
   void set_replicas(comm::Communicator* comm) { replicas_ = comm; }
+  // ZeRO++ hpZ (stage 3): `node` joins this rank with the others of its node group, a
+  // subgroup of this rank's shard group. Each unit's first gather after its weights
+  // changed keeps this rank's node slice of the gathered weights (1/node size of the unit,
+  // in the compute dtype, on the device); until the optimizer touches the unit again
+  // (mark_updating, publish_params) its gathers read from those slices over `node`, and
+  // no shard is read, uploaded or cast. Which source a gather uses depends only on the
+  // order of use, so it is the same on every rank. `node` must reach device memory.
+  void set_node_copies(comm::Communicator* node);
+  bool node_copy_ready(int unit) const;
+  // Issues unit's gather from the node copies into full[padded] (the compute dtype).
+  PendingCollective gather_from_node(int unit, const nn::Tensor& full);
   // Stages 1-2: the optimizer is changing unit's owned weights; they are gathered into the
   // full weights before the next use. publish_params gathers every such unit now.
   void mark_updating(int unit);
@@ -200,6 +212,11 @@ class ShardedUnits final : public nn::UnitAccess {
   UpdateWorker* updates_ = nullptr;
   std::function<void(int)> grads_ready_;
   comm::Communicator* replicas_ = nullptr;
+  void keep_node_copy(int unit, const nn::Tensor& full);
+  comm::Communicator* node_ = nullptr;  // hpZ
+  std::vector<Partition> node_parts_;
+  std::vector<nn::Tensor> node_w_;
+  std::vector<bool> node_valid_;
 };
 
 }  // namespace ferry::runtime

@@ -44,8 +44,10 @@ done
 # Hybrid sharding with a group per host: gathers and reduce-scatters stay in the host,
 # only gradient shards cross. The bytes that cross are the hosts' own link counters.
 tx() { local n=0 h; for h in $HOSTS; do n=$((n + $(ip netns exec "$h" cat /sys/class/net/eth0/statistics/tx_bytes))); done; echo $n; }
-for mode in plain hybrid; do
-  extra=(); [ $mode = hybrid ] && extra=(--set zero_optimization.shard_group_size=2)
+for mode in plain hybrid hpz; do
+  extra=()
+  [ $mode = hybrid ] && extra=(--set zero_optimization.shard_group_size=2)
+  [ $mode = hpz ] && extra=(--set zero_optimization.zero_hpz_partition_size=2)
   before=$(tx)
   hosts_mpiexec -hosts "$h0:2,$h1:2" -n 4 "$ferry" train "${common[@]}" --set zero_optimization.stage=3 \
     --set train.steps=6 --set log.metrics="$work/x-$mode.jsonl" "${extra[@]}" > x-$mode.log 2>&1 \
@@ -55,9 +57,13 @@ done
 timeout 120 "$ferry" train "${common[@]}" --set zero_optimization.stage=3 --set train.steps=6 \
   --set log.metrics=x-ref.jsonl > x-ref.log 2>&1 || fail "single process, 6 steps"
 same_losses x-ref.jsonl x-hybrid.jsonl || fail "hybrid sharding across 2 hosts"
+same_losses x-ref.jsonl x-hpz.jsonl || fail "hpZ across 2 hosts"
 [ "$bytes_hybrid" -lt "$bytes_plain" ] || fail "hybrid sharding sent $bytes_hybrid bytes between hosts, plain $bytes_plain"
-echo "across hosts, 6 steps of stage 3 at 2 hosts x 2 ranks: plain $bytes_plain bytes, hybrid (a group per host) $bytes_hybrid" \
-     "bytes ($(awk -v a="$bytes_hybrid" -v b="$bytes_plain" 'BEGIN { printf "%.2f", a / b }') of plain); the losses equal the single process's"
+[ "$bytes_hpz" -lt "$bytes_plain" ] || fail "hpZ sent $bytes_hpz bytes between hosts, plain $bytes_plain"
+ratio() { awk -v a="$1" -v b="$bytes_plain" 'BEGIN { printf "%.2f", a / b }'; }
+echo "across hosts, 6 steps of stage 3 at 2 hosts x 2 ranks: plain $bytes_plain bytes, hybrid (a group per host)" \
+     "$bytes_hybrid ($(ratio $bytes_hybrid) of plain), hpZ (node copies per host) $bytes_hpz ($(ratio $bytes_hpz));" \
+     "the losses equal the single process's"
 
 # Runs long enough to be cut short.
 long=(--set train.steps=400 --set comm.timeout_s=6 --set zero_optimization.stage=3)
