@@ -98,7 +98,8 @@ std::function<int()> bench_command(CLI::App& cmd) {
       ->delimiter(',');
   add("comm",
       "all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB, as a fraction of the same MPI "
-      "collective called directly (run under mpiexec -n N)");
+      "collective called directly (run under mpiexec -n N); at 2+ hosts also the bytes each ZeRO-3 layout (plain, "
+      "hybrid, hpZ) sends between hosts");
   threads(add("adam", "CPU AdamW params/s on 100M fp32 params at 1 and all threads, against a STREAM-style triad"));
   add("io", "sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio on the same file")
       ->add_option("--path", a->path, "a folder on the disk to measure")

@@ -4,7 +4,8 @@
 // drift hits both alike. Size is the full buffer (gathered, or reduced before scattering);
 // GB/s is size / time (the algorithm bandwidth of nccl-tests). Each case keeps the best of
 // its repetitions. A second ratio: the node-local shared-memory path (ShmCollectives)
-// against the same direct call.
+// against the same direct call. At two or more hosts, what each ZeRO-3 layout sends between
+// them (bench_comm_hosts.h).
 #include "benchmarks/bench_comm.h"
 
 #include <mpi.h>
@@ -13,8 +14,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "benchmarks/bench_comm_hosts.h"
 #include "comm/mpi_communicator.h"
 #include "comm/shm_collectives.h"
 
@@ -34,8 +37,10 @@ int run_comm_bench(const CommBenchOptions& opt, Report& report, bool& is_root) {
   report.bench = "comm";
   report.threads = W;
   report.columns = {"op", "size", "ranks", "direct MPI GB/s", "ferry GB/s", "ratio", "shm GB/s", "shm ratio"};
-  // The node-local shared-memory path (the stretch): one window of 64 MiB per rank.
-  comm::ShmCollectives shm(raw, 64u << 20);
+  // The node-local shared-memory path (the stretch): one window of 64 MiB per rank; only
+  // where every rank is on one node.
+  std::unique_ptr<comm::ShmCollectives> shm;
+  if (comm->local_size() == W) shm = std::make_unique<comm::ShmCollectives>(raw, 64u << 20);
   std::vector<size_t> sizes = {4u << 20, 16u << 20, 64u << 20, 256u << 20};
   if (opt.quick) sizes = {1u << 20, 4u << 20};
   const int reps = opt.quick ? 2 : 5;
@@ -65,14 +70,17 @@ int run_comm_bench(const CommBenchOptions& opt, Report& report, bool& is_root) {
           comm->reduce_scatter(full.data(), part.data(), count, comm::DataType::f32, comm::ReduceOp::sum)->wait();
         }
         const double ferry = now() - t0;
-        MPI_Barrier(raw);
-        t0 = now();
-        if (gather) {
-          shm.all_gather(part.data(), full.data(), count);
-        } else {
-          shm.reduce_scatter_sum(full.data(), part.data(), count);
+        double shm_s = 0;
+        if (shm) {
+          MPI_Barrier(raw);
+          t0 = now();
+          if (gather) {
+            shm->all_gather(part.data(), full.data(), count);
+          } else {
+            shm->reduce_scatter_sum(full.data(), part.data(), count);
+          }
+          shm_s = now() - t0;
         }
-        const double shm_s = now() - t0;
         if (r > 0) {
           best_direct = std::min(best_direct, direct), best_ferry = std::min(best_ferry, ferry);
           best_shm = std::min(best_shm, shm_s);
@@ -88,7 +96,7 @@ int run_comm_bench(const CommBenchOptions& opt, Report& report, bool& is_root) {
       const double gd = bytes / times[0] / 1e9, gf = bytes / times[1] / 1e9, gs = bytes / times[2] / 1e9;
       total_shm += times[2];
       report.table.push_back({op, std::to_string(size >> 20) + " MiB", std::to_string(W), fixed(gd, 2), fixed(gf, 2),
-                              fixed(gf / gd, 3), fixed(gs, 2), fixed(gs / gd, 2)});
+                              fixed(gf / gd, 3), shm ? fixed(gs, 2) : "n/a", shm ? fixed(gs / gd, 2) : "n/a"});
       report.rows.push_back({{"op", op},
                              {"bytes", bytes},
                              {"ranks", W},
@@ -97,15 +105,21 @@ int run_comm_bench(const CommBenchOptions& opt, Report& report, bool& is_root) {
                              {"direct_mpi_gbps", gd},
                              {"ferry_gbps", gf},
                              {"ratio", gf / gd},
-                             {"shm_seconds", times[2]},
-                             {"shm_gbps", gs},
-                             {"shm_ratio", gs / gd}});
+                             {"shm_seconds", shm ? nlohmann::json(times[2]) : nlohmann::json()},
+                             {"shm_gbps", shm ? nlohmann::json(gs) : nlohmann::json()},
+                             {"shm_ratio", shm ? nlohmann::json(gs / gd) : nlohmann::json()}});
     }
   }
-  std::printf("shared-memory path (comm::ShmCollectives): %.2f GB/s vs direct %.2f GB/s: ratio %.2f\n",
-              total_bytes / total_shm / 1e9, total_bytes / total_direct / 1e9, total_direct / total_shm);
+  if (!is_root) {
+  } else if (shm) {
+    std::printf("shared-memory path (comm::ShmCollectives): %.2f GB/s vs direct %.2f GB/s: ratio %.2f\n",
+                total_bytes / total_shm / 1e9, total_bytes / total_direct / 1e9, total_direct / total_shm);
+  } else {
+    std::printf("shared-memory path (comm::ShmCollectives): not run, the ranks span several hosts\n");
+  }
   report.headline = {"ferry_gbps (all cases)", total_bytes / total_ferry / 1e9, "direct_mpi_gbps (all cases)",
                      total_bytes / total_direct / 1e9, 0.95};
+  run_host_layouts(*comm, opt.quick, report);
   return 0;
 }
 

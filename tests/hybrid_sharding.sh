@@ -18,12 +18,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 export OMP_NUM_THREADS=1
 common=(--config "$src/examples/configs/tiny-model.json" --set train.eval_batches=1 --set train.sample_tokens=0
         --set train_batch_size=16 --set train_micro_batch_size_per_gpu=4 --set device.threads=1 --set log.every=1)
-losses() { grep -o '"loss":[-0-9.e+]*' "$1" | cut -d: -f2 | tail -n "${2:-+1}"; }
-same_losses() {  # same_losses A B [LAST_N]: equal to 1e-6 relative (sums in other orders)
-  paste <(losses "$1" "${3:-+1}") <(losses "$2" "${3:-+1}") | awk -v a="$1" -v b="$2" '
-    { n++; d = $1 - $2; if (d < 0) d = -d; if ($2 == "" || d > 1e-6 * ($1 < 0 ? -$1 : $1)) { bad = 1; print "  " $1 " vs " $2 } }
-    END { if (n < 2 || bad) { print "losses differ: " a " vs " b; exit 1 } }'
-}
+source "$src/tests/losses.sh"
 run() {  # run NAME RANKS ARGS...
   local name=$1 np=$2
   shift 2

@@ -6,9 +6,9 @@
 // - With a GPU, or on the CPU emulation of CUDA and NCCL (skipped otherwise, with the
 //   reason): the first fp32 steps agree with states on the GPU (NCCL, AdamW on the device)
 //   and offloaded (ZeRO-Infinity's path: shards up, NCCL on the GPU, gradient shards down,
-//   CPU Adam) at every stage; the bytes over PCIe meet the formula's minimum; copies and
-//   collectives run beside the kernels; spans are timed on the device; NCCL collectives
-//   move device and host buffers exactly. On a GPU only: 200 bf16 steps follow the CPU
+//   CPU Adam) at every stage, and at 4 ranks under hybrid sharding and hpZ; the bytes over
+//   PCIe meet the formula's minimum; copies and collectives run beside the kernels; spans
+//   are timed on the device; NCCL collectives move device and host buffers exactly. On a GPU only: 200 bf16 steps follow the CPU
 //   trainer within the tolerance test_mixed_precision states for bf16 against fp32.
 #define BOOST_TEST_MODULE cuda_training
 #include <boost/test/unit_test.hpp>
@@ -183,10 +183,33 @@ std::vector<std::vector<std::string>> gpu_variants(bool all) {
   return v;
 }
 
+// Hybrid sharding and hpZ at 4 ranks (groups of 2): the replicas' all-reduce runs over NCCL
+// where the reduced shards stay on the device and over MPI where they went down to host
+// memory; hpZ's node copies are gathered over a node NCCL communicator of their own.
+std::vector<std::vector<std::string>> layout_variants() {
+  const std::vector<std::string> s3 = {"device.type=cuda", "zero_optimization.stage=3"};
+  const std::vector<std::string> offloaded = {"zero_optimization.offload_optimizer.device=cpu",
+                                              "zero_optimization.offload_param.device=cpu",
+                                              "zero_optimization.offload_param.buffer_size=65536"};
+  std::vector<std::vector<std::string>> v;
+  for (const std::string layout : {"zero_optimization.shard_group_size=2", "zero_optimization.zero_hpz_partition_size=2"}) {
+    for (bool off : {false, true}) {
+      std::vector<std::string> sets = s3;
+      sets.push_back(layout);
+      if (off) sets.insert(sets.end(), offloaded.begin(), offloaded.end());
+      v.push_back(sets);
+    }
+  }
+  return v;
+}
+
 BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
                      *boost::unit_test::precondition(test::CudaPresent{})) {
   const Run cpu = train(doc(kShortSteps), {});
-  const auto variants = gpu_variants(mpi_world().size() > 1);
+  auto variants = gpu_variants(mpi_world().size() > 1);
+  if (mpi_world().size() == 4) {
+    for (auto& sets : layout_variants()) variants.push_back(sets);
+  }
   // Real cuBLAS sums in another order than the emulation's double loop and the CPU
   // device's blocks; the margin a GPU leaves is printed (review Q2).
   const double tolerance = kEmulated ? 1e-5 : 1e-4;

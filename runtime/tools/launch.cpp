@@ -160,7 +160,7 @@ std::string mpiexec_command(const LaunchOptions& o) {
   if (o.hosts_file.empty()) throw std::invalid_argument("mpiexec: --hosts FILE is required");
   const std::vector<HostEntry> hosts = read_hosts_file(o.hosts_file);
   int ranks = 0;
-  for (const HostEntry& h : hosts) ranks += h.ranks > 0 ? h.ranks : o.ranks_per_node;
+  for (const HostEntry& h : hosts) ranks += h.ranks_or(o.ranks_per_node);
   // Hydra reads "host:ranks" from the file; lines without a count get -ppn.
   std::ostringstream s;
   s << "mpiexec -f " << shell_quote(fs::absolute(o.hosts_file).lexically_normal().string()) << " -n " << ranks

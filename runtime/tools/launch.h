@@ -33,6 +33,7 @@ struct LaunchOptions {
 struct HostEntry {
   std::string host;
   int ranks = 0;  // 0: not given in the file (ranks_per_node applies)
+  int ranks_or(int ranks_per_node) const { return ranks > 0 ? ranks : ranks_per_node; }
 };
 std::vector<HostEntry> read_hosts_file(const std::string& path);
 

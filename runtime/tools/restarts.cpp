@@ -122,7 +122,7 @@ std::string host_list(const std::vector<HostEntry>& hosts, int ranks_per_node, i
   std::string s;
   *world = 0;
   for (const HostEntry& h : hosts) {
-    const int n = h.ranks > 0 ? h.ranks : ranks_per_node;
+    const int n = h.ranks_or(ranks_per_node);
     s += (s.empty() ? "" : ",") + h.host + ":" + std::to_string(n);
     *world += n;
   }

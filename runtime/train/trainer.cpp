@@ -46,6 +46,14 @@ std::string fmt(const char* f, double v) {
 // device.type cuda: this rank's GPU (comm/gpu_binding.h: its local rank's where it sees
 // every GPU of the node, its only one under a per-rank binding), with the device.memory
 // budget; two ranks of a node on one GPU are refused on every rank. Collective over comm.
+// The layouts that split the world into groups, and NCCL (bootstrapped over MPI), need the
+// MPI communicator: ferry train's; a test's FakeCommunicator gets this error naming `what`.
+comm::MpiCommunicator& need_mpi(comm::Communicator& c, const std::string& what) {
+  auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&c);
+  if (!mpi) throw std::invalid_argument(what + " needs the MPI communicator (run under ferry train)");
+  return *mpi;
+}
+
 std::unique_ptr<nn::Device> make_gpu(const Config& c, comm::Communicator& comm) {
   const nn::CudaStatus s = nn::cuda_status();
   if (!s.available()) {
@@ -188,10 +196,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   }
   group_ = &comm_;
   if (const int g = cfg_.zero.shard_group_size; g > 0) {
-    auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
-    if (!mpi) throw std::invalid_argument("zero_optimization.shard_group_size needs the MPI communicator (ferry train)");
-    group_mpi_ = mpi->split(comm_.rank() / g, comm_.rank());
-    replica_mpi_ = mpi->split(comm_.rank() % g, comm_.rank());
+    comm::MpiCommunicator& mpi = need_mpi(comm_, "zero_optimization.shard_group_size");
+    group_mpi_ = mpi.split(comm_.rank() / g, comm_.rank());
+    replica_mpi_ = mpi.split(comm_.rank() % g, comm_.rank());
     group_ = group_mpi_.get();
   }
   const OffloadConfig& off = cfg_.offload;
@@ -228,15 +235,14 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   // downloads overlap) or on NVMe, and only shards cross between them.
   comm::Communicator* shard_comm = group_;
   if (gpu_) {
-    auto* mpi = group_mpi_ ? group_mpi_.get() : dynamic_cast<comm::MpiCommunicator*>(&comm_);
-    if (!mpi) throw std::invalid_argument("device.type cuda starts NCCL over MPI: run under ferry-train");
+    comm::MpiCommunicator& mpi = group_mpi_ ? *group_mpi_ : need_mpi(comm_, "device.type cuda (NCCL starts over MPI)");
     // NCCL starts before the device's slab is carved (at its first allocation), so the
     // slab's check of free GPU memory sees what NCCL took. NCCL 2.22+ connects lazily, at
     // the first collective of each kind, unless told otherwise: it is told (where the
     // user has not chosen), so its buffers exist now and are not taken from under a full
     // budget in the middle of a run.
     setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-    nccl_ = comm::NcclCommunicator::create(*mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
+    nccl_ = comm::NcclCommunicator::create(mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
     shard_comm = nccl_.get();
     nn::Device* gpu = gpu_.get();
     nn::CpuDevice::Pinning pin;
@@ -248,9 +254,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   units_ = std::make_unique<ShardedUnits>(*compute_, *shard_comm, layout, cfg_.zero,
                                           [&](int u, const Tensor& full) { init_unit(u, full); }, place);
   if (const int h = cfg_.zero.hpz_partition_size; h > 1) {
-    auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&comm_);
-    if (!mpi) throw std::invalid_argument("zero_optimization.zero_hpz_partition_size needs the MPI communicator (ferry train)");
-    node_mpi_ = mpi->split(comm_.rank() / h, comm_.rank());
+    node_mpi_ = need_mpi(comm_, "zero_optimization.zero_hpz_partition_size").split(comm_.rank() / h, comm_.rank());
     if (gpu_) {
       node_nccl_ = comm::NcclCommunicator::create(*node_mpi_, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
       units_->set_node_copies(node_nccl_.get());

@@ -4,7 +4,9 @@
 #   - every ZeRO stage at 2 hosts x 1 and x 2 ranks gives the single-process losses;
 #   - the ranks see 2 nodes (local ranks and the startup line's host list);
 #   - a host whose link goes down, and a host whose ranks are killed, end the job with a
-#     message naming the rank and the host, well within a bound; never a hang.
+#     message naming the rank and the host, well within a bound; never a hang;
+#   - the bytes between hosts under plain ZeRO-3, hybrid sharding and hpZ, from the links'
+#     counters, for training and for ferry bench comm.
 # Usage: multi_host.sh FERRY SOURCE_DIR WORK_DIR     (exit 77: skipped, with the reason)
 set -uo pipefail
 ferry=$1 src=$2 work=$3
@@ -18,12 +20,7 @@ common=(--config "$src/examples/configs/tiny-model.json" --set train.steps=3 --s
         --set train.sample_tokens=0 --set train_batch_size=16 --set train_micro_batch_size_per_gpu=4
         --set device.threads=1 --set log.every=1 --set comm.timeout_s=20)
 export OMP_NUM_THREADS=1
-losses() { grep -o '"loss":[-0-9.e+]*' "$1" | cut -d: -f2; }
-same_losses() {  # same_losses A B: equal to 1e-6 relative (the sums run in other orders)
-  paste <(losses "$1") <(losses "$2") | awk -v a="$1" -v b="$2" '
-    { n++; d = $1 - $2; if (d < 0) d = -d; if ($2 == "" || d > 1e-6 * ($1 < 0 ? -$1 : $1)) { bad = 1; print "  step " n ": " $1 " vs " $2 } }
-    END { if (n < 3 || bad) { print "losses differ: " a " vs " b; exit 1 } }'
-}
+source "$src/tests/losses.sh"
 
 for stage in 0 1 2 3; do
   timeout 120 "$ferry" train "${common[@]}" --set zero_optimization.stage=$stage --set log.metrics=ref$stage.jsonl \
@@ -64,6 +61,17 @@ ratio() { awk -v a="$1" -v b="$bytes_plain" 'BEGIN { printf "%.2f", a / b }'; }
 echo "across hosts, 6 steps of stage 3 at 2 hosts x 2 ranks: plain $bytes_plain bytes, hybrid (a group per host)" \
      "$bytes_hybrid ($(ratio $bytes_hybrid) of plain), hpZ (node copies per host) $bytes_hpz ($(ratio $bytes_hpz));" \
      "the losses equal the single process's"
+
+# ferry bench comm reads the same counters from inside the hosts: each layout's bytes per
+# rank for one step's collectives, hybrid and hpZ below plain.
+hosts_mpiexec -hosts "$h0:2,$h1:2" -n 4 "$ferry" bench comm --quick > bench.log 2>&1 \
+  || fail "ferry bench comm at 2 hosts x 2: $(tail -5 bench.log)"
+layout() { awk -v l="$1" '$1 == l && $(NF - 2) ~ /^[0-9.]+$/ { print $(NF - 2) }' bench.log; }
+b_plain=$(layout plain) b_hybrid=$(layout hybrid) b_hpz=$(layout hpZ)
+[ -n "$b_plain" ] && [ -n "$b_hybrid" ] && [ -n "$b_hpz" ] || fail "ferry bench comm gave no byte counts: $(cat bench.log)"
+awk -v p="$b_plain" -v y="$b_hybrid" -v z="$b_hpz" 'BEGIN { exit !(p > 0 && y < 0.6 * p && z < 0.85 * p) }' \
+  || fail "ferry bench comm's bytes across hosts: plain $b_plain MB, hybrid $b_hybrid, hpZ $b_hpz"
+echo "ferry bench comm at 2 hosts x 2 ranks, MB per rank per 4 MiB unit: plain $b_plain, hybrid $b_hybrid, hpZ $b_hpz"
 
 # Runs long enough to be cut short.
 long=(--set train.steps=400 --set comm.timeout_s=6 --set zero_optimization.stage=3)
