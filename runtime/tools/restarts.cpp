@@ -54,9 +54,11 @@ TrainSetup read_train_args(const std::vector<std::string>& args) {
 
 // Runs argv in a process group of its own. Its output (stdout and stderr together) goes to
 // std::cout line by line; the last `keep` lines are returned in `tail`. timeout_s > 0: the
-// group is killed after that long (status 124). Returns the exit status (128 + signal).
+// group is killed after that long (status 124). `pids`, when given, gets ferry train's
+// startup line naming every rank's pid (it is long gone from the tail when a rank dies).
+// Returns the exit status (128 + signal).
 int run_child(const std::vector<std::string>& argv, std::vector<std::string>* tail, size_t keep, double timeout_s,
-              bool echo) {
+              bool echo, std::string* pids = nullptr) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   const pid_t pid = ::fork();
@@ -93,6 +95,7 @@ int run_child(const std::vector<std::string>& argv, std::vector<std::string>* ta
       partial.append(buf, static_cast<size_t>(n));
       for (size_t nl; (nl = partial.find('\n')) != std::string::npos; partial.erase(0, nl + 1)) {
         lines.push_back(partial.substr(0, nl));
+        if (pids && pids->empty() && lines.back().find("| pids: r0=") != std::string::npos) *pids = lines.back();
         if (lines.size() > keep) lines.pop_front();
       }
     }
@@ -158,7 +161,7 @@ std::string number_after(const std::string& line, const std::string& key, size_t
 
 }  // namespace
 
-std::string failure_cause(const std::vector<std::string>& tail, int status) {
+std::string failure_cause(const std::vector<std::string>& tail, int status, const std::string& pids) {
   // mpiexec's report of a rank that ended badly: "=   PID 123 RUNNING AT node2" and
   // "=   EXIT CODE: 9" on the next line. (std::regex is avoided: GCC 12's warns in it.)
   for (size_t i = 0; i < tail.size(); ++i) {
@@ -168,7 +171,15 @@ std::string failure_cause(const std::vector<std::string>& tail, int status) {
     if (pid.empty() || tail[i].compare(end, running.size(), running) != 0) continue;
     const size_t h = end + running.size();
     const std::string host = tail[i].substr(h, tail[i].find_first_of(" \t", h) - h);
-    std::string s = "mpiexec: process " + pid + " on " + host + " ended";
+    std::string s = "mpiexec: process " + pid + " on " + host;
+    const std::string key = "=" + pid;
+    for (size_t at = pids.find(key); at != std::string::npos; at = pids.find(key, at + 1)) {
+      const size_t after = at + key.size(), r = pids.rfind(" r", at);
+      if ((after < pids.size() && pids[after] != ' ') || r == std::string::npos) continue;
+      s += " (rank " + pids.substr(r + 2, at - r - 2) + ")";
+      break;
+    }
+    s += " ended";
     if (i + 1 < tail.size()) {
       const std::string code = number_after(tail[i + 1], "EXIT CODE: ");
       if (!code.empty()) s += " with exit code " + code;
@@ -287,13 +298,14 @@ int supervise(const LaunchOptions& o, const RestartOptions& r, std::ostream& log
         << list << "\n";
     log.flush();
     std::vector<std::string> tail;
-    status = run_child(argv, &tail, 64, 0, true);
+    std::string pids;
+    status = run_child(argv, &tail, 64, 0, true, &pids);
     if (status == 0) {
       log << "ferry launch: the job finished" << (attempt > 0 ? " after " + std::to_string(attempt) + " restart(s)" : "")
           << "\n";
       return 0;
     }
-    cause = failure_cause(tail, status);
+    cause = failure_cause(tail, status, pids);
     if (g_interrupted) {
       log << "ferry launch: interrupted; the job ended (" << cause << "), no restart\n";
       return status;

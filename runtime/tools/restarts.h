@@ -42,7 +42,9 @@ BatchPlan batch_for(int64_t global, int64_t micro, int64_t accum, int world);
 
 // The line that says why an attempt ended: from the tail of its output, mpiexec's report
 // of a rank that died, the watchdog's report, or the first error; else the exit status.
-std::string failure_cause(const std::vector<std::string>& tail, int status);
+// `pids` is ferry train's startup line ("... | pids: r0=PID r1=PID ..."), or empty: it turns
+// the pid that mpiexec names into a rank.
+std::string failure_cause(const std::vector<std::string>& tail, int status, const std::string& pids = "");
 
 // Runs o's job with restarts; returns the last attempt's exit status.
 int supervise(const LaunchOptions& o, const RestartOptions& r, std::ostream& log);

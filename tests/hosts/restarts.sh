@@ -51,7 +51,7 @@ victim=$(ip netns pids "$h1" | xargs -r ps -o pid=,comm= -p | awk '$2 == "ferry"
 kill -9 $victim
 wait $job || fail "the launcher failed after one kill: $(grep 'ferry launch' kill.log)"
 grep "ferry launch" kill.log
-grep -qE "ferry launch: attempt 1 failed \(mpiexec: process $victim on $h1 ended.*restarting from $work/ck-kill/step-" kill.log \
+grep -qE "ferry launch: attempt 1 failed \(mpiexec: process $victim on $h1 \(rank 1\) ended.*restarting from $work/ck-kill/step-" kill.log \
   || fail "the restart is not logged with its cause"
 same_step_losses ref.jsonl kill.jsonl 30 || fail "the restarted run's losses differ from the uninterrupted run's"
 echo "rank killed: restarted once, the 30 losses equal the uninterrupted run's to the bit"
