@@ -307,4 +307,15 @@ BOOST_AUTO_TEST_CASE(hybrid_sharding_plans_the_group) {
   size_t copies = 0;
   for (const nn::UnitSpec& u : model_layout(no_hpz)) copies += static_cast<size_t>(partition(u.numel, 2, 0).shard) * 4;
   BOOST_TEST(plan_memory(hpz, 4).device_states == plan_memory(no_hpz, 4).device_states + copies);
+  // Its bytes: the same collectives' total; of a step's 2 x accum gathers all but the first
+  // stay in the node group.
+  double P = 0;
+  for (const nn::UnitSpec& u : model_layout(no_hpz)) P += static_cast<double>(u.numel);
+  const TimePlan th = plan_time(hpz, 4, Rates{}), tn = plan_time(no_hpz, 4, Rates{});
+  const double accum = static_cast<double>(hpz.grad_accum);
+  BOOST_TEST(th.comm_bytes == tn.comm_bytes);
+  BOOST_TEST(th.comm_node_bytes == (2 * accum - 1) * 4 * P);
+  BOOST_TEST(tn.comm_node_bytes == 0.0);
+  const std::string text = format_plan(hpz, 4, Rates{}, plan_all(hpz, 4, Rates{}, 0, 0), 0, 0);
+  BOOST_TEST(text.find("hpZ (stage 3): node copies in groups of 2 ranks") != std::string::npos, text);
 }

@@ -42,6 +42,11 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
                                       : 3.0 * accum;                    // gather fwd + bwd, reduce-scatter
   t.comm_across_bytes = group < ranks ? 2.0 * 4 * shard : 0.0;  // all-reduce of the gradient shard
   t.comm_bytes = buffers * 4 * P + t.comm_across_bytes;
+  // hpZ: a unit's first gather of the step (forward, first micro-batch) runs over the
+  // world and leaves a node copy; its other 2 x accum - 1 gathers come from the copy. The
+  // bytes are the same; they stay inside the node group. (One comm rate: ferry bench comm
+  // on one node measures the node's.)
+  if (stage == 3 && c.zero.hpz_partition_size > 1 && group > 1) t.comm_node_bytes = (2.0 * accum - 1.0) * 4 * P;
   t.comm_s = t.comm_bytes / r.comm_bytes_per_s;
   if (par == "nvme") t.nvme_bytes += accum * 2 * 4 * shard + 4 * shard;  // read fwd + bwd, write once
   if (opt == "nvme") t.nvme_bytes += 24 * shard;                        // master, m, v read and written
@@ -159,6 +164,15 @@ std::string format_plan(const Config& base, int ranks, const Rates& given, const
                   "\nhybrid sharding (stages 1-3): state sharded within %d groups of %d ranks; per rank and step %.3f GiB "
                   "all-reduced across groups (its fp32 gradient shard), the gathers and reduce-scatters stay in the group",
                   ranks / g, g, 2.0 * 4 * P / g / (1024.0 * 1024.0 * 1024.0));
+    os << line;
+  }
+  if (base.zero.hpz_partition_size > 1) {
+    const double accum = static_cast<double>(base.grad_accum), gb = 4.0 * P / (1024.0 * 1024.0 * 1024.0);
+    std::snprintf(line, sizeof line,
+                  "\nhpZ (stage 3): node copies in groups of %d ranks serve %.0f of each step's %.0f gathers inside the "
+                  "group; per rank and step %.3f GiB crosses it (the first gather and the reduce-scatters) instead of "
+                  "%.3f GiB",
+                  base.zero.hpz_partition_size, 2 * accum - 1, 2 * accum, (1 + accum) * gb, 3 * accum * gb);
     os << line;
   }
   os << "\n\nper rank, GiB; step time in seconds (overlapped = the longest resource, sequential = their sum)\n"

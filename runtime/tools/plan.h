@@ -68,6 +68,7 @@ struct TimePlan {
   double compute_s = 0, nvme_s = 0, comm_s = 0, adam_s = 0;
   double nvme_bytes = 0, comm_bytes = 0;
   double comm_across_bytes = 0;  // hybrid sharding: of comm_bytes, those between groups (nodes)
+  double comm_node_bytes = 0;    // hpZ: of comm_bytes, the gathers served by node copies within a node group
   double overlapped_s() const;
   double sequential_s() const;
 };
