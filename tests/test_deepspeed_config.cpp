@@ -1,7 +1,8 @@
 // --deepspeed: DeepSpeed configuration files as users publish them (examples/deepspeed/,
 // the Hugging Face ZeRO-2 CPU-offload file and a ZeRO-3 NVMe file) become the same
 // Config as ferry's own keys would; "auto" resolved; ignored keys listed; keys whose
-// absence would change the run refused naming the file and the key.
+// absence would change the run refused naming the file and the key; the tensorboard and
+// csv_monitor sections.
 #define BOOST_TEST_MODULE deepspeed_config
 #include <boost/test/unit_test.hpp>
 
@@ -237,4 +238,30 @@ BOOST_AUTO_TEST_CASE(both_files_setting_a_key_differently) {
   BOOST_TEST(contains(r.deepspeed.ignored, "my_custom_key (unknown to ferry)"));
   const std::string missing = (dir.path / "nope.json").string();
   BOOST_TEST(has(error_of([&] { load_config(ferry, {}, 1, missing); }), missing + ": cannot open the DeepSpeed configuration file"));
+}
+
+// DeepSpeed's monitors: tensorboard and csv_monitor write under output_path/job_name
+// (relative to the DeepSpeed file, job_name "DeepSpeedJobName" when absent); a disabled one
+// writes nothing and is not listed; their keys of no effect here are listed; wandb and comet
+// stay listed as ignored.
+BOOST_AUTO_TEST_CASE(tensorboard_and_csv_monitor_sections) {
+  ferry::test::TempDir dir("ds_monitors");
+  const std::string ds = write(dir.path / "ds.json", {{"tensorboard", {{"enabled", true}, {"output_path", "logs/tb"}, {"job_name", "run1"}}},
+                                                      {"csv_monitor", {{"enabled", true}, {"output_path", "/abs/csv"}}},
+                                                      {"wandb", {{"enabled", true}, {"project", "p"}}},
+                                                      {"comet", {{"enabled", false}}}});
+  const Config c = load_config(kModel, {}, 1, ds);
+  BOOST_TEST(c.log.tensorboard == (dir.path / "logs/tb/run1").lexically_normal().string());
+  BOOST_TEST(c.log.csv == "/abs/csv/DeepSpeedJobName");
+  BOOST_TEST(contains(c.deepspeed.ignored, "wandb.enabled"));
+  BOOST_TEST(!contains(c.deepspeed.ignored, "tensorboard.enabled"));
+  const std::string off = write(dir.path / "off.json", {{"tensorboard", {{"enabled", false}, {"output_path", "x"}}},
+                                                        {"csv_monitor", {{"enabled", true}, {"flush_secs", 5}}}});
+  const Config o = load_config(kModel, {}, 1, off);
+  BOOST_TEST(o.log.tensorboard.empty());
+  BOOST_TEST(o.log.csv == (dir.path / "DeepSpeedJobName").string());
+  BOOST_TEST(contains(o.deepspeed.ignored, "csv_monitor.flush_secs"));
+  const std::string bad = write(dir.path / "bad.json", {{"tensorboard", {{"enabled", "yes"}}}});
+  const std::string e = error_of([&] { load_config(kModel, {}, 1, bad); });
+  BOOST_TEST(has(e, bad + ": key 'tensorboard.enabled': must be true or false"), e);
 }

@@ -1,7 +1,8 @@
 // TensorBoard event files: CRC-32C against its standard vectors; scalars written and read
 // back; a second writer's own file; corruption named by file and byte; unknown protobuf
 // fields skipped; and the bytes equal to tests/data/tensorboard/scalars.tfevents, a file
-// that the real `tensorboard` package read and accepted (make_fixture.py in that folder).
+// that the real `tensorboard` package read and accepted (make_fixture.py in that folder);
+// ScalarMonitors (the trainer's TensorBoard and CSV output) across a resume.
 #define BOOST_TEST_MODULE tensorboard
 #include <boost/test/unit_test.hpp>
 
@@ -12,6 +13,9 @@
 #include <fstream>
 #include <iterator>
 
+#include <nlohmann/json.hpp>
+
+#include "runtime/train/monitors.h"
 #include "runtime/train/tensorboard.h"
 #include "test_util.h"
 
@@ -262,4 +266,67 @@ BOOST_AUTO_TEST_CASE(bytes_equal_the_fixture_tensorboard_read) {
     BOOST_TEST(s[i].value == static_cast<float>(kFixture[i].value));
     BOOST_TEST(s[i].wall_time == kStart + static_cast<double>(kFixture[i].step));
   }
+}
+
+// The SessionLog START event a resumed run writes: the bytes protobuf's own serializer gives
+// for Event{wall_time: 1.5, step: 5, session_log: {status: START}} (tensorboard 2.21's
+// event_pb2, printed as hex: 09000000000000f83f10053a020801).
+BOOST_AUTO_TEST_CASE(session_start_is_protobufs_encoding) {
+  ferry::test::TempDir dir("tb_session");
+  std::string path;
+  {
+    TensorBoardWriter w(dir.path.string(), "", kStart);
+    w.session_start(5, 1.5);
+    path = w.path();
+  }
+  const std::string bytes = read_bytes(path);
+  const std::string event("\x09\x00\x00\x00\x00\x00\x00\xf8\x3f\x10\x05\x3a\x02\x08\x01", 15);
+  BOOST_TEST(bytes.size() >= record(event, event.size()).size());
+  BOOST_TEST((bytes.substr(bytes.size() - record(event, event.size()).size()) == record(event, event.size())));
+  BOOST_TEST(read_tensorboard_scalars(path).empty());  // no scalar in it, and it reads cleanly
+}
+
+// ScalarMonitors: a step record and an evaluation record become TensorBoard scalars and
+// DeepSpeed-style CSV files; a resumed run appends rows without a second header and adds an
+// event file that starts with a SessionLog START.
+BOOST_AUTO_TEST_CASE(monitors_write_scalars_and_csv_and_continue_after_a_resume) {
+  ferry::test::TempDir dir("tb_monitors");
+  const std::string tb = (dir.path / "tb").string(), csv = (dir.path / "csv").string();
+  const nlohmann::json step1 = {{"step", 1},          {"loss", 5.5},
+                                {"lr", 0.001},        {"grad_norm", 2.0},
+                                {"tokens_per_s", 900}, {"bytes", {{"nvme_read", 4096}}},
+                                {"memory", {{"device_peak", 1024}}}};
+  {
+    ScalarMonitors m(tb, csv);
+    m.write(step1);
+    m.write({{"step", 1}, {"val_loss", 5.0}});
+  }
+  {
+    ScalarMonitors m(tb, csv);
+    m.resumed_at(2);
+    m.write({{"step", 2}, {"loss", 4.5}, {"lr", 0.0009}});
+  }
+  const auto files = event_files(tb);
+  BOOST_REQUIRE(files.size() == 2u);
+  std::vector<TensorBoardScalar> all;
+  for (const auto& f : files) {
+    const auto s = read_tensorboard_scalars(f);
+    all.insert(all.end(), s.begin(), s.end());
+  }
+  const auto find = [&](const std::string& tag, int64_t step) {
+    for (const auto& s : all)
+      if (s.tag == tag && s.step == step) return static_cast<double>(s.value);
+    BOOST_FAIL("no scalar " + tag);
+    return 0.0;
+  };
+  BOOST_TEST(find("train/loss", 1) == 5.5);
+  BOOST_TEST(find("train/grad_norm", 1) == 2.0);
+  BOOST_TEST(find("perf/tokens_per_s", 1) == 900.0);
+  BOOST_TEST(find("bytes/nvme_read", 1) == 4096.0);
+  BOOST_TEST(find("memory/device_peak", 1) == 1024.0);
+  BOOST_TEST(find("eval/loss", 1) == 5.0);
+  BOOST_TEST(find("train/loss", 2) == 4.5);
+  BOOST_TEST(read_bytes(csv + "/train_loss.csv") == "step,loss\n1,5.5\n2,4.5\n");
+  BOOST_TEST(read_bytes(csv + "/eval_loss.csv") == "step,loss\n1,5\n");
+  BOOST_TEST(read_bytes(csv + "/train_lr.csv") == "step,lr\n1,0.001\n2,0.0009\n");
 }

@@ -66,6 +66,8 @@ struct Config {
   } train;
   struct {
     std::string metrics;  // "" = none
+    std::string tensorboard;  // "" = none; a folder of TensorBoard event files (rank 0)
+    std::string csv;          // "" = none; a folder of DeepSpeed csv_monitor files (rank 0)
     int64_t every = 10;
     std::string trace;    // "" = none; per rank: trace_path_for_rank()
     std::string progress = "auto";  // auto | bar | lines

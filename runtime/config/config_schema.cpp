@@ -273,6 +273,13 @@ const std::vector<Knob>& config_knobs() {
       {"train.sample_tokens", F(train.sample_tokens), KnobType::integer, 200, "tokens to generate at the end; 0 = none", 0, {}},
       {"train.sample_temperature", F(train.sample_temperature), KnobType::number, 0.8, "softmax temperature of the sample", 0, {}, true},
       {"log.metrics", F(log.metrics), KnobType::path, nullptr, "JSON-lines metrics file (one object per step and per evaluation)"},
+      {"log.tensorboard", F(log.tensorboard), KnobType::path, nullptr,
+       "folder of TensorBoard event files (tensorboard --logdir FOLDER): loss, val loss, lr, grad norm, loss scale, "
+       "throughput, step time, bytes moved and memory per tier, every step; a resumed run adds a file that continues "
+       "the curves. DeepSpeed's tensorboard section sets it to output_path/job_name"},
+      {"log.csv", F(log.csv), KnobType::path, nullptr,
+       "folder of CSV files, one per scalar (DeepSpeed's csv_monitor layout: train_loss.csv with step,loss rows); "
+       "DeepSpeed's csv_monitor section sets it to output_path/job_name"},
       {"log.every", F(log.every), KnobType::integer, 10, "print a step line every this many steps", 1, {}},
       {"log.progress", F(log.progress), KnobType::string, "auto",
        "a progress bar with ETA redrawn after every step (bar), plain step lines only (lines), or a bar when "

@@ -47,8 +47,7 @@ const std::map<std::string, std::string>& mapped_keys() {
 // Keys that change how DeepSpeed lays out memory, logs or profiles, never what it computes.
 const std::vector<std::string>& ignorable_keys() {
   static const std::vector<std::string> prefixes = {
-      "steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "tensorboard", "wandb",
-      "csv_monitor", "comet", "flops_profiler", "comms_logger", "activation_checkpointing", "checkpoint",
+      "steps_per_print", "wall_clock_breakdown", "dump_state", "memory_breakdown", "wandb", "comet", "flops_profiler", "comms_logger", "activation_checkpointing", "checkpoint",
       "timers", "autotuning", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
       "prescale_gradients", "gradient_predivide_factor", "sparse_gradients",
       "zero_optimization.contiguous_gradients", "zero_optimization.reduce_scatter",
@@ -181,6 +180,10 @@ class Translator {
         continue;
       }
       if (path == "amp" || path == "fp16.fp16_master_weights_and_grads") continue;  // false (check_refused)
+      if (path == "tensorboard" || path == "csv_monitor") {
+        monitor(value, path, path == "tensorboard" ? "log.tensorboard" : "log.csv");
+        continue;
+      }
       if (path == "zero_optimization.cpu_offload") {  // DeepSpeed's legacy spelling
         if (truthy(&value)) set("zero_optimization.offload_optimizer.device", "cpu");
         continue;
@@ -214,6 +217,31 @@ class Translator {
     }
   }
 
+  // DeepSpeed's monitors write under output_path/job_name (job_name "DeepSpeedJobName" when
+  // not given); a relative output_path is taken from the DeepSpeed file's folder, like
+  // nvme_path. Disabled: nothing to say.
+  void monitor(const json& section, const std::string& path, const std::string& ferry_path) {
+    if (!section.is_object()) fail(path, "must be an object like {\"enabled\": true, \"output_path\": ..., \"job_name\": ...}");
+    const auto text = [&](const char* key, const std::string& dflt) {
+      if (!section.contains(key)) return dflt;
+      const json& v = section[key];
+      if (!v.is_string()) fail(path + "." + key, "must be a string, got " + v.dump());
+      return v.get<std::string>();
+    };
+    for (const auto& [key, value] : section.items()) {
+      if (key == "enabled") {
+        if (!value.is_boolean()) fail(path + ".enabled", "must be true or false, got " + value.dump());
+      } else if (key != "output_path" && key != "job_name") {
+        out_.ignored.push_back(path + "." + key);
+      }
+    }
+    if (!truthy(at(section, "enabled"))) return;
+    fs::path dir = text("output_path", "");
+    if (dir.is_relative() && !base_dir_.empty()) dir = fs::path(base_dir_) / dir;
+    dir /= text("job_name", "DeepSpeedJobName");
+    set(ferry_path, dir.lexically_normal().string());
+  }
+
   void walk_ignored(const json& node, const std::string& prefix) {
     for (const auto& [key, value] : node.items()) {
       const std::string path = prefix + "." + key;
@@ -231,7 +259,8 @@ class Translator {
     if (path.size() < 6) return "";
     std::vector<std::string> known;
     for (const auto& [ds, ferry] : mapped_keys()) known.push_back(ds);
-    for (const char* k : {"optimizer.type", "scheduler.type", "zero_optimization.cpu_offload", "amp"}) known.push_back(k);
+    for (const char* k : {"optimizer.type", "scheduler.type", "zero_optimization.cpu_offload", "amp", "tensorboard", "csv_monitor"})
+      known.push_back(k);
     for (const std::string& k : ignorable_keys()) known.push_back(k);
     for (const std::string& k : known)
       if (edit_distance(path, k) <= 2) return k;

@@ -17,7 +17,8 @@ namespace ferry::runtime {
 namespace {
 
 // Field numbers of tensorflow/core/util/event.proto and framework/summary.proto.
-constexpr uint32_t kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5;
+constexpr uint32_t kEventWallTime = 1, kEventStep = 2, kEventFileVersion = 3, kEventSummary = 5, kEventSessionLog = 7;
+constexpr uint32_t kSessionLogStatus = 1, kSessionLogStart = 1;
 constexpr uint32_t kSummaryValue = 1;
 constexpr uint32_t kValueTag = 1, kValueSimpleValue = 2;
 enum Wire : uint32_t { kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5 };
@@ -65,7 +66,7 @@ void put_bytes(std::string& out, uint32_t field, const std::string& bytes) {
 // The fields in number order, proto3 defaults (zero step, zero wall time) left out: the
 // bytes protobuf's own serializer gives, which tests/data/tensorboard/make_fixture.py checks.
 std::string encode_event(double wall_time, int64_t step, const std::string* file_version,
-                         const std::string* summary) {
+                         const std::string* summary, const std::string* session_log = nullptr) {
   std::string e;
   if (const uint64_t bits = std::bit_cast<uint64_t>(wall_time); bits != 0) {
     put_key(e, kEventWallTime, kFixed64);
@@ -77,6 +78,7 @@ std::string encode_event(double wall_time, int64_t step, const std::string* file
   }
   if (file_version) put_bytes(e, kEventFileVersion, *file_version);
   if (summary) put_bytes(e, kEventSummary, *summary);
+  if (session_log) put_bytes(e, kEventSessionLog, *session_log);
   return e;
 }
 
@@ -253,6 +255,13 @@ void TensorBoardWriter::add_scalar(const std::string& tag, int64_t step, double 
   std::string summary;
   put_bytes(summary, kSummaryValue, v);
   write_record(encode_event(wall_time_s, step, nullptr, &summary));
+}
+
+void TensorBoardWriter::session_start(int64_t step, double wall_time_s) {
+  std::string log;
+  put_key(log, kSessionLogStatus, kVarint);
+  put_varint(log, kSessionLogStart);
+  write_record(encode_event(wall_time_s, step, nullptr, nullptr, &log));
 }
 
 void TensorBoardWriter::flush() {

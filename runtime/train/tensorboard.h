@@ -41,6 +41,10 @@ class TensorBoardWriter {
 
   // Buffered: reaches the file by flush() or the destructor. `value` is stored as float32.
   void add_scalar(const std::string& tag, int64_t step, double value, double wall_time_s);
+  // A SessionLog START at `step`: TensorBoard's loader then drops the points of this run's
+  // folder logged at `step` or later before this event (a crashed run's steps after the
+  // checkpoint that a resumed run logs again). Buffered like add_scalar.
+  void session_start(int64_t step, double wall_time_s);
   void flush();
   const std::string& path() const { return path_; }
 

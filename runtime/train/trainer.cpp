@@ -304,6 +304,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (!cfg_.log.metrics.empty() && comm_.rank() == 0) {
     metrics_ = MetricsWriter(cfg_.log.metrics, /*append=*/cfg_.checkpoint.resume != "none");
   }
+  if ((!cfg_.log.tensorboard.empty() || !cfg_.log.csv.empty()) && comm_.rank() == 0) {
+    monitors_ = ScalarMonitors(cfg_.log.tensorboard, cfg_.log.csv);
+  }
   tracer_ = std::make_unique<Tracer>(comm_.rank());
   if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
   std::vector<std::string> unit_names;
@@ -788,7 +791,9 @@ TrainReport Trainer::run() {
     const double v = evaluate();
     report.val_losses.emplace_back(step, v);
     say("eval  step " + std::to_string(step) + " | val loss " + fmt("%.4f", v) + "\n");
-    metrics_.write({{"step", step}, {"val_loss", v}});
+    const nlohmann::json record = {{"step", step}, {"val_loss", v}};
+    metrics_.write(record);
+    monitors_.write(record);
   };
   const std::string from = [&] {
     try {
@@ -800,6 +805,7 @@ TrainReport Trainer::run() {
   if (!from.empty()) {
     report.resumed_from = load_checkpoint(from);
     out_ << "resumed from " << from << " after step " << report.resumed_from << "\n";
+    monitors_.resumed_at(report.resumed_from + 1);
   } else if (cfg_.checkpoint.resume == "auto") {
     out_ << "no checkpoint in " << cfg_.checkpoint.dir << " yet: starting from step 0\n";
     // Opened for appending in case a checkpoint continued the run; none did, so a metrics
@@ -817,7 +823,9 @@ TrainReport Trainer::run() {
     const StepStats s = train_step(step);
     report.steps.push_back(s);
     report.device_peak_bytes = std::max(report.device_peak_bytes, s.device_peak_bytes);
-    metrics_.write(step_record(s));
+    const nlohmann::json record = step_record(s);
+    metrics_.write(record);
+    monitors_.write(record);
     progress.step(s.step, s.loss, s.tokens_per_s, s.time.wall_s);
     if (s.step % cfg_.log.every == 0 || s.step == 1 || s.step == cfg_.train.steps) {
       std::string perf = fmt("%.3f TFLOP/s", s.tflops);

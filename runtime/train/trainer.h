@@ -44,6 +44,7 @@
 #include "runtime/train/data.h"
 #include "runtime/train/loss_scaler.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/monitors.h"
 #include "runtime/zero/optimizer_state.h"
 #include "runtime/zero/sharded_units.h"
 #include "runtime/zero/traced_units.h"
@@ -174,6 +175,7 @@ class Trainer {
   TokenData data_;
   BatchSampler sampler_;
   MetricsWriter metrics_;
+  ScalarMonitors monitors_;  // TensorBoard and CSV (log.tensorboard, log.csv), rank 0
   std::unique_ptr<Tracer> tracer_;
   std::vector<double> sumsq_;  // per unit: this rank's squared gradient norm, this step
   nn::Tensor norms_;           // the same, f64 [units] on the gradients' device, until read
