@@ -39,11 +39,11 @@ CLI::Validator at_least(long min);
 
 // The options that name a run's configuration, shared by train, plan and doctor.
 struct RunOptions {
-  std::string config, deepspeed;
+  std::string config, deepspeed, fsdp;  // fsdp: a file, or the Trainer's --fsdp string
   std::vector<std::string> sets;  // --set key=value, in command-line order
   int ranks = 1;                  // plan and doctor only (train takes its world size from MPI)
 };
-// Adds --config, --deepspeed and a repeatable --set KEY=VALUE to `cmd`; --ranks N (>= 1)
+// Adds --config, --deepspeed, --fsdp and a repeatable --set KEY=VALUE to `cmd`; --ranks N (>= 1)
 // as well when `with_ranks`. `o` must outlive the parse.
 void add_run_options(CLI::App& cmd, RunOptions& o, bool with_ranks);
 

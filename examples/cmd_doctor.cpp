@@ -1,4 +1,4 @@
-// ferry doctor [--config FILE [--deepspeed DS.json] [--set key=value ...]] [--ranks N] [--ranks-per-node R]
+// ferry doctor [--config FILE [--deepspeed DS.json | --fsdp FSDP] [--set key=value ...]] [--ranks N] [--ranks-per-node R]
 // Checks MPI, io_uring, the nvme folders, RLIMIT_MEMLOCK, host memory, CUDA and NCCL
 // against what the configuration needs (runtime/tools/doctor.h).
 // ferry doctor --gpu: the GPU checks only (runtime/tools/doctor_gpu.h): each visible GPU,
@@ -52,7 +52,7 @@ int doctor(const DoctorArgs& a) {
   DoctorOptions o;
   try {
     if (!a.run.config.empty()) {
-      c = load_config(a.run.config, a.run.sets, a.run.ranks, a.run.deepspeed);
+      c = load_config(a.run.config, a.run.sets, a.run.ranks, a.run.deepspeed, a.run.fsdp);
       o.config = &c;
     }
   } catch (const ConfigError& e) {

@@ -1,4 +1,4 @@
-// ferry plan --config FILE --ranks N [--deepspeed DS.json] [--set key=value ...]
+// ferry plan --config FILE --ranks N [--deepspeed DS.json | --fsdp FSDP] [--set key=value ...]
 //            [--device-memory X] [--host-memory Y] [--nvme-bandwidth BYTES_PER_S] [--bench DIR] [--gpu h100|h200|a100] [--json FILE]
 // Bytes per rank in every tier for every stage and offload choice, whether they fit, and a
 // step-time estimate (runtime/tools/plan.h); --bench reads `ferry bench`'s JSON results.
@@ -36,7 +36,7 @@ int plan(const PlanArgs& a) {
     throw UsageError(e.what());
   }
   try {
-    const Config base = load_config(a.run.config, a.run.sets, a.run.ranks, a.run.deepspeed);
+    const Config base = load_config(a.run.config, a.run.sets, a.run.ranks, a.run.deepspeed, a.run.fsdp);
     const int ranks = a.run.ranks;
     Rates rates = a.bench.empty() ? Rates{} : rates_from_bench(a.bench);
     // --gpu names the GPU the run will have: its compute and NCCL rates replace whatever

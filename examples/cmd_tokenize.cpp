@@ -28,7 +28,7 @@ int tokenize(const TokenizeArgs& a) {
   if (a.run.config.empty()) throw UsageError("--config FILE is required");
   DataOptions options;
   try {
-    const Config c = load_config(a.run.config, a.run.sets, 1, a.run.deepspeed);
+    const Config c = load_config(a.run.config, a.run.sets, 1, a.run.deepspeed, a.run.fsdp);
     if (c.data.format == "tokens") throw ConfigError("data.format is already 'tokens': nothing to tokenize");
     options = data_options(c);
   } catch (const ConfigError& e) {

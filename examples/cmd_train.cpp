@@ -1,5 +1,5 @@
 // ferry train: trains the model a configuration describes.
-//   ferry train --config FILE [--deepspeed DS_CONFIG] [--set key.path=value ...]
+//   ferry train --config FILE [--deepspeed DS_CONFIG | --fsdp FSDP_CONFIG] [--set key.path=value ...]
 //   ferry train --help-config
 //   mpiexec -n N ferry train --config FILE ...      (data parallel, ZeRO stage from the config)
 //   ferry train --config FILE --resume auto|DIR    (= --set checkpoint.resume=...)
@@ -62,6 +62,7 @@ int train(const TrainArgs& a) {
   if (a.run.config.empty()) throw UsageError("--config FILE is required");
   const std::string& config_path = a.run.config;
   const std::string& deepspeed_path = a.run.deepspeed;
+  const std::string& fsdp_path = a.run.fsdp;
   const std::vector<std::string> overrides = ordered_overrides(a);
   // MPI first: the configuration's batch arithmetic depends on the world size.
   std::unique_ptr<comm::MpiCommunicator> comm;
@@ -74,7 +75,7 @@ int train(const TrainArgs& a) {
   const int rank = comm->rank();
   runtime::Config config;
   try {
-    config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path);
+    config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path, fsdp_path);
   } catch (const runtime::ConfigError& e) {
     // Every rank reads the same file and finds the same error: rank 0 reports it.
     if (rank == 0) std::cerr << "ferry train: config error: " << e.what() << "\n";
@@ -92,6 +93,7 @@ int train(const TrainArgs& a) {
   for (size_t r = 0; r < comm->ranks().size(); ++r) out << " r" << r << "=" << comm->ranks()[r].pid;
   out << " | " << comm::describe_nodes(comm->ranks()) << "\n"
       << "resolved config (" << config_path << (deepspeed_path.empty() ? "" : " + " + deepspeed_path)
+      << (fsdp_path.empty() ? "" : " + " + fsdp_path)
       << (overrides.empty() ? "" : " + --set") << "):\n"
       << config.resolved.dump(2) << "\n";
   if (!config.deepspeed.autos_resolved.empty()) {
@@ -104,6 +106,20 @@ int train(const TrainArgs& a) {
     for (const std::string& k : config.deepspeed.ignored) keys += (keys.empty() ? " " : ", ") + k;
     log::warn(log::Subsys::config, deepspeed_path + ": " + std::to_string(config.deepspeed.ignored.size()) +
                                        " key(s) ferry does not implement, ignored (none changes what is computed):" + keys);
+  }
+  if (!config.fsdp.resolved.empty()) {
+    out << "fsdp config " << fsdp_path << ": resolved:";
+    for (const std::string& line : config.fsdp.resolved) out << "\n  " << line;
+    out << "\n";
+  }
+  if (rank == 0) {
+    for (const std::string& w : config.fsdp.warnings) log::warn(log::Subsys::config, w);
+  }
+  if (!config.fsdp.ignored.empty() && rank == 0) {
+    std::string keys;
+    for (const std::string& k : config.fsdp.ignored) keys += (keys.empty() ? " " : ", ") + k;
+    log::warn(log::Subsys::config, fsdp_path + ": " + std::to_string(config.fsdp.ignored.size()) +
+                                       " key(s) ignored (none changes what is computed):" + keys);
   }
   if (!config.checkpoint.dir.empty()) install_stop_handlers();
   std::string failure;

@@ -16,5 +16,6 @@ Run doctor_command(CLI::App& cmd);  // cmd_doctor.cpp
 Run export_command(CLI::App& cmd);  // cmd_export.cpp
 Run plot_command(CLI::App& cmd);    // cmd_plot.cpp
 Run tokenize_command(CLI::App& cmd);  // cmd_tokenize.cpp
+Run config_command(CLI::App& cmd);  // cmd_config.cpp
 
 }  // namespace ferry::cli

@@ -5,6 +5,7 @@
 //   ferry doctor   check this machine against what a run needs (cmd_doctor.cpp)
 //   ferry export   a checkpoint's consolidated weights as safetensors (cmd_export.cpp)
 //   ferry plot     loss and throughput curves of a metrics file (cmd_plot.cpp)
+//   ferry config   write a ready DeepSpeed ds_config.json or ferry configuration from flags (cmd_config.cpp)
 //   ferry bench    the benchmarks (benchmarks/bench_cli.cpp)
 // `ferry --help` lists the verbs, `ferry VERB --help` a verb's options.
 // Exit status: 0 done; 1 the input was refused or the run failed; 2 the command line is wrong.
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   verb("export", export_command);
   verb("plot", plot_command);
   verb("tokenize", tokenize_command);
+  verb("config", config_command);
   verbs["bench"] = ferry::bench::bench_command(*app.add_subcommand("bench"));
   // CLI11 would call an unknown verb an unexpected argument; say what it is.
   if (argc > 1 && argv[1][0] != '-' && verbs.count(argv[1]) == 0) {

@@ -13,6 +13,7 @@ packages=(
   libeigen3-dev
   libboost-test-dev
   nlohmann-json3-dev
+  libyaml-cpp-dev  # accelerate's YAML config files (ferry train --fsdp)
   libcli11-dev
   libpcre2-dev
   libutf8proc-dev

@@ -38,6 +38,7 @@ declare -A foreign=(
   [nccl.h]="comm tests"
   [cuda_runtime.h]="nn comm tests"
   [cublas_v2.h]="nn"
+  [yaml-cpp/yaml.h]="runtime/config"
 )
 
 folder_of() {

@@ -10,6 +10,7 @@
 #include "runtime/config/config_schema.h"
 #include "runtime/config/hf_config.h"
 #include "runtime/config/deepspeed_config.h"
+#include "runtime/config/fsdp_config.h"
 
 namespace ferry::runtime {
 
@@ -379,11 +380,78 @@ void compute_autos(json& doc, const DeepSpeedImport& imp, const Config& first) {
   }
 }
 
+// --fsdp: the FSDP file's keys layered as DeepSpeed's are (runtime/config/fsdp_config.h).
+Config load_fsdp_config(json doc, const std::string& path, const std::vector<std::string>& overrides,
+                        int world_size, const std::string& fsdp_path) {
+  FsdpImport imp = read_fsdp(fsdp_path);
+  // Messages name the file, or the Trainer's string form as it was given.
+  std::error_code ec;
+  std::string source = fsdp_path;
+  if (!fs::is_regular_file(fsdp_path, ec)) {
+    source = "--fsdp \"";
+    source += fsdp_path;
+    source += '"';
+  }
+  const std::string group_key = "zero_optimization.shard_group_size";
+  std::vector<std::string> warnings;
+  if (imp.num_processes > 0 && imp.num_processes != world_size) {
+    // As `accelerate launch --num_processes` overrides the file: the run's ranks decide.
+    warnings.push_back(source + ": num_processes is " + std::to_string(imp.num_processes) + " but the run has " +
+                       std::to_string(world_size) + " rank(s): the run's world size applies (global batch " +
+                       "= micro batch x accumulation x " + std::to_string(world_size) + ")");
+  }
+  std::string group_line;
+  if (imp.hybrid) {
+    const bool set_by_user =
+        get_path(doc, group_key) || std::any_of(overrides.begin(), overrides.end(), [&](const std::string& o) {
+          return o.starts_with(group_key + "=");
+        });
+    if (set_by_user) {
+      group_line = "hybrid sharding: zero_optimization.shard_group_size from " + path + " or --set";
+    } else if (imp.num_processes == world_size && imp.num_machines > 0 && world_size % imp.num_machines == 0) {
+      const int per_node = world_size / imp.num_machines;
+      set_path(imp.runtime, group_key, per_node);
+      group_line = "hybrid sharding: num_processes / num_machines = " + std::to_string(per_node) + " -> " + group_key +
+                   " = " + std::to_string(per_node);
+    } else {
+      fail(source, "HYBRID_SHARD shards within a node, and ferry cannot know the ranks per node here: set " +
+                          group_key + " to them (--set " + group_key + "=R, or in " + path + ")");
+    }
+  }
+  json scratch = json::object();  // the FSDP file's values checked under its own name
+  merge_document(scratch, imp.runtime, "", source, folder_of(path));
+  merge_runtime(doc, imp.runtime, "", path, source);
+  Config c = config_from_json(doc, path, folder_of(path), overrides, world_size);
+  if (!imp.wrap_classes.empty()) {
+    const std::string block = fsdp_block_class(c.model_arch);
+    if (std::find(imp.wrap_classes.begin(), imp.wrap_classes.end(), block) == imp.wrap_classes.end()) {
+      std::string named;
+      for (const std::string& k : imp.wrap_classes) {
+        named += named.empty() ? "" : ", ";
+        named += k;
+      }
+      fail(source, "key 'fsdp_transformer_layer_cls_to_wrap': " + named + " is not the block class of the model (" +
+                          c.model_arch + " in " + path + ": " + block + ")");
+    }
+  }
+  c.fsdp.path = fsdp_path;
+  c.fsdp.resolved = imp.resolved;
+  if (!group_line.empty()) c.fsdp.resolved.push_back(group_line);
+  c.fsdp.ignored = imp.ignored;
+  c.fsdp.warnings = warnings;
+  return c;
+}
+
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size,
-                   const std::string& deepspeed_path) {
+                   const std::string& deepspeed_path, const std::string& fsdp_path) {
+  if (!deepspeed_path.empty() && !fsdp_path.empty()) {
+    throw ConfigError("--deepspeed " + deepspeed_path + " and --fsdp " + fsdp_path +
+                      ": both set the runtime keys; give one of them");
+  }
   json doc = read_json_file(path, "configuration");
+  if (!fsdp_path.empty()) return load_fsdp_config(std::move(doc), path, overrides, world_size, fsdp_path);
   if (deepspeed_path.empty()) return config_from_json(doc, path, folder_of(path), overrides, world_size);
 
   const json ds = read_json_file(deepspeed_path, "DeepSpeed configuration");

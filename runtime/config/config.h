@@ -99,6 +99,12 @@ struct Config {
     std::vector<std::string> autos_resolved;   // "key = value" for each "auto" in it
     std::vector<std::string> ignored;          // its keys ferry ignores (runtime/config/deepspeed_config.h)
   } deepspeed;
+  struct {
+    std::string path;                    // "" = no --fsdp (a file, or the Trainer's string form)
+    std::vector<std::string> resolved;   // "fsdp key = value -> ferry key = value", one per mapped key
+    std::vector<std::string> ignored;    // its keys that do not change what is computed (runtime/config/fsdp_config.h)
+    std::vector<std::string> warnings;   // sentences for the log (accelerate's num_processes not the world size)
+  } fsdp;
   nlohmann::json resolved;  // every effective value, for printing and for the metrics header
 
   int64_t global_batch() const { return micro_batch * grad_accum * world_size; }
@@ -109,9 +115,16 @@ struct Config {
 // DeepSpeed configuration supplies the runtime keys (runtime/config/deepspeed_config.h): a key
 // both files set differently is an error; "auto" takes ferry's file, ferry's default or
 // the computed value; `overrides` apply last. Where neither file sets gradient_clipping,
-// DeepSpeed's default (0, no clipping) applies.
+// DeepSpeed's default (0, no clipping) applies. With `fsdp_path` (a PyTorch FSDP,
+// Hugging Face Trainer or accelerate configuration, or the Trainer's --fsdp string:
+// runtime/config/fsdp_config.h), the same layering: ferry's file < the FSDP file < `overrides`,
+// a key both files set differently an error; its transformer_layer_cls_to_wrap must name
+// the model's block class; HYBRID_SHARD needs zero_optimization.shard_group_size from ferry's
+// file or --set, unless accelerate's num_processes (= the world size) and num_machines give
+// the ranks per node. Both `deepspeed_path` and `fsdp_path` is an error.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides,
-                   int world_size = 1, const std::string& deepspeed_path = "");
+                   int world_size = 1, const std::string& deepspeed_path = "",
+                   const std::string& fsdp_path = "");
 // The same from an in-memory document; `source` names it in errors, `base_dir` resolves
 // relative paths.
 Config config_from_json(const nlohmann::json& doc, const std::string& source,

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "runtime/config/fsdp_config.h"
+
 namespace ferry::runtime {
 
 namespace fs = std::filesystem;
@@ -15,7 +17,9 @@ namespace {
 std::vector<std::string> absolute_args(const std::vector<std::string>& args) {
   std::vector<std::string> out = args;
   for (size_t i = 0; i + 1 < out.size(); ++i) {
-    if (out[i] == "--config" || out[i] == "--deepspeed") {
+    // --fsdp's value may be the Trainer's string form ("full_shard offload"): kept as is.
+    const bool fsdp_file = out[i] == "--fsdp" && (fs::exists(out[i + 1]) || !is_fsdp_trainer_string(out[i + 1]));
+    if (out[i] == "--config" || out[i] == "--deepspeed" || fsdp_file) {
       out[i + 1] = fs::absolute(out[i + 1]).lexically_normal().string();
       ++i;
     }

@@ -33,7 +33,7 @@ void forward_signal(int sig) {
 }
 
 struct TrainSetup {
-  std::string config, deepspeed;
+  std::string config, deepspeed, fsdp;
   std::vector<std::string> overrides;
 };
 
@@ -46,6 +46,7 @@ TrainSetup read_train_args(const std::vector<std::string>& args) {
     const bool has_next = i + 1 < args.size();
     if (a == "--config" && has_next) t.config = args[++i];
     else if (a == "--deepspeed" && has_next) t.deepspeed = args[++i];
+    else if (a == "--fsdp" && has_next) t.fsdp = args[++i];
     else if (a == "--set" && has_next) t.overrides.push_back(args[++i]);
     else if (a == "--resume" && has_next) t.overrides.push_back("checkpoint.resume=" + args[++i]);
   }
@@ -207,7 +208,7 @@ int supervise(const LaunchOptions& o, const RestartOptions& r, std::ostream& log
   if (setup.config.empty()) throw std::invalid_argument("ferry train's arguments (after --) need --config FILE");
   Config cfg;
   try {
-    cfg = load_config(setup.config, setup.overrides, world, setup.deepspeed);
+    cfg = load_config(setup.config, setup.overrides, world, setup.deepspeed, setup.fsdp);
   } catch (const std::exception& e) {
     throw std::invalid_argument(std::string("config error: ") + e.what());
   }

@@ -1,0 +1,440 @@
+#include "runtime/config/fsdp_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "runtime/config/config.h"
+
+namespace ferry::runtime {
+
+using nlohmann::json;
+
+namespace {
+
+[[noreturn]] void refuse(const std::string& source, const std::string& key, const std::string& why) {
+  throw ConfigError(source + ": key '" + key + "': " + why);
+}
+
+std::string upper(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+std::string text_of(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+bool as_bool(const json& v, const std::string& source, const std::string& key) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_string()) {  // accelerate writes some flags as strings ("true", "false")
+    const std::string s = lower(v.get<std::string>());
+    if (s == "true") return true;
+    if (s == "false") return false;
+  }
+  refuse(source, key, "must be true or false, got " + v.dump());
+}
+
+// A name such as "FULL_SHARD", case-insensitive; null stands for "none".
+std::string as_name(const json& v, const std::string& source, const std::string& key) {
+  if (v.is_null()) return "NONE";
+  if (!v.is_string()) refuse(source, key, "must be a string, got " + v.dump());
+  return upper(v.get<std::string>());
+}
+
+struct Strategy {
+  int stage;
+  bool hybrid;
+};
+
+// FSDP's ShardingStrategy by name, or by accelerate's number (1 FULL_SHARD ... 5).
+Strategy strategy_of(const json& v, const std::string& source, const std::string& key) {
+  static const char* const kNames[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                                       "_HYBRID_SHARD_ZERO2"};
+  std::string name;
+  if (v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= 5) {
+    name = kNames[v.get<int64_t>() - 1];
+  } else if (v.is_string()) {
+    name = upper(v.get<std::string>());
+    if (name.size() == 1 && name[0] >= '1' && name[0] <= '5') name = kNames[name[0] - '1'];
+  } else {
+    refuse(source, key, "must be a sharding strategy name, got " + v.dump());
+  }
+  if (name == "HYBRID_SHARD_ZERO2") name = "_HYBRID_SHARD_ZERO2";
+  if (name == "FULL_SHARD") return {3, false};
+  if (name == "SHARD_GRAD_OP") return {2, false};
+  if (name == "NO_SHARD") return {0, false};
+  if (name == "HYBRID_SHARD") return {3, true};
+  if (name == "_HYBRID_SHARD_ZERO2") return {2, true};
+  refuse(source, key,
+         "unknown sharding strategy " + v.dump() +
+             " (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2)");
+}
+
+// Mixed-precision names of accelerate (no, fp16, bf16, fp8) and of FSDP's policies.
+std::string precision_of(const json& v, const std::string& source, const std::string& key) {
+  if (v.is_boolean() && !v.get<bool>()) return "no";  // PyYAML reads an unquoted `no` as false
+  if (v.is_null()) return "no";
+  if (!v.is_string()) refuse(source, key, "must be no, fp16 or bf16, got " + v.dump());
+  const std::string s = lower(v.get<std::string>());
+  if (s == "bf16" || s == "bfloat16") return "bf16";
+  if (s == "fp16" || s == "float16" || s == "half") return "fp16";
+  if (s == "no" || s == "fp32" || s == "float32" || s == "none") return "no";
+  if (s == "fp8") refuse(source, key, "fp8 training is not implemented by ferry (bf16 or fp16 are)");
+  refuse(source, key, "unknown mixed precision " + v.dump() + " (no, fp16 or bf16)");
+}
+
+// Keys of fsdp_config (after the optional fsdp_ prefix) that do not change what is computed.
+const std::set<std::string>& fsdp_ignorable() {
+  static const std::set<std::string> k = {
+      "use_orig_params",  "sync_module_states", "version",          "min_num_params",  "limit_all_gathers",
+      "xla",              "xla_fsdp_settings",  "xla_fsdp_grad_ckpt", "xla_fsdp_v2",   "activation_cpu_offload",
+      "ignored_modules",  "auto_wrap_policy"};
+  return k;
+}
+
+// accelerate's top-level keys that do not change what is computed.
+const std::set<std::string>& accelerate_ignorable() {
+  static const std::set<std::string> k = {
+      "compute_environment", "debug",           "downcast_bf16",      "enable_cpu_affinity", "machine_rank",
+      "main_process_ip",     "main_process_port", "main_training_function", "rdzv_backend",  "same_network",
+      "tpu_env",             "tpu_use_cluster", "tpu_use_sudo",       "use_cpu",             "gpu_ids",
+      "tpu_name",            "tpu_zone",        "commands",           "command_file",        "dynamo_config",
+      "deepspeed_config",    "megatron_lm_config", "ipex_config",     "mpirun_config",       "num_machines"};
+  return k;
+}
+
+int as_count(const json& v, const std::string& source, const std::string& key) {
+  if (v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= (1 << 24)) return v.get<int>();
+  refuse(source, key, "must be a whole number >= 1, got " + v.dump());
+}
+
+// The fsdp_config block: `prefix` is how its keys are named in messages ("" or "fsdp_config.").
+void translate_block(const json& block, const std::string& source, const std::string& prefix, FsdpImport& out,
+                     std::string& precision, std::string& precision_key) {
+  if (!block.is_object()) refuse(source, prefix.empty() ? "(top level)" : "fsdp_config", "must be a mapping of keys");
+  // First pass: every key, by its name without the fsdp_ prefix; both spellings is an error.
+  std::map<std::string, std::pair<std::string, json>> keys;  // bare name -> (key as written, value)
+  for (const auto& [written, value] : block.items()) {
+    std::string bare = written.starts_with("fsdp_") ? written.substr(5) : written;
+    if (bare == "backward_prefetch_policy") bare = "backward_prefetch";  // accelerate's older name
+    if (keys.contains(bare) && keys[bare].second != value) {
+      refuse(source, prefix + written,
+             "is " + value.dump() + " but '" + prefix + keys[bare].first + "' is " + keys[bare].second.dump() +
+                 "; set it once");
+    }
+    keys[bare] = {written, value};
+  }
+  auto name_of = [&](const std::string& bare) { return prefix + keys.at(bare).first; };
+  auto line = [&](const std::string& bare, const std::string& what) {
+    out.resolved.push_back(name_of(bare) + " = " + text_of(keys.at(bare).second) + " -> " + what);
+  };
+
+  // Sharding: the strategy (FULL_SHARD by default, as in FSDP), then reshard_after_forward.
+  Strategy st{3, false};
+  std::string stage_from = "FSDP's default FULL_SHARD";
+  if (keys.contains("sharding_strategy")) {
+    st = strategy_of(keys.at("sharding_strategy").second, source, name_of("sharding_strategy"));
+    stage_from = name_of("sharding_strategy");
+  }
+  if (keys.contains("reshard_after_forward")) {
+    const json& v = keys.at("reshard_after_forward").second;
+    const std::string key = name_of("reshard_after_forward");
+    if (v.is_string() && lower(v.get<std::string>()) != "true" && lower(v.get<std::string>()) != "false") {
+      // accelerate's FSDP1 spelling: a sharding strategy under this name.
+      const Strategy s2 = strategy_of(v, source, key);
+      if (keys.contains("sharding_strategy") && (s2.stage != st.stage || s2.hybrid != st.hybrid)) {
+        refuse(source, key, "names another sharding strategy than " + name_of("sharding_strategy"));
+      }
+      st = s2;
+      stage_from = key;
+    } else if (!as_bool(v, source, key) && st.stage == 3) {
+      st.stage = 2;  // parameters stay gathered from forward to backward: SHARD_GRAD_OP
+      stage_from = key + " = false";
+    }
+  }
+  out.runtime["zero_optimization"]["stage"] = st.stage;
+  out.hybrid = st.hybrid;
+  out.resolved.push_back((keys.contains("sharding_strategy") ? name_of("sharding_strategy") + " = " +
+                                                                    text_of(keys.at("sharding_strategy").second)
+                                                              : std::string("(no sharding strategy)")) +
+                         " -> zero_optimization.stage = " + std::to_string(st.stage) + " (from " + stage_from + ")" +
+                         (st.hybrid ? ", zero_optimization.shard_group_size = ranks per node" : ""));
+
+  for (const auto& [bare, entry] : keys) {
+    const std::string& v_key = prefix + entry.first;
+    const json& v = entry.second;
+    if (bare == "sharding_strategy" || bare == "reshard_after_forward") continue;
+    if (bare == "offload_params") {
+      if (!as_bool(v, source, v_key)) {
+        line(bare, "no offload");
+        continue;
+      }
+      if (st.stage == 0) {
+        refuse(source, v_key,
+               "CPU offload with NO_SHARD: ferry offloads sharded state only (use SHARD_GRAD_OP or FULL_SHARD)");
+      }
+      out.runtime["zero_optimization"]["offload_optimizer"]["device"] = "cpu";
+      if (st.stage == 3) {
+        out.runtime["zero_optimization"]["offload_param"]["device"] = "cpu";
+        line(bare, "zero_optimization.offload_optimizer.device = cpu, zero_optimization.offload_param.device = cpu");
+      } else {
+        line(bare, "zero_optimization.offload_optimizer.device = cpu (stage 2 keeps no parameter shards to offload)");
+      }
+    } else if (bare == "backward_prefetch") {
+      const std::string p = as_name(v, source, v_key);
+      if (p == "BACKWARD_PRE" || p == "BACKWARD_POST") {
+        out.runtime["zero_optimization"]["overlap_comm"] = true;
+        line(bare, "zero_optimization.overlap_comm = true (gathers schedule.prefetch_depth units ahead)");
+      } else if (p == "NO_PREFETCH" || p == "NONE") {
+        const json* fwd = keys.contains("forward_prefetch") ? &keys.at("forward_prefetch").second : nullptr;
+        const bool forward = fwd && as_bool(*fwd, source, name_of("forward_prefetch"));
+        out.runtime["zero_optimization"]["overlap_comm"] = forward;
+        line(bare, std::string("zero_optimization.overlap_comm = ") + (forward ? "true (forward_prefetch)" : "false"));
+      } else {
+        refuse(source, v_key, "unknown prefetch policy " + v.dump() + " (BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH)");
+      }
+    } else if (bare == "forward_prefetch") {
+      if (as_bool(v, source, v_key)) {
+        out.runtime["zero_optimization"]["overlap_comm"] = true;
+        line(bare, "zero_optimization.overlap_comm = true");
+      } else if (!keys.contains("backward_prefetch")) {
+        line(bare, "nothing (ferry's forward prefetch follows zero_optimization.overlap_comm)");
+      } else {
+        line(bare, "nothing (ferry prefetches forward as backward: zero_optimization.overlap_comm)");
+      }
+    } else if (bare == "mixed_precision") {
+      precision = precision_of(v, source, v_key);
+      precision_key = v_key;
+    } else if (bare == "activation_checkpointing") {
+      const bool on = as_bool(v, source, v_key);
+      out.runtime["activation_checkpointing"]["enabled"] = on;
+      line(bare, std::string("activation_checkpointing.enabled = ") + (on ? "true" : "false"));
+    } else if (bare == "cpu_ram_efficient_loading") {
+      as_bool(v, source, v_key);
+      line(bare, "matches ferry: each rank streams only its shards of model.init_from");
+    } else if (bare == "state_dict_type") {
+      const std::string t = as_name(v, source, v_key);
+      if (t == "SHARDED_STATE_DICT" || t == "LOCAL_STATE_DICT") {
+        line(bare, "matches ferry: checkpoints (checkpoint.dir) hold each rank's shards");
+      } else if (t == "FULL_STATE_DICT") {
+        line(bare, "checkpoints stay sharded (checkpoint.dir); `ferry export` writes the full model");
+      } else {
+        refuse(source, v_key, "unknown state dict type " + v.dump());
+      }
+    } else if (bare == "transformer_layer_cls_to_wrap") {
+      // A list, or accelerate's comma-separated string.
+      std::vector<std::string> classes;
+      if (v.is_string()) {
+        std::stringstream ss(v.get<std::string>());
+        for (std::string c; std::getline(ss, c, ',');) {
+          c.erase(0, c.find_first_not_of(" \t"));
+          c.erase(c.find_last_not_of(" \t") + 1);
+          if (!c.empty()) classes.push_back(c);
+        }
+      } else if (v.is_array()) {
+        for (const json& c : v) {
+          if (!c.is_string()) refuse(source, v_key, "must list class names, got " + c.dump());
+          classes.push_back(c.get<std::string>());
+        }
+      } else {
+        refuse(source, v_key, "must be a class name or a list of them, got " + v.dump());
+      }
+      if (classes.empty()) refuse(source, v_key, "names no class");
+      out.wrap_classes = classes;
+      line(bare, "one unit per transformer block, ferry's units (checked against the model)");
+    } else if (bare == "auto_wrap_policy" && as_name(v, source, v_key) == "TRANSFORMER_BASED_WRAP") {
+      line(bare, "matches ferry: one unit per transformer block");
+    } else if (bare == "version") {
+      if (text_of(v) != "1" && text_of(v) != "2") refuse(source, v_key, "must be 1 or 2, got " + v.dump());
+      out.ignored.push_back(v_key);
+    } else if (fsdp_ignorable().contains(bare)) {
+      out.ignored.push_back(v_key);
+    } else {
+      refuse(source, v_key, "is not an FSDP key ferry knows (README \"Coming from FSDP or accelerate\" lists them)");
+    }
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open the FSDP configuration file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+json scalar_of(const YAML::Node& n) {
+  const std::string& s = n.Scalar();
+  if (n.Tag() == "!") return s;  // quoted: a string as written
+  if (s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL") return nullptr;
+  const std::string l = lower(s);
+  if (l == "true" || l == "yes" || l == "on") return true;  // PyYAML (YAML 1.1), which accelerate writes with
+  if (l == "false" || l == "no" || l == "off") return false;
+  const char* begin = s.c_str();
+  char* end = nullptr;
+  const long long i = std::strtoll(begin, &end, 10);
+  if (end == begin + s.size() && s.find_first_of("+-0123456789") == 0) return static_cast<int64_t>(i);
+  const double d = std::strtod(begin, &end);
+  if (end == begin + s.size() && s.find_first_of("+-.0123456789") == 0) return d;
+  return s;
+}
+
+// Aliases make a YAML document's tree exponentially larger than its text ("billion
+// laughs"): the conversion stops at a node budget far beyond any real configuration.
+constexpr size_t kMaxYamlNodes = 100'000;
+
+json node_to_json(const YAML::Node& n, const std::string& source, int depth, size_t& nodes) {
+  if (depth > 64) throw ConfigError(source + ": YAML nested too deep");
+  if (++nodes > kMaxYamlNodes) {
+    throw ConfigError(source + ": YAML expands to more than " + std::to_string(kMaxYamlNodes) +
+                      " nodes (aliases repeating aliases?); not a configuration");
+  }
+  switch (n.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return nullptr;
+    case YAML::NodeType::Scalar:
+      return scalar_of(n);
+    case YAML::NodeType::Sequence: {
+      json a = json::array();
+      for (const YAML::Node& e : n) a.push_back(node_to_json(e, source, depth + 1, nodes));
+      return a;
+    }
+    case YAML::NodeType::Map: {
+      json o = json::object();
+      for (const auto& kv : n) {
+        if (!kv.first.IsScalar()) throw ConfigError(source + ": YAML keys must be plain names");
+        o[kv.first.Scalar()] = node_to_json(kv.second, source, depth + 1, nodes);
+      }
+      return o;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+json yaml_to_json(const std::string& text, const std::string& source) {
+  try {
+    size_t nodes = 0;
+    return node_to_json(YAML::Load(text), source, 0, nodes);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ": not valid YAML: line " + std::to_string(e.mark.line + 1) + ", column " +
+                      std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+}
+
+std::string fsdp_block_class(const std::string& model_arch) {
+  if (model_arch == "gpt2") return "GPT2Block";
+  if (model_arch == "llama") return "LlamaDecoderLayer";
+  if (model_arch == "mistral") return "MistralDecoderLayer";
+  if (model_arch == "qwen2") return "Qwen2DecoderLayer";
+  return model_arch;
+}
+
+bool is_fsdp_trainer_string(const std::string& arg) {
+  static const std::set<std::string> kWords = {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard",
+                                               "hybrid_shard_zero2", "offload", "auto_wrap"};
+  std::istringstream in(arg);
+  int n = 0;
+  for (std::string w; in >> w; ++n) {
+    if (!kWords.contains(w)) return false;
+  }
+  return n > 0;
+}
+
+FsdpImport translate_fsdp(const json& doc, const std::string& source) {
+  if (!doc.is_object()) throw ConfigError(source + ": must be a JSON object or YAML mapping of FSDP keys");
+  FsdpImport out;
+  std::string precision, precision_key;
+  const bool accelerate = doc.contains("fsdp_config") || doc.contains("distributed_type") ||
+                          doc.contains("compute_environment");
+  if (!accelerate) {
+    translate_block(doc, source, "", out, precision, precision_key);
+  } else {
+    if (!doc.contains("fsdp_config")) refuse(source, "fsdp_config", "is missing: an accelerate file for FSDP has one");
+    translate_block(doc.at("fsdp_config"), source, "fsdp_config.", out, precision, precision_key);
+    for (const auto& [key, v] : doc.items()) {
+      if (key == "fsdp_config") continue;
+      if (key == "distributed_type") {
+        if (as_name(v, source, key) != "FSDP") {
+          refuse(source, key, "is " + v.dump() + ", not FSDP (--fsdp reads FSDP files; DeepSpeed's go to --deepspeed)");
+        }
+      } else if (key == "mixed_precision") {
+        const std::string p = precision_of(v, source, key);
+        if (!precision_key.empty() && p != precision) {
+          refuse(source, key, "is " + p + " but " + precision_key + " is " + precision + "; set it once");
+        }
+        precision = p;
+        precision_key = key;
+      } else if (key == "num_processes") {
+        out.num_processes = as_count(v, source, key);
+      } else if (key == "num_machines") {
+        out.num_machines = as_count(v, source, key);
+        out.ignored.push_back(key);
+      } else if (accelerate_ignorable().contains(key)) {
+        out.ignored.push_back(key);
+      } else {
+        refuse(source, key, "is not an accelerate key ferry knows (README \"Coming from FSDP or accelerate\")");
+      }
+    }
+  }
+  if (!precision_key.empty()) {
+    out.runtime["bf16"]["enabled"] = precision == "bf16";
+    out.runtime["fp16"]["enabled"] = precision == "fp16";
+    out.resolved.push_back(precision_key + " = " + precision + " -> bf16.enabled = " +
+                           (precision == "bf16" ? "true" : "false") + ", fp16.enabled = " +
+                           (precision == "fp16" ? "true" : "false"));
+  }
+  return out;
+}
+
+FsdpImport read_fsdp(const std::string& arg) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(arg, ec) && is_fsdp_trainer_string(arg)) {
+    // The Trainer's --fsdp words, as the equivalent fsdp_config.
+    json doc = json::object();
+    std::istringstream in(arg);
+    for (std::string w; in >> w;) {
+      if (w == "offload") {
+        doc["offload_params"] = true;
+      } else if (w == "auto_wrap") {
+        doc["auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP";
+      } else {
+        const std::string s = w == "hybrid_shard_zero2" ? "_HYBRID_SHARD_ZERO2" : upper(w);
+        if (doc.contains("sharding_strategy") && doc["sharding_strategy"] != s) {
+          throw ConfigError("--fsdp \"" + arg + "\": names two sharding strategies");
+        }
+        doc["sharding_strategy"] = s;
+      }
+    }
+    return translate_fsdp(doc, "--fsdp \"" + arg + "\"");
+  }
+  const std::string text = read_text(arg);
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) throw ConfigError(arg + ": the FSDP configuration file is empty");
+  json doc;
+  if (text[first] == '{' || text[first] == '[' || std::filesystem::path(arg).extension() == ".json") {
+    try {
+      doc = json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+    } catch (const json::exception& e) {
+      throw ConfigError(arg + ": not valid JSON: " + e.what());
+    }
+  } else {
+    doc = yaml_to_json(text, arg);
+  }
+  return translate_fsdp(doc, arg);
+}
+
+}  // namespace ferry::runtime
