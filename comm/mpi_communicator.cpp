@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/rank_output.h"
 
 namespace ferry::comm {
 
@@ -89,8 +90,12 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi,
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   const std::string me = "rank " + std::to_string(world_rank) + " on " + (*ranks_)[static_cast<size_t>(world_rank)].host;
   watchdog_ = std::make_unique<Watchdog>(timeout_s_, [this, me, world_rank](const std::string& report) {
+    // With log.rank_logs, the files to open next: this rank's, and every rank's beside them.
+    const std::string files = rank_log_files(world_rank);
     log::error(log::Subsys::comm, "watchdog: " + me + ": " + report + "; " + report_silent_peers() +
                                       " Recent collectives on rank " + std::to_string(world_rank) + ":\n" + recent_ops() +
+                                      (files.empty() ? "" : "This rank's output: " + files +
+                                                                " (every rank's beside it: rankN.out, rankN.err). ") +
                                       "Aborting the job (MPI_Abort).");
     // mpiexec tears the job down on MPI_Abort, and lines still in its stderr forwarding
     // are lost (seen in CI): give the forwarder a moment first.
@@ -168,7 +173,9 @@ std::string MpiCommunicator::report_silent_peers() {
   for (int p : probe_->silent(wait_s)) {
     const RankInfo& info = (*ranks_)[static_cast<size_t>(p)];
     out += "rank " + std::to_string(p) + " on " + info.host + " (pid " + std::to_string(info.pid) +
-           ") does not answer (its host is unreachable or its process is gone); ";
+           ") does not answer (its host is unreachable or its process is gone)";
+    if (const std::string files = rank_log_files(p); !files.empty()) out += ", its output: " + files;
+    out += "; ";
   }
   if (out.empty()) {
     out = "every other rank answers within " + std::to_string(static_cast<int>(wait_s)) +

@@ -1,8 +1,8 @@
 // ferry launch: prints how to start `ferry train` on several nodes (runtime/tools/launch.h).
 //   ferry launch slurm --nodes N (--gpus-per-node G | --ranks-per-node R) --time T
-//                [--partition P] [--account A] [--job-name J] [--cpus-per-rank C]
+//                [--partition P] [--account A] [--job-name J] [--cpus-per-rank C] [--log-dir DIR]
 //                [--launcher mpiexec|srun] -- --config FILE [ferry train arguments...]
-//   ferry launch mpiexec --hosts FILE [--ranks-per-node R] [--cpus-per-rank C]
+//   ferry launch mpiexec --hosts FILE [--ranks-per-node R] [--cpus-per-rank C] [--log-dir DIR]
 //                [--max-restarts N [--min-nodes M] [--launcher-exec SCRIPT]]
 //                -- --config FILE [ferry train arguments...]
 // Prints the sbatch script or the command on stdout. Exit status: 0 printed; 2 the
@@ -27,6 +27,9 @@ void add_common(CLI::App& mode, runtime::LaunchOptions& o) {
   mode.add_option("--ranks-per-node", o.ranks_per_node, "ranks started on each node")->check(at_least(1));
   mode.add_option("--cpus-per-rank", o.cpus_per_rank, "CPU cores per rank (sets device.threads)")
       ->check(at_least(1));
+  mode.add_option("--log-dir", o.log_dir,
+                  "each rank's stdout and stderr in DIR/rankN.out and rankN.err (torchrun's --log-dir); rank 0's "
+                  "stdout and every rank's stderr still print here too");
   mode.add_option("--program", o.program, "the ferry (or ferry-train) executable the ranks run (default: this one)");
   mode.add_option("train-args", o.args, "ferry train's arguments, after --: --config FILE ...");
 }

@@ -20,6 +20,7 @@
 
 #include "base/allocator.h"
 #include "base/log.h"
+#include "base/rank_output.h"
 #include "base/stop_signal.h"
 #include "base/version.h"
 #include "comm/mpi_communicator.h"
@@ -85,8 +86,18 @@ int train(const TrainArgs& a) {
   comm->set_progress(config.comm_progress == "blocking"  ? comm::MpiCommunicator::Progress::blocking
                      : config.comm_progress == "polling" ? comm::MpiCommunicator::Progress::polling
                                                          : comm::MpiCommunicator::Progress::automatic);
+  if (!config.log.rank_logs.empty()) {
+    try {
+      redirect_rank_output(config.log.rank_logs, rank, comm->size());
+    } catch (const std::exception& e) {
+      // The other ranks would wait for this one in their first collective.
+      comm::MpiCommunicator::abort_job("ferry train: rank " + std::to_string(rank) + ": " + e.what(), 1);
+    }
+  }
   std::ostream discard(nullptr);  // no buffer: writes are dropped
-  std::ostream& out = rank == 0 ? std::cout : discard;  // rank 0 logs; others warn and fail only
+  // Rank 0 logs; the others warn and fail only, or write their own view of the run to their
+  // file (log.rank_logs).
+  std::ostream& out = rank == 0 || !config.log.rank_logs.empty() ? std::cout : discard;
   // mpiexec names a rank that dies by its pid: this line maps pids to ranks.
   out << "ferry " << kVersion << " | allocator " << allocator_name() << " | " << comm->size()
       << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives | pids:";

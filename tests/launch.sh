@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ferry launch: the Slurm script is valid bash with the requested allocation, and the
-# mpiexec command it prints for a hosts file actually trains on 2 ranks of this machine.
+# mpiexec command it prints for a hosts file actually trains on 2 ranks of this machine,
+# with each rank's output in its own files (--log-dir).
 # Usage: launch.sh FERRY SOURCE_DIR WORK_DIR   (runs `FERRY launch`)
 set -euo pipefail
 ferry=$1 src=$2 work=$3
@@ -62,10 +63,20 @@ grep -qF -- "--time is required" err.txt || fail "$(cat err.txt)"
 
 # The printed mpiexec command, run as printed: 2 ranks from the hosts file.
 printf '# this machine\nlocalhost:2\n' > hosts
-cmd=$("$ferry" launch mpiexec --hosts hosts -- --config "$src/examples/configs/tiny-model.json" --set train.steps=3 \
-      --set train.eval_batches=1 --set train.sample_tokens=0 --set zero_optimization.stage=2)
+# --log-dir: each rank's output in its own files as well (rank 0's also on the terminal).
+rm -rf rank-logs
+cmd=$("$ferry" launch mpiexec --hosts hosts --log-dir rank-logs -- --config "$src/examples/configs/tiny-model.json" \
+      --set train.steps=3 --set train.eval_batches=1 --set train.sample_tokens=0 --set zero_optimization.stage=2)
 echo "$cmd"
+grep -qF -- "--set log.rank_logs=$work/rank-logs" <<<"$cmd" || fail "--log-dir not passed as an absolute log.rank_logs"
 out=$(OMP_NUM_THREADS=1 timeout 120 bash -c "$cmd" 2>&1) || fail "the printed command failed: $out"
 grep -q "2 rank(s) over MPI" <<<"$out" || fail "not 2 ranks: $out"
 grep -q "final validation loss" <<<"$out" || fail "no training: $out"
+for r in 0 1; do
+  grep -q "final validation loss" rank-logs/rank$r.out || fail "rank $r's file lacks the run: $(ls -l rank-logs)"
+  head -1 rank-logs/rank$r.err | grep -q "^==== ferry rank $r of 2, pid" || fail "rank $r's .err has no header"
+done
+[ "$(grep -c 'final validation loss' <<<"$out")" = 1 ] || fail "rank 1's stdout reached the terminal"
+script=$("$ferry" launch slurm --nodes 2 --ranks-per-node 1 --time 10 --log-dir /scratch/logs -- --config x.json)
+grep -qF -- "--set log.rank_logs=/scratch/logs" <<<"$script" || fail "slurm script without the rank logs: $script"
 echo "PASS: ferry launch"

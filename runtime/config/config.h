@@ -68,6 +68,7 @@ struct Config {
     std::string metrics;  // "" = none
     std::string tensorboard;  // "" = none; a folder of TensorBoard event files (rank 0)
     std::string csv;          // "" = none; a folder of DeepSpeed csv_monitor files (rank 0)
+    std::string rank_logs;    // "" = none; a folder of each rank's stdout and stderr (base/rank_output.h)
     int64_t every = 10;
     std::string trace;    // "" = none; per rank: trace_path_for_rank()
     std::string progress = "auto";  // auto | bar | lines

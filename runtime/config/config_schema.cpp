@@ -280,6 +280,10 @@ const std::vector<Knob>& config_knobs() {
       {"log.csv", F(log.csv), KnobType::path, nullptr,
        "folder of CSV files, one per scalar (DeepSpeed's csv_monitor layout: train_loss.csv with step,loss rows); "
        "DeepSpeed's csv_monitor section sets it to output_path/job_name"},
+      {"log.rank_logs", F(log.rank_logs), KnobType::path, nullptr,
+       "folder of each rank's stdout and stderr (rankN.out, rankN.err, appended to; torchrun's --log-dir): rank 0's "
+       "stdout and every rank's stderr still print too; ferry launch --log-dir sets it; the watchdog's report "
+       "names the files"},
       {"log.every", F(log.every), KnobType::integer, 10, "print a step line every this many steps", 1, {}},
       {"log.progress", F(log.progress), KnobType::string, "auto",
        "a progress bar with ETA redrawn after every step (bar), plain step lines only (lines), or a bar when "

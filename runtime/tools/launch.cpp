@@ -37,10 +37,9 @@ std::string program_line(const LaunchOptions& o) {
     line += ' ';
     line += shell_quote(a);  // appended separately: GCC 12's -Wrestrict misfires on " " + string
   }
-  // ferry divides a node's cores among its ranks by itself; a per-rank count is explicit.
-  if (o.cpus_per_rank > 0) {
-    line += " --set device.threads=";
-    line += std::to_string(o.cpus_per_rank);
+  for (const std::string& a : launcher_train_args(o)) {
+    line += ' ';
+    line += shell_quote(a);
   }
   return line;
 }
@@ -54,6 +53,16 @@ void check_common(const LaunchOptions& o) {
 }
 
 }  // namespace
+
+std::vector<std::string> launcher_train_args(const LaunchOptions& o) {
+  std::vector<std::string> a;
+  // ferry divides a node's cores among its ranks by itself; a per-rank count is explicit.
+  if (o.cpus_per_rank > 0) a.insert(a.end(), {"--set", "device.threads=" + std::to_string(o.cpus_per_rank)});
+  if (!o.log_dir.empty()) {
+    a.insert(a.end(), {"--set", "log.rank_logs=" + fs::absolute(o.log_dir).lexically_normal().string()});
+  }
+  return a;
+}
 
 std::string shell_quote(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./:=,+-@%") ==

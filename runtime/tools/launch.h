@@ -28,7 +28,11 @@ struct LaunchOptions {
   std::string verb = "train";        // the program's verb, first on its command line ("": none)
   std::vector<std::string> args;     // the train verb's arguments
   int max_restarts = -1;             // slurm: >= 0 wraps mpiexec/srun in a restart loop
+  std::string log_dir;               // each rank's stdout and stderr there (--set log.rank_logs; made absolute)
 };
+
+// The arguments the launcher adds to ferry train's (--cpus-per-rank, --log-dir), after them.
+std::vector<std::string> launcher_train_args(const LaunchOptions& o);
 
 struct HostEntry {
   std::string host;

@@ -294,6 +294,8 @@ int supervise(const LaunchOptions& o, const RestartOptions& r, std::ostream& log
       argv.push_back(a);
     if (!o.verb.empty()) argv.push_back(o.verb);
     argv.insert(argv.end(), o.args.begin(), o.args.end());
+    const std::vector<std::string> added = launcher_train_args(o);
+    argv.insert(argv.end(), added.begin(), added.end());
     argv.insert(argv.end(), extra.begin(), extra.end());
     log << "ferry launch: attempt " << attempt + 1 << " of " << r.max_restarts + 1 << ": " << world << " ranks on "
         << list << "\n";
