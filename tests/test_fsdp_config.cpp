@@ -273,6 +273,19 @@ BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_key) {
   bomb += "fsdp_config:\n  x: *a11\n";
   const std::string b = write_text(dir.path / "bomb.yaml", bomb);
   BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", b); }), "YAML expands to more than"));
+  // A long string repeated through aliases stays under the node budget: the text budget
+  // stops it (4 KB of YAML, 320 MB expanded); bytes that are not UTF-8 are named by line.
+  std::string text = "&a \"" + std::string(4000, 'x') + "\"";
+  for (const char* names : {"ba", "cb", "dc", "ed"}) {
+    std::string next = "&";
+    next.append(1, names[0]).append(" [").append(text);
+    for (int j = 0; j < 9; ++j) next.append(", *").append(1, names[1]);
+    text = next.append("]");
+  }
+  const std::string bytes = write_text(dir.path / "bytes.yaml", "fsdp_offload_params: &f [" + text + ", *e]\n");
+  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", bytes); }), "MiB of text"));
+  const std::string latin = write_text(dir.path / "latin.yaml", "fsdp_offload_params: \xff\n");
+  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", latin); }), latin + ": line 1, column 22: not UTF-8 text"));
   std::string nested = "fsdp_config:\n  x: ";
   nested.append(100000, '[').append(100000, ']').append("\n");
   const std::string deep = write_text(dir.path / "deep.yaml", nested);

@@ -1,6 +1,7 @@
 #include "runtime/config/fsdp_config.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -291,12 +292,64 @@ json scalar_of(const YAML::Node& n) {
 }
 
 // Aliases make a YAML document's tree exponentially larger than its text ("billion
-// laughs"): the conversion stops at a node budget far beyond any real configuration.
+// laughs"): the conversion stops at budgets of nodes and of scalar bytes far beyond any
+// real configuration (a long string repeated through aliases stays under the first).
 constexpr size_t kMaxYamlNodes = 100'000;
+constexpr size_t kMaxYamlBytes = size_t{1} << 20;
 
-json node_to_json(const YAML::Node& n, const std::string& source, int depth, size_t& nodes) {
+struct Budget {
+  size_t nodes = 0, bytes = 0;
+};
+
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
+    else return false;
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    // Overlong forms, surrogates and code points past U+10FFFF are not UTF-8.
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// A scalar or key's text, counted against the budget; JSON strings must be UTF-8 (a
+// message that quotes one could not be written otherwise).
+const std::string& checked_text(const YAML::Node& n, const std::string& source, Budget& budget) {
+  const std::string& s = n.Scalar();
+  if (!valid_utf8(s)) {
+    throw ConfigError(source + ": line " + std::to_string(n.Mark().line + 1) + ", column " +
+                      std::to_string(n.Mark().column + 1) + ": not UTF-8 text");
+  }
+  budget.bytes += s.size();
+  if (budget.bytes > kMaxYamlBytes) {
+    throw ConfigError(source + ": YAML expands to more than " + std::to_string(kMaxYamlBytes >> 20) +
+                      " MiB of text (aliases repeating aliases?); not a configuration");
+  }
+  return s;
+}
+
+json node_to_json(const YAML::Node& n, const std::string& source, int depth, Budget& budget) {
   if (depth > 64) throw ConfigError(source + ": YAML nested too deep");
-  if (++nodes > kMaxYamlNodes) {
+  if (++budget.nodes > kMaxYamlNodes) {
     throw ConfigError(source + ": YAML expands to more than " + std::to_string(kMaxYamlNodes) +
                       " nodes (aliases repeating aliases?); not a configuration");
   }
@@ -305,17 +358,18 @@ json node_to_json(const YAML::Node& n, const std::string& source, int depth, siz
     case YAML::NodeType::Undefined:
       return nullptr;
     case YAML::NodeType::Scalar:
+      checked_text(n, source, budget);
       return scalar_of(n);
     case YAML::NodeType::Sequence: {
       json a = json::array();
-      for (const YAML::Node& e : n) a.push_back(node_to_json(e, source, depth + 1, nodes));
+      for (const YAML::Node& e : n) a.push_back(node_to_json(e, source, depth + 1, budget));
       return a;
     }
     case YAML::NodeType::Map: {
       json o = json::object();
       for (const auto& kv : n) {
         if (!kv.first.IsScalar()) throw ConfigError(source + ": YAML keys must be plain names");
-        o[kv.first.Scalar()] = node_to_json(kv.second, source, depth + 1, nodes);
+        o[checked_text(kv.first, source, budget)] = node_to_json(kv.second, source, depth + 1, budget);
       }
       return o;
     }
@@ -327,8 +381,8 @@ json node_to_json(const YAML::Node& n, const std::string& source, int depth, siz
 
 json yaml_to_json(const std::string& text, const std::string& source) {
   try {
-    size_t nodes = 0;
-    return node_to_json(YAML::Load(text), source, 0, nodes);
+    Budget budget;
+    return node_to_json(YAML::Load(text), source, 0, budget);
   } catch (const YAML::Exception& e) {
     throw ConfigError(source + ": not valid YAML: line " + std::to_string(e.mark.line + 1) + ", column " +
                       std::to_string(e.mark.column + 1) + ": " + e.msg);
@@ -434,7 +488,13 @@ FsdpImport read_fsdp(const std::string& arg) {
   } else {
     doc = yaml_to_json(text, arg);
   }
-  return translate_fsdp(doc, arg);
+  try {
+    return translate_fsdp(doc, arg);
+  } catch (const json::exception& e) {
+    // A second guard: every value is type-checked before use, so this is a bug, but the
+    // user still gets the file's name and exit 2 rather than an abort.
+    throw ConfigError(arg + ": cannot read the FSDP configuration: " + e.what());
+  }
 }
 
 }  // namespace ferry::runtime

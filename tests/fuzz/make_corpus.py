@@ -424,6 +424,64 @@ def chat_template_seeds():
         "{% set ns = namespace(s='ab') %}{% for x in [0] * 40 %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}")
 
 
+# --- FSDP / accelerate files beside ferry's (ferry train --fsdp) --------------------------
+
+def fsdp_seeds():
+    for name in sorted(os.listdir(os.path.join(ROOT, "examples", "fsdp"))):
+        put("fuzz_fsdp", name, read("examples/fsdp/" + name))
+    trainer = json.loads(read("examples/fsdp/fsdp_config.json"))
+    acc = read("examples/fsdp/accelerate_fsdp.yaml").decode()
+    # The Trainer's --fsdp string form (not a file).
+    put("fuzz_fsdp", "string-full-offload.txt", "full_shard auto_wrap offload")
+    put("fuzz_fsdp", "string-hybrid-zero2.txt", "hybrid_shard_zero2 auto_wrap")
+    put("fuzz_fsdp", "bad-string-two-strategies.txt", "full_shard shard_grad_op")
+    # accelerate's YAML without the fsdp_ prefix, numbers for names, flags as strings.
+    put("fuzz_fsdp", "accelerate-no-prefix.yaml",
+        "distributed_type: FSDP\nmixed_precision: 'no'\nnum_processes: 2\nfsdp_config:\n"
+        "  sharding_strategy: 2\n  offload_params: 'true'\n  backward_prefetch: NO_PREFETCH\n"
+        "  forward_prefetch: true\n  reshard_after_forward: false\n  state_dict_type: FULL_STATE_DICT\n"
+        "  activation_checkpointing: true\n  version: 2\n"
+        "  transformer_layer_cls_to_wrap: LlamaDecoderLayer, GPT2Block\n")
+    # HYBRID_SHARD: ranks per node from num_processes / num_machines (2 ranks), and without.
+    put("fuzz_fsdp", "hybrid-accelerate.yaml",
+        acc.replace("fsdp_sharding_strategy: FULL_SHARD", "fsdp_sharding_strategy: HYBRID_SHARD")
+           .replace("num_machines: 1", "num_machines: 2"))
+    put("fuzz_fsdp", "hybrid-trainer.json", compact({**trainer, "fsdp_sharding_strategy": "HYBRID_SHARD"}))
+    put("fuzz_fsdp", "reshard-strategy-name.json",
+        compact({"reshard_after_forward": "_HYBRID_SHARD_ZERO2", "sharding_strategy": "5",
+                 "mixed_precision": "float16"}))
+    # YAML anchors and aliases, flow style, tags, a document marker, comments.
+    put("fuzz_fsdp", "alias.yaml",
+        "# anchors\n---\ndistributed_type: FSDP\nmixed_precision: &p bf16\nfsdp_config: &c\n"
+        "  fsdp_sharding_strategy: &s SHARD_GRAD_OP\n  fsdp_mixed_precision: *p\n"
+        "  fsdp_transformer_layer_cls_to_wrap: [LlamaDecoderLayer, *s]\n"
+        "  fsdp_offload_params: !!bool yes\n  fsdp_min_num_params: 1e8\n")
+    put("fuzz_fsdp", "alias-doubling.yaml",
+        "a: &a [x, x]\nb: &b [*a, *a]\nc: &c [*b, *b]\nd: &d [*c, *c]\nfsdp_ignored_modules: [*d, *d]\n")
+    put("fuzz_fsdp", "flow.yaml", "{distributed_type: FSDP, fsdp_config: {sharding_strategy: NO_SHARD, "
+                                  "offload_params: off}, num_processes: 2, num_machines: ~}\n")
+    # Slightly broken: refusals by key, malformed text.
+    put("fuzz_fsdp", "bad-distributed-type.yaml", acc.replace("distributed_type: FSDP", "distributed_type: DEEPSPEED"))
+    put("fuzz_fsdp", "bad-unknown-key.json", compact({**trainer, "fsdp_turbo": True}))
+    put("fuzz_fsdp", "bad-both-spellings.json", compact({"fsdp_sharding_strategy": "FULL_SHARD",
+                                                        "sharding_strategy": "NO_SHARD"}))
+    put("fuzz_fsdp", "bad-wrap-class.json", compact({"transformer_layer_cls_to_wrap": ["GPT2Block"]}))
+    put("fuzz_fsdp", "bad-fp8.yaml", "distributed_type: FSDP\nmixed_precision: fp8\nfsdp_config: {}\n")
+    put("fuzz_fsdp", "bad-yaml.yaml", "fsdp_config:\n  sharding_strategy: [FULL_SHARD\n  offload: *nowhere\n")
+    put("fuzz_fsdp", "bad-json.json", b'{"fsdp_sharding_strategy": "FULL_SHARD",}')
+    put("fuzz_fsdp", "commented.json", '// the Trainer\'s file\n{"fsdp_offload_params": true /* cpu */}')
+    # Found by fuzz_fsdp: bytes that are not UTF-8 in a YAML scalar (yaml-cpp passes them,
+    # a JSON message quoting them could not be written: an abort), and a long string
+    # repeated through aliases (under the node budget, 320 MB of text).
+    put("fuzz_fsdp", "regress-not-utf8.yaml", b"fsdp_offload_params: \xff\n")
+    put("fuzz_fsdp", "regress-not-utf8-list.yaml",
+        b"fsdp_config:\n  fsdp_transformer_layer_cls_to_wrap: [LlamaDecoderLayer, \xc3\x28]\n")
+    bomb = '&a "' + "x" * 4000 + '"'
+    for outer, inner, n in (("b", "a", 9), ("c", "b", 9), ("d", "c", 9), ("e", "d", 9)):
+        bomb = "&%s [%s, %s]" % (outer, bomb, ", ".join(["*" + inner] * n))
+    put("fuzz_fsdp", "regress-alias-bytes.yaml", "fsdp_offload_params: &f [%s, %s]\n" % (bomb, ", ".join(["*e"] * 7)))
+
+
 if __name__ == "__main__":
     config_seeds()
     deepspeed_seeds()
@@ -434,6 +492,7 @@ if __name__ == "__main__":
     jsonl_seeds()
     tokenizer_seeds()
     chat_template_seeds()
+    fsdp_seeds()
     for t in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, t))
         size = sum(os.path.getsize(os.path.join(OUT, t, f)) for f in files)

@@ -19,7 +19,7 @@ shift
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(fuzz_config fuzz_deepspeed fuzz_checkpoint fuzz_safetensors fuzz_tokens fuzz_jsonl fuzz_hf_folder
-           fuzz_tokenizer fuzz_chat_template)
+           fuzz_tokenizer fuzz_chat_template fuzz_fsdp)
 fi
 bin="$build/tests/fuzz"
 base="${TMPDIR:-/tmp}"
