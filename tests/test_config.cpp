@@ -2,6 +2,8 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
 
+#include "error_of.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -14,27 +16,17 @@ using namespace ferry::runtime;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+using ferry::test::error_of;
+using ferry::test::has;
+
 namespace {
 
 const json kMinimal = {{"data", {{"path", "corpus.txt"}}}};
-
-// The message of the ConfigError `f` throws; fails the test when it does not throw.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  BOOST_FAIL("no ConfigError");
-  return "";
-}
 
 Config from(json doc, std::vector<std::string> sets = {}) {
   return config_from_json(doc, "cfg.json", "/base", sets);
 }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 }  // namespace
 
@@ -57,45 +49,45 @@ BOOST_AUTO_TEST_CASE(overrides_are_checked_like_the_file) {
   BOOST_TEST(c.model.n_layer == 2);
   BOOST_TEST(c.device.memory == 512ull << 20);
   BOOST_TEST(c.optimizer.beta1 == 0.8);
-  std::string e = error_of([] { from(kMinimal, {"model.n_layers=2"}); });
+  std::string e = error_of<ConfigError>([] { from(kMinimal, {"model.n_layers=2"}); });
   BOOST_TEST(has(e, "--set model.n_layers=2"), e);
   BOOST_TEST(has(e, "did you mean 'model.n_layer'"), e);
-  e = error_of([] { from(kMinimal, {"model.n_layer=two"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model.n_layer=two"}); });
   BOOST_TEST(has(e, "'model.n_layer' must be an integer"), e);
-  e = error_of([] { from(kMinimal, {"model=3"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model=3"}); });
   BOOST_TEST(has(e, "is a section"), e);
-  e = error_of([] { from(kMinimal, {"no_equals_sign"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"no_equals_sign"}); });
   BOOST_TEST(has(e, "key.path=value"), e);
 }
 
 BOOST_AUTO_TEST_CASE(unknown_keys_suggest_the_closest) {
-  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embed", 64}}}}); });
+  std::string e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embed", 64}}}}); });
   BOOST_TEST(has(e, "cfg.json: unknown key 'model.n_embed' (did you mean 'model.n_embd'?)"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"gradient_acumulation_steps", 2}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"gradient_acumulation_steps", 2}}); });
   BOOST_TEST(has(e, "did you mean 'gradient_accumulation_steps'"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"zzzzzzzz", 1}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"zzzzzzzz", 1}}); });
   BOOST_TEST(has(e, "unknown key 'zzzzzzzz'"), e);
   BOOST_TEST(!has(e, "did you mean"), e);
 }
 
 BOOST_AUTO_TEST_CASE(wrong_types_and_ranges_name_the_key) {
-  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_head", "4"}}}}); });
+  std::string e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_head", "4"}}}}); });
   BOOST_TEST(has(e, "key 'model.n_head' must be an integer, got \"4\""), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_layer", 0}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_layer", 0}}}}); });
   BOOST_TEST(has(e, "key 'model.n_layer' must be >= 1, got 0"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"lr", 0}}}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"lr", 0}}}}}}); });
   BOOST_TEST(has(e, "'optimizer.params.lr' must be > 0"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"betas", {0.9, 1.0}}}}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"betas", {0.9, 1.0}}}}}}}); });
   BOOST_TEST(has(e, "betas in [0, 1)"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}, {"format", "csv"}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}, {"format", "csv"}}}}); });
   BOOST_TEST(has(e, "'data.format' must be one of text, uint16"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"device", {{"type", "tpu"}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"device", {{"type", "tpu"}}}}); });
   BOOST_TEST(has(e, "'device.type' must be one of cpu, cuda, got \"tpu\""), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"device", {{"memory", "12 parsecs"}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"device", {{"memory", "12 parsecs"}}}}); });
   BOOST_TEST(has(e, "device.memory"), e);
-  e = error_of([] { from({{"data", 5}}); });
+  e = error_of<ConfigError>([] { from({{"data", 5}}); });
   BOOST_TEST(has(e, "'data' is a section and must be an object"), e);
-  e = error_of([] { from(json::object()); });
+  e = error_of<ConfigError>([] { from(json::object()); });
   BOOST_TEST(has(e, "'data.path' is required"), e);
 }
 
@@ -103,17 +95,17 @@ BOOST_AUTO_TEST_CASE(wrong_types_and_ranges_name_the_key) {
 // --set: storing it wrapped (an integer past an int field) or was undefined behaviour (a
 // float such as 2e81 for a 64-bit bucket size; found by tests/fuzz/fuzz_deepspeed.cpp).
 BOOST_AUTO_TEST_CASE(numbers_beyond_an_integer_setting_are_refused) {
-  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"zero_optimization", {{"reduce_bucket_size", 2e81}}}}); });
+  std::string e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"zero_optimization", {{"reduce_bucket_size", 2e81}}}}); });
   BOOST_TEST(has(e, "cfg.json: key 'zero_optimization.reduce_bucket_size' is 2e+81, beyond the range of this integer setting"), e);
-  e = error_of([] { from(kMinimal, {"zero_optimization.stage3_max_live_parameters=1e19"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"zero_optimization.stage3_max_live_parameters=1e19"}); });
   BOOST_TEST(has(e, "key 'zero_optimization.stage3_max_live_parameters' is 1e+19, beyond the range"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"checkpoint", {{"keep_last", int64_t{1} << 40}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"checkpoint", {{"keep_last", int64_t{1} << 40}}}}); });
   BOOST_TEST(has(e, "key 'checkpoint.keep_last' is 1099511627776, beyond the range"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_layer", uint64_t{1} << 63}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_layer", uint64_t{1} << 63}}}}); });
   BOOST_TEST(has(e, "key 'model.n_layer' is 9223372036854775808, beyond the range"), e);
   // A shape whose element counts would overflow the layout's 64-bit products (n_embd 2^40:
   // 3 x 2^80 elements in one matrix; found by tests/fuzz/fuzz_config.cpp).
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", int64_t{1} << 40}, {"n_head", 1}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", int64_t{1} << 40}, {"n_head", 1}}}}); });
   BOOST_TEST(has(e, "cfg.json: model.n_layer 4, n_embd 1099511627776, vocab_size 256, block_size 128 give a model of "
                     "about"),
              e);
@@ -126,13 +118,13 @@ BOOST_AUTO_TEST_CASE(numbers_beyond_an_integer_setting_are_refused) {
 }
 
 BOOST_AUTO_TEST_CASE(cross_key_checks) {
-  std::string e = error_of([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", 100}, {"n_head", 3}}}}); });
+  std::string e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_embd", 100}, {"n_head", 3}}}}); });
   BOOST_TEST(has(e, "model.n_embd (100) must be a multiple of model.n_head (3)"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"bf16", {{"enabled", true}}}, {"fp16", {{"enabled", true}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"bf16", {{"enabled", true}}}, {"fp16", {{"enabled", true}}}}); });
   BOOST_TEST(has(e, "bf16.enabled and fp16.enabled are both true; choose one"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"fp16", {{"min_loss_scale", 0}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"fp16", {{"min_loss_scale", 0}}}}); });
   BOOST_TEST(has(e, "fp16.min_loss_scale"), e);
-  e = error_of([] {
+  e = error_of<ConfigError>([] {
     from({{"data", {{"path", "x"}}}, {"train_batch_size", 64}, {"train_micro_batch_size_per_gpu", 8},
           {"gradient_accumulation_steps", 2}});
   });
@@ -141,11 +133,11 @@ BOOST_AUTO_TEST_CASE(cross_key_checks) {
   Config ok = from({{"data", {{"path", "x"}}}, {"train_batch_size", 16}, {"train_micro_batch_size_per_gpu", 8},
                     {"gradient_accumulation_steps", 2}});
   BOOST_TEST(ok.global_batch() == 16);
-  e = error_of([] {
+  e = error_of<ConfigError>([] {
     from({{"data", {{"path", "x"}}}, {"scheduler", {{"type", "WarmupCosineLR"}, {"params", {{"warmup_max_lr", 0.1}}}}}});
   });
   BOOST_TEST(has(e, "'scheduler.params.warmup_max_lr' is not a parameter of WarmupCosineLR"), e);
-  e = error_of([] { from({{"data", {{"path", "x"}}}, {"scheduler", {{"params", {{"warmup_num_steps", 3}}}}}}); });
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"scheduler", {{"params", {{"warmup_num_steps", 3}}}}}}); });
   BOOST_TEST(has(e, "without scheduler.type"), e);
 }
 
@@ -155,19 +147,19 @@ BOOST_AUTO_TEST_CASE(files_bad_json_and_missing) {
   {
     std::ofstream(dir / "bad.json") << "{\"model\": {\"n_layer\": 2,}}";
   }
-  std::string e = error_of([&] { load_config((dir / "bad.json").string(), {}); });
+  std::string e = error_of<ConfigError>([&] { load_config((dir / "bad.json").string(), {}); });
   BOOST_TEST(has(e, "bad.json: not valid JSON"), e);
-  e = error_of([&] { load_config((dir / "absent.json").string(), {}); });
+  e = error_of<ConfigError>([&] { load_config((dir / "absent.json").string(), {}); });
   BOOST_TEST(has(e, "absent.json: cannot open"), e);
   {  // a number past a double: json's out_of_range escaped before (tests/fuzz/fuzz_config.cpp)
     std::ofstream(dir / "huge.json") << R"({"data": {"path": "c.txt"}, "train": {"steps": 1e999}})";
   }
-  e = error_of([&] { load_config((dir / "huge.json").string(), {}); });
+  e = error_of<ConfigError>([&] { load_config((dir / "huge.json").string(), {}); });
   BOOST_TEST(has(e, "huge.json: not valid JSON: [json.exception.out_of_range.406] number overflow parsing '1e999'"), e);
   {
     std::ofstream(dir / "typo.json") << R"({"data": {"path": "c.txt"}, "train": {"stpes": 3}})";
   }
-  e = error_of([&] { load_config((dir / "typo.json").string(), {}); });
+  e = error_of<ConfigError>([&] { load_config((dir / "typo.json").string(), {}); });
   BOOST_TEST(has(e, "typo.json: unknown key 'train.stpes' (did you mean 'train.steps'?)"), e);
   fs::remove_all(dir);
 }
@@ -276,10 +268,10 @@ BOOST_AUTO_TEST_CASE(batch_derived_as_deepspeed) {
   BOOST_TEST(c.micro_batch == 4);
   BOOST_TEST(c.grad_accum == 1);
   // Not divisible: DeepSpeed's floor, then its assertion that the three multiply out.
-  std::string e = error_of([&] { cfg({{"train_batch_size", 50}, {"train_micro_batch_size_per_gpu", 8}}, 2); });
+  std::string e = error_of<ConfigError>([&] { cfg({{"train_batch_size", 50}, {"train_micro_batch_size_per_gpu", 8}}, 2); });
   BOOST_TEST(has(e, "cfg.json: train_batch_size (50) must equal train_micro_batch_size_per_gpu (8) x "
                     "gradient_accumulation_steps (3) x world size (2) = 48"), e);
-  e = error_of([&] { cfg({{"train_batch_size", 2}, {"gradient_accumulation_steps", 4}}, 2); });
+  e = error_of<ConfigError>([&] { cfg({{"train_batch_size", 2}, {"gradient_accumulation_steps", 4}}, 2); });
   BOOST_TEST(has(e, "cfg.json: train_batch_size (2) is too small for world size 2 and gradient_accumulation_steps 4"), e);
 }
 
@@ -377,7 +369,7 @@ BOOST_AUTO_TEST_CASE(model_presets) {
   BOOST_TEST(g.model.n_embd == 768);
   BOOST_TEST(g.model.vocab_size == 50257);
   BOOST_TEST(!g.resolved["model"].contains("rope_theta"));
-  BOOST_TEST(has(error_of([] { from(kMinimal, {"model.preset=llama-9b"}); }), "key 'model.preset' must be one of"));
+  BOOST_TEST(has(error_of<ConfigError>([] { from(kMinimal, {"model.preset=llama-9b"}); }), "key 'model.preset' must be one of"));
 }
 
 BOOST_AUTO_TEST_CASE(llama_keys) {
@@ -386,21 +378,21 @@ BOOST_AUTO_TEST_CASE(llama_keys) {
   BOOST_TEST(c.llama.intermediate == 192);  // 8/3 x 64 = 170.7, up to a multiple of 64
   BOOST_TEST(c.resolved["model"]["intermediate_size"] == 192);
   BOOST_TEST(from(kMinimal, {"model.arch=llama"}).llama.n_kv_head == 4);  // absent: n_head
-  std::string e = error_of([] { from(kMinimal, {"model.arch=llama", "model.n_head=4", "model.n_kv_head=3"}); });
+  std::string e = error_of<ConfigError>([] { from(kMinimal, {"model.arch=llama", "model.n_head=4", "model.n_kv_head=3"}); });
   BOOST_TEST(has(e, "model.n_head (4) must be a multiple of model.n_kv_head (3)"), e);
-  e = error_of([] { from(kMinimal, {"model.arch=llama", "model.n_head=128", "model.n_embd=128"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model.arch=llama", "model.n_head=128", "model.n_embd=128"}); });
   BOOST_TEST(has(e, "even head size"), e);
-  e = error_of([] { from(kMinimal, {"model.n_kv_head=2"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model.n_kv_head=2"}); });
   BOOST_TEST(has(e, "model.n_kv_head applies to the llama family (llama, mistral, qwen2) only"), e);
-  e = error_of([] { from(kMinimal, {"model.rope_scaling.factor=8"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model.rope_scaling.factor=8"}); });
   BOOST_TEST(has(e, "model.rope_scaling.factor applies to the llama family"), e);
-  e = error_of([] { from(kMinimal, {"model.arch=llama", "model.rope_scaling.low_freq_factor=2"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model.arch=llama", "model.rope_scaling.low_freq_factor=2"}); });
   BOOST_TEST(has(e, "model.rope_scaling needs model.rope_scaling.factor"), e);
-  e = error_of([] { from(kMinimal, {"model.n_positions=64", "model.block_size=128"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model.n_positions=64", "model.block_size=128"}); });
   BOOST_TEST(has(e, "model.block_size (128) exceeds model.n_positions (64)"), e);
   const auto q = from(kMinimal, {"model.arch=qwen2", "model.tie_word_embeddings=true"});
   BOOST_TEST(q.llama.qkv_bias);
   BOOST_TEST(q.llama.tie_embeddings);
-  e = error_of([] { from(kMinimal, {"model.preset=llama-8b", "data.format=uint16"}); });
+  e = error_of<ConfigError>([] { from(kMinimal, {"model.preset=llama-8b", "data.format=uint16"}); });
   BOOST_TEST(has(e, "data.format 'uint16' holds token ids below 65536 but model.vocab_size is 128256"), e);
 }

@@ -10,11 +10,16 @@
 #include <fstream>
 
 #include "runtime/config/config.h"
+#include "error_of.h"
 #include "test_util.h"
 
 using namespace ferry::runtime;
 using nlohmann::json;
 namespace fs = std::filesystem;
+
+using ferry::test::error_of;
+using ferry::test::has;
+using ferry::test::contains;
 
 namespace {
 
@@ -23,19 +28,6 @@ const std::string kModel = kSource + "/examples/configs/tiny-model.json";
 const std::string kZero2 = kSource + "/examples/deepspeed/zero2_cpu_offload.json";
 const std::string kZero3 = kSource + "/examples/deepspeed/zero3_nvme_offload.json";
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  BOOST_FAIL("no ConfigError");
-  return "";
-}
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-bool contains(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
 
 std::string write(const fs::path& p, const json& doc) {
   std::ofstream(p) << doc.dump(2);
@@ -207,7 +199,7 @@ BOOST_AUTO_TEST_CASE(refused_keys_name_the_file_and_key) {
       BOOST_TEST(load_config(kModel, {}, 1, ds).optimizer.lr == 0.5);
       continue;
     }
-    const std::string e = error_of([&] { load_config(kModel, {}, 1, ds); });
+    const std::string e = error_of<ConfigError>([&] { load_config(kModel, {}, 1, ds); });
     BOOST_TEST(has(e, ds + ": "), e);
     for (const std::string& p : parts) BOOST_TEST(has(e, p), e);
   }
@@ -222,7 +214,7 @@ BOOST_AUTO_TEST_CASE(both_files_setting_a_key_differently) {
     return d;
   }());
   const std::string ds = write(dir.path / "ds.json", {{"gradient_accumulation_steps", 2}, {"train_micro_batch_size_per_gpu", "auto"}});
-  const std::string e = error_of([&] { load_config(ferry, {}, 1, ds); });
+  const std::string e = error_of<ConfigError>([&] { load_config(ferry, {}, 1, ds); });
   BOOST_TEST(has(e, ds + ": key 'gradient_accumulation_steps' is 2 here but 4 in " + ferry), e);
   // "auto" takes ferry's file's value; the same value in both is fine.
   const std::string same = write(dir.path / "same.json", {{"gradient_accumulation_steps", 4}, {"train_micro_batch_size_per_gpu", "auto"}});
@@ -237,7 +229,7 @@ BOOST_AUTO_TEST_CASE(both_files_setting_a_key_differently) {
   BOOST_TEST(r.offload.optimizer_paths == std::vector<std::string>{(dir.path / "swap").string()});
   BOOST_TEST(contains(r.deepspeed.ignored, "my_custom_key (unknown to ferry)"));
   const std::string missing = (dir.path / "nope.json").string();
-  BOOST_TEST(has(error_of([&] { load_config(ferry, {}, 1, missing); }), missing + ": cannot open the DeepSpeed configuration file"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(ferry, {}, 1, missing); }), missing + ": cannot open the DeepSpeed configuration file"));
 }
 
 // DeepSpeed's monitors: tensorboard and csv_monitor write under output_path/job_name
@@ -262,6 +254,6 @@ BOOST_AUTO_TEST_CASE(tensorboard_and_csv_monitor_sections) {
   BOOST_TEST(o.log.csv == (dir.path / "DeepSpeedJobName").string());
   BOOST_TEST(contains(o.deepspeed.ignored, "csv_monitor.flush_secs"));
   const std::string bad = write(dir.path / "bad.json", {{"tensorboard", {{"enabled", "yes"}}}});
-  const std::string e = error_of([&] { load_config(kModel, {}, 1, bad); });
+  const std::string e = error_of<ConfigError>([&] { load_config(kModel, {}, 1, bad); });
   BOOST_TEST(has(e, bad + ": key 'tensorboard.enabled': must be true or false"), e);
 }

@@ -10,11 +10,16 @@
 
 #include "runtime/config/config.h"
 #include "runtime/config/fsdp_config.h"
+#include "error_of.h"
 #include "test_util.h"
 
 using namespace ferry::runtime;
 using nlohmann::json;
 namespace fs = std::filesystem;
+
+using ferry::test::error_of;
+using ferry::test::has;
+using ferry::test::contains;
 
 namespace {
 
@@ -24,21 +29,6 @@ const std::string kLlama = kSource + "/examples/configs/llama-tiny.json";
 const std::string kJson = kSource + "/examples/fsdp/fsdp_config.json";
 const std::string kYaml = kSource + "/examples/fsdp/accelerate_fsdp.yaml";
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  BOOST_FAIL("no ConfigError");
-  return "";
-}
-
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-bool contains(const std::vector<std::string>& v, const std::string& s) {
-  return std::find(v.begin(), v.end(), s) != v.end();
-}
 
 std::string write_text(const fs::path& p, const std::string& text) {
   std::ofstream(p) << text;
@@ -92,7 +82,7 @@ BOOST_AUTO_TEST_CASE(every_sharding_strategy) {
   // Hybrid: sharded within a node; the ranks per node from --set, ferry's file or accelerate's counts.
   for (const auto& [name, stage] : {std::pair<std::string, int>{"HYBRID_SHARD", 3}, {"_HYBRID_SHARD_ZERO2", 2}}) {
     const std::string f = write(dir.path / "h.json", json{{"fsdp_sharding_strategy", name}});
-    const std::string e = error_of([&] { load_config(kGpt, {}, 4, "", f); });
+    const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 4, "", f); });
     BOOST_TEST(has(e, f), e);
     BOOST_TEST(has(e, "zero_optimization.shard_group_size"), e);
     const Config c = load_config(kGpt, {"zero_optimization.shard_group_size=2"}, 4, "", f);
@@ -114,7 +104,7 @@ BOOST_AUTO_TEST_CASE(every_sharding_strategy) {
                          write(dir.path / "r.json", json{{"fsdp_reshard_after_forward", "SHARD_GRAD_OP"}}))
                  .zero.stage == 2);
   const std::string bad = write(dir.path / "b.json", json{{"fsdp_sharding_strategy", "QUARTER_SHARD"}});
-  const std::string e = error_of([&] { load_config(kGpt, {}, 2, "", bad); });
+  const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", bad); });
   BOOST_TEST((has(e, bad) && has(e, "fsdp_sharding_strategy") && has(e, "QUARTER_SHARD")), e);
 }
 
@@ -134,7 +124,7 @@ BOOST_AUTO_TEST_CASE(offload_moves_what_the_stage_shards) {
   BOOST_TEST(off.offload.optimizer_device == "none");
   const std::string none =
       write(dir.path / "n.json", json{{"fsdp_sharding_strategy", "NO_SHARD"}, {"fsdp_offload_params", true}});
-  const std::string e = error_of([&] { load_config(kGpt, {}, 2, "", none); });
+  const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", none); });
   BOOST_TEST((has(e, none) && has(e, "fsdp_offload_params")), e);
 }
 
@@ -151,11 +141,11 @@ BOOST_AUTO_TEST_CASE(prefetch_is_overlap_comm) {
   BOOST_TEST(overlap(json{{"fsdp_forward_prefetch", true}}));
   BOOST_TEST(overlap(json{{"fsdp_forward_prefetch", false}}));  // ferry's default stands
   const std::string bad = write(dir.path / "b.json", json{{"fsdp_backward_prefetch", "SIDEWAYS"}});
-  const std::string e = error_of([&] { load_config(kGpt, {}, 2, "", bad); });
+  const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", bad); });
   BOOST_TEST((has(e, bad) && has(e, "fsdp_backward_prefetch")), e);
   const std::string both =
       write(dir.path / "2.json", json{{"fsdp_backward_prefetch", "BACKWARD_PRE"}, {"backward_prefetch_policy", "NO_PREFETCH"}});
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 2, "", both); }), "set it once"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", both); }), "set it once"));
 }
 
 BOOST_AUTO_TEST_CASE(mixed_precision_names) {
@@ -173,11 +163,11 @@ BOOST_AUTO_TEST_CASE(mixed_precision_names) {
     BOOST_TEST((!c.bf16 && !c.fp16), n);
   }
   const std::string fp8 = write_text(dir.path / "8.yaml", "distributed_type: FSDP\nmixed_precision: fp8\nfsdp_config: {}\n");
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", fp8); }), "mixed_precision"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", fp8); }), "mixed_precision"));
   const std::string clash = write_text(dir.path / "c.yaml",
                                   "distributed_type: FSDP\nmixed_precision: fp16\n"
                                   "fsdp_config:\n  fsdp_mixed_precision: bf16\n");
-  const std::string e = error_of([&] { load_config(kGpt, {}, 1, "", clash); });
+  const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", clash); });
   BOOST_TEST((has(e, clash) && has(e, "set it once")), e);
   // A key ferry's file sets differently: both named, as with --deepspeed.
   ferry::test::TempDir d2("fsdp_conflict");
@@ -186,7 +176,7 @@ BOOST_AUTO_TEST_CASE(mixed_precision_names) {
   doc["bf16"] = {{"enabled", false}};
   const std::string ferry_file = write(d2.path / "ferry.json", doc);
   const std::string f = write(d2.path / "f.json", json{{"fsdp_mixed_precision", "bf16"}});
-  const std::string c2 = error_of([&] { load_config(ferry_file, {}, 1, "", f); });
+  const std::string c2 = error_of<ConfigError>([&] { load_config(ferry_file, {}, 1, "", f); });
   BOOST_TEST((has(c2, "bf16.enabled") && has(c2, ferry_file) && has(c2, "set it in one file")), c2);
   // --set applies last.
   BOOST_TEST(!load_config(kGpt, {"bf16.enabled=false"}, 1, "", f).bf16);
@@ -207,13 +197,13 @@ BOOST_AUTO_TEST_CASE(activation_checkpointing_and_matching_keys) {
     BOOST_TEST(contains(c.fsdp.ignored, k), k);
   }
   const std::string v3 = write(dir.path / "v.json", json{{"fsdp_version", 3}});
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", v3); }), "fsdp_version"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", v3); }), "fsdp_version"));
 }
 
 BOOST_AUTO_TEST_CASE(layer_class_must_be_the_models_block) {
   // The example names Llama's and Mistral's classes: fine for Llama, not for GPT-2.
   BOOST_TEST(load_config(kLlama, {}, 1, "", kJson).zero.stage == 3);
-  const std::string e = error_of([&] { load_config(kGpt, {}, 1, "", kJson); });
+  const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", kJson); });
   BOOST_TEST((has(e, kJson) && has(e, "LlamaDecoderLayer") && has(e, "GPT2Block")), e);
   ferry::test::TempDir dir("fsdp_cls");
   BOOST_TEST(load_config(kGpt, {}, 1, "", write(dir.path / "g.json", json{{"transformer_layer_cls_to_wrap", "GPT2Block"}}))
@@ -221,7 +211,7 @@ BOOST_AUTO_TEST_CASE(layer_class_must_be_the_models_block) {
   const std::string m = write_text(dir.path / "m.yaml",
                               "distributed_type: FSDP\nfsdp_config:\n  transformer_layer_cls_to_wrap: "
                               "MistralDecoderLayer, Qwen2DecoderLayer\n");
-  BOOST_TEST(has(error_of([&] { load_config(kLlama, {}, 1, "", m); }), "MistralDecoderLayer, Qwen2DecoderLayer"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kLlama, {}, 1, "", m); }), "MistralDecoderLayer, Qwen2DecoderLayer"));
   BOOST_TEST(load_config(kLlama, {"model.arch=qwen2"}, 1, "", m).zero.stage == 3);
   BOOST_TEST(fsdp_block_class("mistral") == "MistralDecoderLayer");
 }
@@ -229,15 +219,15 @@ BOOST_AUTO_TEST_CASE(layer_class_must_be_the_models_block) {
 BOOST_AUTO_TEST_CASE(unknown_keys_are_refused) {
   ferry::test::TempDir dir("fsdp_unknown");
   const std::string f = write(dir.path / "u.json", json{{"fsdp_sharding_strategy", "FULL_SHARD"}, {"fsdp_shard_everything", true}});
-  const std::string e = error_of([&] { load_config(kGpt, {}, 1, "", f); });
+  const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", f); });
   BOOST_TEST((has(e, f) && has(e, "fsdp_shard_everything")), e);
   const std::string y = write_text(dir.path / "u.yaml", "distributed_type: FSDP\nfsdp_config: {}\nmagic_speedup: true\n");
-  const std::string ey = error_of([&] { load_config(kGpt, {}, 1, "", y); });
+  const std::string ey = error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", y); });
   BOOST_TEST((has(ey, y) && has(ey, "magic_speedup")), ey);
   const std::string ddp = write_text(dir.path / "d.yaml", "distributed_type: MULTI_GPU\nfsdp_config: {}\n");
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", ddp); }), "distributed_type"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", ddp); }), "distributed_type"));
   const std::string ds = kSource + "/examples/deepspeed/zero2_cpu_offload.json";
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, ds, kJson); }), "--deepspeed"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, ds, kJson); }), "--deepspeed"));
 }
 
 BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_key) {
@@ -256,11 +246,11 @@ BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_key) {
                         Case{"i.json", "   \n", "empty"},
                         Case{"j.yaml", "- just\n- a list\n", "mapping"}}) {
     const std::string f = write_text(dir.path / k.name, k.text);
-    const std::string e = error_of([&] { load_config(kGpt, {}, 1, "", f); });
+    const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", f); });
     BOOST_TEST((has(e, f) && has(e, k.part)), k.name + ": " + e);
   }
   const std::string missing = (dir.path / "nope.json").string();
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", missing); }), "cannot open"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", missing); }), "cannot open"));
   // Aliases of aliases: 12 lines that expand to 10^12 nodes are refused at once, and
   // nesting deeper than the parser's limit is an error, not a stack overflow.
   std::string bomb = "a0: &a0 [1,1,1,1,1,1,1,1,1,1]\n";
@@ -272,7 +262,7 @@ BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_key) {
   }
   bomb += "fsdp_config:\n  x: *a11\n";
   const std::string b = write_text(dir.path / "bomb.yaml", bomb);
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", b); }), "YAML expands to more than"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", b); }), "YAML expands to more than"));
   // A long string repeated through aliases stays under the node budget: the text budget
   // stops it (4 KB of YAML, 320 MB expanded); bytes that are not UTF-8 are named by line.
   std::string text = "&a \"" + std::string(4000, 'x') + "\"";
@@ -283,13 +273,13 @@ BOOST_AUTO_TEST_CASE(malformed_files_name_the_file_and_key) {
     text = next.append("]");
   }
   const std::string bytes = write_text(dir.path / "bytes.yaml", "fsdp_offload_params: &f [" + text + ", *e]\n");
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", bytes); }), "MiB of text"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", bytes); }), "MiB of text"));
   const std::string latin = write_text(dir.path / "latin.yaml", "fsdp_offload_params: \xff\n");
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", latin); }), latin + ": line 1, column 22: not UTF-8 text"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", latin); }), latin + ": line 1, column 22: not UTF-8 text"));
   std::string nested = "fsdp_config:\n  x: ";
   nested.append(100000, '[').append(100000, ']').append("\n");
   const std::string deep = write_text(dir.path / "deep.yaml", nested);
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 1, "", deep); }), deep));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 1, "", deep); }), deep));
 }
 
 BOOST_AUTO_TEST_CASE(accelerate_yaml_with_and_without_prefix) {
@@ -339,7 +329,7 @@ BOOST_AUTO_TEST_CASE(trainer_string_form) {
   BOOST_TEST(load_config(kGpt, {}, 2, "", "no_shard auto_wrap").zero.stage == 0);
   const Config h = load_config(kGpt, {"zero_optimization.shard_group_size=2"}, 4, "", "hybrid_shard_zero2");
   BOOST_TEST((h.zero.stage == 2 && h.zero.shard_group_size == 2));
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 2, "", "full_shard shard_grad_op"); }), "two sharding"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", "full_shard shard_grad_op"); }), "two sharding"));
   // Not the Trainer's words and not a file: a missing file.
-  BOOST_TEST(has(error_of([&] { load_config(kGpt, {}, 2, "", "full_shard turbo"); }), "cannot open"));
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", "full_shard turbo"); }), "cannot open"));
 }

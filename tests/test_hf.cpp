@@ -24,11 +24,14 @@
 #include "runtime/hf/hf_export.h"
 #include "runtime/hf/hf_weights.h"
 #include "runtime/train/trainer.h"
+#include "error_of.h"
 #include "test_util.h"
 
 using namespace ferry;
 using nlohmann::json;
 namespace fs = std::filesystem;
+
+using ferry::test::error_of;
 
 namespace {
 
@@ -127,18 +130,6 @@ json read_json(const fs::path& p) {
 }
 
 void write_json(const fs::path& p, const json& j) { std::ofstream(p) << j.dump(2); }
-
-// Runs f, which must throw, and returns the message.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  BOOST_FAIL("no error");
-  return "";
-}
 
 }  // namespace
 
