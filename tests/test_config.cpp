@@ -2,8 +2,6 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
 
-#include "error_of.h"
-
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +9,7 @@
 #include "runtime/config/config.h"
 #include "runtime/config/config_schema.h"
 #include "runtime/train/lr_schedule.h"
+#include "error_of.h"
 
 using namespace ferry::runtime;
 using nlohmann::json;
