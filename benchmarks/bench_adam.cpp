@@ -3,16 +3,27 @@
 // 12 bytes per element) over arrays of the same size, measured in the same run at the
 // same thread count. AdamW moves 28 bytes per parameter (reads p, g, m, v; writes p, m, v;
 // 30 with the bf16 copy); the fraction is Adam's bytes/s over the triad's.
-// DeepSpeed's AVX-512 CPU Adam, measured on this machine class (MACHINE-NOTES.md, 100M
-// params): 0.83 G params/s at 1 thread, 1.28 at 2; the goal is 1.3x that.
+// With --peers PYTHON (a Python with torch and deepspeed, scripts/make_peers_env.sh),
+// DeepSpeed's CPU Adam (DeepSpeedCPUAdam, benchmarks/peers/adam_peer.py) runs on the same
+// size, hyperparameters and thread count in the same run: rounds alternate ferry's
+// repetitions and one peer process doing as many; every figure is the median of its
+// samples with min and max, and the ratio is ferry's median over the peer's. Without
+// --peers the peer columns are absent.
 #include "benchmarks/bench_adam.h"
 
 #include <omp.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -24,27 +35,111 @@ namespace {
 
 struct Buffer {
   std::unique_ptr<float, decltype(&std::free)> p{nullptr, &std::free};
-  explicit Buffer(int64_t n) : p(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * 4)), &std::free) {}
+  explicit Buffer(int64_t n)
+      : p(static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>(n) * 4)), &std::free) {}
   float* get() const { return p.get(); }
 };
 
-double seconds(const std::function<void()>& f, int reps) {
-  double best = 1e30;
+// Appends the wall time of each of `reps` calls of f to `out`.
+void time_reps(const std::function<void()>& f, int reps, std::vector<double>& out) {
   for (int r = 0; r < reps; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    out.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  return best;
 }
 
-double deepspeed_reference(int threads) { return threads <= 1 ? 0.83e9 : 1.28e9; }
+// A rate (per second) over samples of seconds: median, min and max.
+struct Rate {
+  double median = 0, min = 0, max = 0;
+};
+
+Rate rate(std::vector<double> seconds, double work) {
+  std::sort(seconds.begin(), seconds.end());
+  const size_t k = seconds.size();
+  const double mid = k % 2 ? seconds[k / 2] : 0.5 * (seconds[k / 2 - 1] + seconds[k / 2]);
+  return {work / mid, work / seconds.back(), work / seconds.front()};
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+struct PeerRun {
+  std::vector<double> seconds;
+  std::string torch, deepspeed;
+};
+
+// One call of benchmarks/peers/adam_peer.py under `python`: `reps` timed DeepSpeedCPUAdam
+// steps over n fp32 params on `threads` threads. Throws std::runtime_error naming the Python
+// and the cause (the end of its stderr) when it does not run.
+PeerRun run_peer(const std::string& python, int64_t n, int threads, int reps) {
+  const std::string script = std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/adam_peer.py";
+  char err_path[] = "/tmp/ferry_adam_peer_XXXXXX";
+  const int fd = mkstemp(err_path);
+  if (fd < 0) throw std::runtime_error("--peers: cannot create a temporary file in /tmp");
+  close(fd);
+  const std::string t = std::to_string(threads);
+  const std::string cmd = "OMP_NUM_THREADS=" + t + " DS_ACCELERATOR=cpu " + shell_quote(python) +
+                          " " + shell_quote(script) + " --params " + std::to_string(n) +
+                          " --threads " + t + " --reps " + std::to_string(reps) + " 2>" +
+                          shell_quote(err_path);
+  std::string out;
+  int status = -1;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    std::array<char, 4096> buf{};
+    while (fgets(buf.data(), buf.size(), p)) out += buf.data();
+    status = pclose(p);
+  }
+  std::stringstream err;
+  err << std::ifstream(err_path).rdbuf();
+  std::remove(err_path);
+  const auto fail = [&](const std::string& what) {
+    // The last lines of its stderr say why (a traceback ends with the exception).
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(err, line);) {
+      if (!line.empty()) lines.push_back(line);
+    }
+    std::string tail;
+    for (size_t i = lines.size() > 4 ? lines.size() - 4 : 0; i < lines.size(); ++i)
+      tail += "\n  " + lines[i];
+    return std::runtime_error("--peers " + python + ": DeepSpeed's CPU Adam (" + script + ") " +
+                              what + (tail.empty() ? "" : ":" + tail));
+  };
+  if (status == -1) throw fail("could not be started");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    throw fail(code == 127 ? "did not start: no such Python (exit 127)"
+                           : "failed (exit " + std::to_string(code) +
+                                 "; a Python with torch and deepspeed: scripts/make_peers_env.sh)");
+  }
+  try {
+    const nlohmann::json j = nlohmann::json::parse(out);
+    PeerRun r{j.at("seconds").get<std::vector<double>>(), j.at("torch").get<std::string>(),
+              j.at("deepspeed").get<std::string>()};
+    if (r.seconds.size() != static_cast<size_t>(reps))
+      throw std::runtime_error("wrong number of samples");
+    return r;
+  } catch (const std::exception& e) {
+    throw fail(std::string("printed no result (") + e.what() + ")");
+  }
+}
+
+std::string range(const Rate& r) {
+  return fixed(r.min / 1e9, 3) + "-" + fixed(r.max / 1e9, 3);
+}
 
 }  // namespace
 
 int run_adam_bench(const AdamBenchOptions& opt, Report& report) {
   const int64_t n = opt.quick ? 4'000'000 : opt.params;
-  const int reps = opt.quick ? 2 : 5;
+  // Each round times `per_round` repetitions of the triad and of ferry's Adam (without and
+  // with the bf16 copy), then one peer process doing `per_round` steps.
+  const int rounds = opt.quick ? 2 : 5;
+  const int per_round = opt.quick ? 1 : 3;
+  const bool peers = !opt.peers.empty();
   const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int headline_threads = opt.threads > 0 ? opt.threads : all;
   Buffer p(n), g(n), m(n), v(n), a(n), b(n), c(n);
@@ -60,47 +155,91 @@ int run_adam_bench(const AdamBenchOptions& opt, Report& report) {
   offload::CpuAdam adam({1e-3, 0.9, 0.999, 1e-8, 0.01});
   report.bench = "adam";
   report.threads = headline_threads;
-  report.columns = {"threads", "bf16 copy", "G params/s", "GB/s moved", "triad GB/s", "of triad", "vs DeepSpeed"};
+  report.columns = {"threads",    "bf16 copy",  "G params/s", "min-max",
+                    "GB/s moved", "triad GB/s", "of triad"};
+  if (peers)
+    report.columns.insert(report.columns.end(),
+                          {"DeepSpeed G params/s", "min-max", "ferry / DeepSpeed"});
   std::vector<int> thread_counts = {1};
   if (all > 1) thread_counts.push_back(all);
-  if (std::find(thread_counts.begin(), thread_counts.end(), headline_threads) == thread_counts.end()) {
+  if (std::find(thread_counts.begin(), thread_counts.end(), headline_threads) ==
+      thread_counts.end()) {
     thread_counts.push_back(headline_threads);
   }
+  const double work = static_cast<double>(n);
+  int64_t step = 0;
+  std::string torch_version, deepspeed_version;
   for (int t : thread_counts) {
     omp_set_num_threads(t);
-    const double triad_s = seconds(
-        [&] {
-          float* A = a.get();
-          const float *B = b.get(), *C = c.get();
+    std::vector<double> triad_s, plain_s, fused_s, peer_s;
+    for (int round = 0; round < rounds; ++round) {
+      time_reps(
+          [&] {
+            float* A = a.get();
+            const float *B = b.get(), *C = c.get();
 #pragma omp parallel for schedule(static)
-          for (int64_t i = 0; i < n; ++i) A[i] = B[i] + 3.0f * C[i];
-        },
-        reps);
-    const double triad_gbps = 12.0 * static_cast<double>(n) / triad_s / 1e9;
-    for (bool fused : {false, true}) {
-      int64_t step = 0;
-      const double s = seconds(
-          [&] { adam.update(p.get(), g.get(), m.get(), v.get(), n, ++step, 1e-3, 0.01, 0.5, fused ? bf16.data() : nullptr); },
-          reps);
-      const double pps = static_cast<double>(n) / s;
-      const double bytes = (fused ? 30.0 : 28.0) * pps / 1e9;
-      const double ds = deepspeed_reference(t);
-      report.table.push_back({std::to_string(t), fused ? "yes" : "no", fixed(pps / 1e9, 3), fixed(bytes, 1),
-                              fixed(triad_gbps, 1), fixed(bytes / triad_gbps, 2), fixed(pps / ds, 2)});
-      report.rows.push_back({{"threads", t},
-                             {"bf16_copy", fused},
-                             {"params", n},
-                             {"params_per_s", pps},
-                             {"bytes_per_s", bytes * 1e9},
-                             {"triad_bytes_per_s", triad_gbps * 1e9},
-                             {"fraction_of_triad", bytes / triad_gbps},
-                             {"deepspeed_reference_params_per_s", ds},
-                             {"vs_deepspeed", pps / ds}});
-      if (t == headline_threads && !fused) {
-        report.headline = {"params_per_s (" + std::to_string(t) + " threads)", pps, "stream_triad_equiv_params_per_s",
-                           triad_gbps * 1e9 / 28.0, 0.85};
+            for (int64_t i = 0; i < n; ++i) A[i] = B[i] + 3.0f * C[i];
+          },
+          per_round, triad_s);
+      for (bool fused : {false, true}) {
+        time_reps(
+            [&] {
+              adam.update(p.get(), g.get(), m.get(), v.get(), n, ++step, 1e-3, 0.01, 0.5,
+                          fused ? bf16.data() : nullptr);
+            },
+            per_round, fused ? fused_s : plain_s);
+      }
+      if (peers) {
+        PeerRun r = run_peer(opt.peers, n, t, per_round);
+        peer_s.insert(peer_s.end(), r.seconds.begin(), r.seconds.end());
+        torch_version = r.torch, deepspeed_version = r.deepspeed;
       }
     }
+    const double triad_gbps = rate(triad_s, 12.0 * work).median / 1e9;
+    const Rate peer = peers ? rate(peer_s, work) : Rate{};
+    for (bool fused : {false, true}) {
+      const Rate ferry = rate(fused ? fused_s : plain_s, work);
+      const double bytes = (fused ? 30.0 : 28.0) * ferry.median / 1e9;
+      std::vector<std::string> row = {
+          std::to_string(t), fused ? "yes" : "no", fixed(ferry.median / 1e9, 3), range(ferry),
+          fixed(bytes, 1),   fixed(triad_gbps, 1), fixed(bytes / triad_gbps, 2)};
+      nlohmann::json jrow = {{"threads", t},
+                             {"bf16_copy", fused},
+                             {"params", n},
+                             {"samples", rounds * per_round},
+                             {"params_per_s", ferry.median},
+                             {"params_per_s_min", ferry.min},
+                             {"params_per_s_max", ferry.max},
+                             {"bytes_per_s", bytes * 1e9},
+                             {"triad_bytes_per_s", triad_gbps * 1e9},
+                             {"fraction_of_triad", bytes / triad_gbps}};
+      // DeepSpeed's CPU Adam has no bf16 copy-out: its figures stand on the plain rows.
+      if (peers && !fused) {
+        row.insert(row.end(), {fixed(peer.median / 1e9, 3), range(peer),
+                               fixed(ferry.median / peer.median, 2)});
+        jrow["deepspeed_params_per_s"] = peer.median;
+        jrow["deepspeed_params_per_s_min"] = peer.min;
+        jrow["deepspeed_params_per_s_max"] = peer.max;
+        jrow["ferry_over_deepspeed"] = ferry.median / peer.median;
+      } else if (peers) {
+        row.insert(row.end(), {"-", "-", "-"});
+      }
+      report.table.push_back(row);
+      report.rows.push_back(jrow);
+      if (t == headline_threads && !fused) {
+        report.headline =
+            peers ? Headline{"params_per_s (" + std::to_string(t) + " threads)", ferry.median,
+                             "deepspeed_cpu_adam_params_per_s", peer.median, 1.3}
+                  : Headline{"params_per_s (" + std::to_string(t) + " threads)", ferry.median,
+                             "stream_triad_equiv_params_per_s", triad_gbps * 1e9 / 28.0, 0.85};
+      }
+    }
+  }
+  if (peers) {
+    report.headline.extra["peer"] = {{"python", opt.peers},
+                                     {"torch", torch_version},
+                                     {"deepspeed", deepspeed_version},
+                                     {"samples", rounds * per_round}};
   }
   return 0;
 }

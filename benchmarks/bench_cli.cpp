@@ -27,7 +27,7 @@ const CLI::Validator kPositive(
     ">=1");
 
 struct BenchArgs {
-  std::string json_path, path, trace_path, tokenizer, python;
+  std::string json_path, path, trace_path, tokenizer, python, peers;
   ModelBenchOptions opt;  // threads, quick, only, device, bf16 (model); threads, quick elsewhere
 };
 
@@ -52,7 +52,8 @@ int run(const std::string& name, const BenchArgs& a) {
       rc = run_attention_bench(AttentionBenchOptions{a.opt.device, a.opt.bf16, a.python, a.opt.threads, a.opt.quick},
                                report);
     } else if (name == "adam") {
-      rc = run_adam_bench(AdamBenchOptions{a.opt.threads, 100'000'000, a.opt.quick}, report);
+      rc = run_adam_bench(AdamBenchOptions{a.opt.threads, 100'000'000, a.opt.quick, a.peers},
+                          report);
     } else {
       rc = run_comm_bench(CommBenchOptions{a.opt.quick}, report, is_root);
     }
@@ -100,7 +101,15 @@ std::function<int()> bench_command(CLI::App& cmd) {
       "all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB, as a fraction of the same MPI "
       "collective called directly (run under mpiexec -n N); at 2+ hosts also the bytes each ZeRO-3 layout (plain, "
       "hybrid, hpZ) sends between hosts");
-  threads(add("adam", "CPU AdamW params/s on 100M fp32 params at 1 and all threads, against a STREAM-style triad"));
+  CLI::App* adam = add(
+      "adam",
+      "CPU AdamW params/s on 100M fp32 params at 1 and all threads, against a STREAM-style triad; "
+      "with --peers, against DeepSpeed's CPU Adam in the same run");
+  threads(adam);
+  adam->add_option("--peers", a->peers,
+                   "a Python with torch and deepspeed (scripts/make_peers_env.sh): DeepSpeedCPUAdam "
+                   "measured alongside, alternating with ferry")
+      ->envname("FERRY_PEERS_PYTHON");
   add("io", "sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio on the same file")
       ->add_option("--path", a->path, "a folder on the disk to measure")
       ->required();
