@@ -41,7 +41,7 @@ int run(const std::string& name, const BenchArgs& a) {
       if (o.device == "cuda") o.device_memory = 0;  // sized to the GPU
       rc = run_model_bench(o, report);
     } else if (name == "io") {
-      rc = run_io_bench(IoBenchOptions{a.path, a.opt.quick}, report);
+      rc = run_io_bench(IoBenchOptions{a.path, a.opt.quick, a.peers}, report);
     } else if (name == "step") {
       rc = run_step_bench(StepBenchOptions{a.path, a.opt.quick, a.trace_path, a.opt.bf16, a.opt.device}, report);
     } else if (name == "ckpt") {
@@ -110,9 +110,14 @@ std::function<int()> bench_command(CLI::App& cmd) {
                    "a Python with torch and deepspeed (scripts/make_peers_env.sh): DeepSpeedCPUAdam "
                    "measured alongside, alternating with ferry")
       ->envname("FERRY_PEERS_PYTHON");
-  add("io", "sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio on the same file")
-      ->add_option("--path", a->path, "a folder on the disk to measure")
-      ->required();
+  CLI::App* io = add("io",
+                     "sequential read/write GB/s of the NVMe store (io_uring, O_DIRECT) against fio on the same "
+                     "file; with --peers, also against DeepSpeed's aio (libaio) in the same run");
+  io->add_option("--path", a->path, "a folder on the disk to measure")->required();
+  io->add_option("--peers", a->peers,
+                 "a Python with torch and deepspeed (scripts/make_peers_env.sh): DeepSpeed's aio_handle measured "
+                 "alongside, alternating with ferry and fio")
+      ->envname("FERRY_PEERS_PYTHON");
   add("ckpt", "checkpoint write and read GB/s of a GPT with 1 GB of state against fio's sequential write and read")
       ->add_option("--path", a->path, "a folder on the disk to measure")
       ->required();

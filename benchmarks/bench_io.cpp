@@ -1,13 +1,18 @@
 // ferry bench io --path DIR: sequential write then read GB/s of ferry's store (io_uring,
 // O_DIRECT) for block sizes 128 KiB to 8 MiB and queue depths 1 to 64, and in the same run
-// fio (ioengine=io_uring, direct=1) on the same file with the same block size and depth.
-// Each case moves the whole file (1 GiB) in one call, so the queue stays full; writes
-// end with fdatasync on both sides (fio --end_fsync=1). The file is written once before
-// the first case. The ratio is ferry's GB/s over fio's.
+// fio (ioengine=io_uring, direct=1) on the same file with the same block size and depth;
+// with --peers PY also DeepSpeed's aio_handle (libaio, O_DIRECT: ZeRO-Infinity's engine,
+// benchmarks/peers/io_peer.py, one process for the whole run). Each case moves the whole
+// file (1 GiB) in one call, so the queue stays full; writes end with fdatasync on every
+// side (fio --end_fsync=1). The file is written once before the first case. Within a case
+// the sides alternate, repetition by repetition (3; --quick 1), each repetition starting
+// with another side, and each figure is the median with min and max; the ratios are
+// ferry's median over each peer's.
 #include "benchmarks/bench_io.h"
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "benchmarks/peer_process.h"
 #include "offload/storage.h"
 
 namespace ferry::bench {
@@ -47,19 +53,47 @@ double fio_bandwidth(const std::string& file, bool write, size_t bs, int qd, uin
 }
 
 
+namespace {
+
+struct Spread {
+  double median = 0, min = 0, max = 0;  // bytes/s
+};
+
+Spread spread(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size();
+  return {k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]), v.front(), v.back()};
+}
+
+std::string gbps(const Spread& s, bool with_range) {
+  std::string t = fixed(s.median / 1e9, 2);
+  if (with_range) t.append(" (").append(fixed(s.min / 1e9, 2)).append("-").append(fixed(s.max / 1e9, 2)).append(")");
+  return t;
+}
+
+}  // namespace
+
 int run_io_bench(const IoBenchOptions& opt, Report& report) {
   if (opt.path.empty()) throw std::runtime_error("ferry bench io needs --path DIR (a folder on the disk to measure)");
   const uint64_t size = opt.quick ? (64u << 20) : (1u << 30);
   std::vector<size_t> blocks = {128u << 10, 1u << 20, 8u << 20};
   std::vector<int> depths = {1, 8, 64};
   if (opt.quick) blocks = {1u << 20}, depths = {1, 8};
+  const int reps = opt.quick ? 1 : 3;
   void* raw = std::aligned_alloc(4096, size);
   std::unique_ptr<void, decltype(&std::free)> buf(raw, &std::free);
   for (uint64_t i = 0; i < size / 8; ++i) static_cast<uint64_t*>(raw)[i] = i * 0x9e3779b97f4a7c15ull;
+  std::unique_ptr<PeerProcess> peer;
+  if (!opt.peers.empty()) {
+    peer = std::make_unique<PeerProcess>("DeepSpeed's aio", opt.peers,
+                                         std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/io_peer.py",
+                                         std::vector<std::string>{"DS_ACCELERATOR=cpu"});
+  }
   report.bench = "io";
   report.threads = 1;
-  report.columns = {"op", "block", "depth", "ferry GB/s", "fio GB/s", "ratio"};
-  double sum_ferry = 0, sum_fio = 0;
+  report.columns = {"op", "block", "depth", "ferry GB/s", "fio GB/s", "ferry / fio"};
+  if (peer) report.columns.insert(report.columns.end(), {"DeepSpeed aio GB/s", "ferry / DeepSpeed", "ferry / best"});
+  double sum_ferry = 0, sum_fio = 0, sum_ds = 0, worst_best = 1e30;
   std::string file;
   for (size_t bs : blocks) {
     for (int qd : depths) {
@@ -77,24 +111,61 @@ int run_io_bench(const IoBenchOptions& opt, Report& report) {
       // an extent conversion that fio, coming second, would never pay.
       if (bs == blocks.front() && qd == depths.front()) store->write(0, raw, size), store->sync();
       for (bool write : {true, false}) {
-        const auto t0 = std::chrono::steady_clock::now();
-        write ? store->write(0, raw, size) : store->read(0, raw, size);
-        if (write) store->sync();
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const double ferry = static_cast<double>(size) / s;
-        const double fio = fio_bandwidth(file, write, bs, qd, size);
-        sum_ferry += ferry;
-        sum_fio += fio;
-        report.table.push_back({write ? "write" : "read", std::to_string(bs >> 10) + " KiB", std::to_string(qd),
-                                fixed(ferry / 1e9, 2), fixed(fio / 1e9, 2), fixed(ferry / fio, 3)});
-        report.rows.push_back({{"op", write ? "write" : "read"},
+        std::vector<double> ferry_v, fio_v, ds_v;
+        const int sides = peer ? 3 : 2;
+        for (int r = 0; r < reps; ++r) {
+          // Each repetition starts with another side: on a shared virtual disk the first
+          // pass after a change of pattern was seen 2x faster or slower than the next.
+          for (int k = 0; k < sides; ++k) {
+            const int side = (r + k) % sides;
+            if (side == 0) {
+              const auto t0 = std::chrono::steady_clock::now();
+              write ? store->write(0, raw, size) : store->read(0, raw, size);
+              if (write) store->sync();
+              ferry_v.push_back(static_cast<double>(size) /
+                                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            } else if (side == 1) {
+              fio_v.push_back(fio_bandwidth(file, write, bs, qd, size));
+            } else {
+              const nlohmann::json a = peer->request({{"op", write ? "write" : "read"},
+                                                      {"path", file},
+                                                      {"bytes", size},
+                                                      {"block_size", bs},
+                                                      {"queue_depth", qd}});
+              ds_v.push_back(static_cast<double>(size) / a.at("seconds").get<double>());
+            }
+          }
+        }
+        const Spread f = spread(ferry_v), fi = spread(fio_v);
+        sum_ferry += f.median;
+        sum_fio += fi.median;
+        std::vector<std::string> row = {write ? "write" : "read", std::to_string(bs >> 10) + " KiB",
+                                        std::to_string(qd), gbps(f, reps > 1), gbps(fi, reps > 1),
+                                        fixed(f.median / fi.median, 3)};
+        nlohmann::json jrow = {{"op", write ? "write" : "read"},
                                {"block_size", bs},
                                {"queue_depth", qd},
                                {"bytes", size},
+                               {"repetitions", reps},
                                {"storage", store->describe()},
-                               {"ferry_bytes_per_s", ferry},
-                               {"fio_bytes_per_s", fio},
-                               {"ratio", ferry / fio}});
+                               {"ferry_bytes_per_s", f.median},
+                               {"ferry_min_max", {f.min, f.max}},
+                               {"fio_bytes_per_s", fi.median},
+                               {"fio_min_max", {fi.min, fi.max}},
+                               {"ratio", f.median / fi.median}};
+        if (peer) {
+          const Spread d = spread(ds_v);
+          sum_ds += d.median;
+          const double best = std::max(fi.median, d.median);
+          worst_best = std::min(worst_best, f.median / best);
+          row.insert(row.end(), {gbps(d, reps > 1), fixed(f.median / d.median, 3), fixed(f.median / best, 3)});
+          jrow["deepspeed_aio_bytes_per_s"] = d.median;
+          jrow["deepspeed_aio_min_max"] = {d.min, d.max};
+          jrow["ratio_deepspeed"] = f.median / d.median;
+          jrow["ratio_best_peer"] = f.median / best;
+        }
+        report.table.push_back(row);
+        report.rows.push_back(jrow);
       }
     }
   }
@@ -102,6 +173,11 @@ int run_io_bench(const IoBenchOptions& opt, Report& report) {
   const double cases = static_cast<double>(report.rows.size());
   report.headline = {"ferry_bytes_per_s (mean over cases)", sum_ferry / cases, "fio_bytes_per_s (mean over cases)",
                      sum_fio / cases, 0.95};
+  if (peer) {
+    report.headline.extra["deepspeed_aio_bytes_per_s (mean over cases)"] = sum_ds / cases;
+    report.headline.extra["worst ferry / best peer (per case)"] = worst_best;
+    report.headline.extra["peer"] = peer->hello();
+  }
   return 0;
 }
 

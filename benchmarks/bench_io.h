@@ -9,7 +9,8 @@ namespace ferry::bench {
 
 struct IoBenchOptions {
   std::string path;   // folder on the disk to measure
-  bool quick = false; // 64 MiB file, fewer cases (smoke test)
+  bool quick = false; // 64 MiB file, fewer cases, one repetition (smoke test)
+  std::string peers;  // a Python with torch and deepspeed: DeepSpeed's aio in the same run ("": none)
 };
 
 int run_io_bench(const IoBenchOptions& opt, Report& report);
