@@ -73,9 +73,9 @@ void Tracer::write_line(const std::string& line) {
 }
 
 void Tracer::record(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
-                    int64_t step_arg, uint64_t bytes) {
+                    int64_t step_arg, uint64_t bytes, Clock::time_point queued) {
   std::lock_guard<std::mutex> lock(mu_);
-  record_locked(activity, name, t0, t1, step_arg, bytes);
+  record_locked(activity, name, t0, t1, step_arg, bytes, queued);
 }
 
 void Tracer::record_device(Activity activity, const std::string& name, DeviceClock::Mark m0, DeviceClock::Mark m1,
@@ -110,7 +110,7 @@ void Tracer::resolve_device_spans() {
 }
 
 void Tracer::record_locked(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
-                           int64_t step_arg, uint64_t bytes) {
+                           int64_t step_arg, uint64_t bytes, Clock::time_point queued) {
   if (t1 < t0) t1 = t0;
   const auto a = static_cast<size_t>(activity);
   busy_[a] += std::chrono::duration<double>(t1 - t0).count();
@@ -124,6 +124,7 @@ void Tracer::record_locked(Activity activity, const std::string& name, Clock::ti
   } else {
     e["args"] = {{"after_step", step_}};
   }
+  if (queued != Clock::time_point{}) e["args"]["queued_ts"] = us(queued);
   write_line(e.dump());
 }
 

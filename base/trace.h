@@ -84,16 +84,20 @@ class Tracer {
 
   // A span [t0, t1] of `activity`; `name` labels it ("block.3", "adam block.3").
   // `bytes`: what the span moved (nvme bytes, a collective's full buffer), summed per step.
+  // `queued`, when set: when the work was asked for (a prefetched read queued on the
+  // swapper's thread), written as args.queued_ts so that the file shows how far ahead it
+  // was issued, apart from when the disk got to it.
   void record(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
-              int64_t step_arg = -1, uint64_t bytes = 0);
+              int64_t step_arg = -1, uint64_t bytes = 0, Clock::time_point queued = {});
   // RAII: records from construction to destruction. A null tracer records nothing.
   class Span {
    public:
     Span(Tracer* t, Activity a, std::string name, uint64_t bytes = 0)
         : t_(t), a_(a), name_(std::move(name)), bytes_(bytes), t0_(Clock::now()) {}
     ~Span() {
-      if (t_) t_->record(a_, name_, t0_, Clock::now(), -1, bytes_);
+      if (t_) t_->record(a_, name_, t0_, Clock::now(), -1, bytes_, queued_);
     }
+    void set_queued(Clock::time_point queued) { queued_ = queued; }
     Span(const Span&) = delete;
     Span& operator=(const Span&) = delete;
 
@@ -103,6 +107,7 @@ class Tracer {
     std::string name_;
     uint64_t bytes_;
     Clock::time_point t0_;
+    Clock::time_point queued_{};
   };
 
   // Device spans (review F6: on a GPU, host spans measure enqueue time): [m0, m1] are
@@ -124,7 +129,7 @@ class Tracer {
   double us(Clock::time_point t) const;
   void resolve_device_spans();  // under mu_: records the spans the device has passed
   void record_locked(Activity activity, const std::string& name, Clock::time_point t0, Clock::time_point t1,
-                     int64_t step_arg, uint64_t bytes);
+                     int64_t step_arg, uint64_t bytes, Clock::time_point queued = {});
 
   struct DeviceSpan {
     Activity activity;

@@ -4,7 +4,8 @@
 //   threads on the fake communicator), with clipping (updates after the global norm,
 //   overlapping the next forward) and without (updates during backward);
 // - the trace shows the prefetch depth honoured: in a steady step, the NVMe read of the
-//   unit d positions ahead starts before the current unit's compute ends;
+//   unit d positions ahead is asked for (args.queued_ts) before the current unit's
+//   compute ends, at every unit, in both directions;
 // - a unit order that differs between ranks or between steps stops with a message naming
 //   the unit, the position and the rank.
 #define BOOST_TEST_MODULE schedule
@@ -134,8 +135,14 @@ BOOST_AUTO_TEST_CASE(trace_shows_the_prefetch_depth_honoured) {
   std::ifstream in(dir.path / "trace.rank0.json");
   BOOST_REQUIRE(in.good());
   const json trace = json::parse(in);
-  // Per name, the spans of step 3 in start order: compute and parameter reads.
-  std::map<std::string, std::vector<std::pair<double, double>>> compute, reads;
+  // Per name, the spans of step 3 in start order: compute, and the parameter reads with
+  // the time each was queued (args.queued_ts: prefetched reads carry it).
+  struct Read {
+    double start, queued;
+    bool operator<(const Read& o) const { return start < o.start; }
+  };
+  std::map<std::string, std::vector<std::pair<double, double>>> compute;
+  std::map<std::string, std::vector<Read>> reads;
   std::set<std::string> tracks;
   int step_spans = 0;
   for (const json& e : trace.at("traceEvents")) {
@@ -145,33 +152,47 @@ BOOST_AUTO_TEST_CASE(trace_shows_the_prefetch_depth_honoured) {
     if (!e.at("args").contains("step") || e.at("args").at("step") != 3) continue;
     const double t0 = e.at("ts").get<double>(), t1 = t0 + e.at("dur").get<double>();
     if (e.at("cat") == "compute") compute[e.at("name")].emplace_back(t0, t1);
-    if (e.at("cat") == "param_read") reads[e.at("name")].emplace_back(t0, t1);
+    if (e.at("cat") == "param_read") {
+      BOOST_REQUIRE_MESSAGE(e.at("args").contains("queued_ts"), "a prefetched read without queued_ts: " << e.dump());
+      const double queued = e.at("args").at("queued_ts").get<double>();
+      BOOST_TEST(queued <= t0);
+      reads[e.at("name")].push_back({t0, queued});
+    }
   }
   BOOST_TEST(step_spans == 3);
   for (const char* track : {"step", "compute", "nvme read (params)", "nvme write (optimizer)", "cpu adam"}) {
     BOOST_TEST(tracks.count(track) == 1, "track " << track);
   }
-  for (auto* m : {&compute, &reads})
-    for (auto& [name, spans] : *m) std::sort(spans.begin(), spans.end());
+  for (auto& [name, spans] : compute) std::sort(spans.begin(), spans.end());
+  for (auto& [name, spans] : reads) std::sort(spans.begin(), spans.end());
   auto block = [](int i) { return "block." + std::to_string(i); };
   // Forward uses block.0 .. block.L-1 (first spans); backward block.L-1 .. block.0 (second).
-  // A read of block i+depth that starts while block i still computes can only come from a
-  // prefetcher looking `depth` units ahead (one looking 1 ahead issues it after block i).
-  // When it starts is the disk's business too (reads run one after another on the
-  // swapper's thread, and a shared disk stalls now and then), so the test asks for it to
-  // happen, in each direction, not at every unit: a timing condition at every unit failed
-  // about one run in six on this machine's shared disk.
-  int forward = 0, backward = 0;
+  // A read of block i+depth asked for while block i still computes can only come from a
+  // prefetcher looking `depth` units ahead (one looking 1 ahead asks for it after block
+  // i). That is the schedule's doing and holds at every unit. When the read *starts* is
+  // also the disk's business (reads run one after another on the swapper's thread, and a
+  // shared disk stalls now and then; a CI machine whose step-3 forward competed with the
+  // previous step's optimizer writes started none of them during the compute), so that
+  // count is reported, not checked.
+  int forward = 0, backward = 0, forward_started = 0, backward_started = 0;
   for (int i = 0; i + depth < layers; ++i) {
     BOOST_REQUIRE(compute[block(i)].size() == 2);
     BOOST_REQUIRE(reads[block(i + depth)].size() == 2);
-    forward += reads[block(i + depth)][0].first < compute[block(i)][0].second;
+    const Read& r = reads[block(i + depth)][0];
+    forward += r.queued < compute[block(i)][0].second;
+    forward_started += r.start < compute[block(i)][0].second;
   }
-  for (int i = depth; i < layers; ++i) backward += reads[block(i - depth)][1].first < compute[block(i)][1].second;
-  BOOST_TEST_MESSAGE("reads " << depth << " units ahead that started during the compute: forward " << forward << " of "
-                              << layers - depth << ", backward " << backward << " of " << layers - depth);
-  BOOST_TEST(forward >= 1);
-  BOOST_TEST(backward >= 1);
+  for (int i = depth; i < layers; ++i) {
+    const Read& r = reads[block(i - depth)][1];
+    backward += r.queued < compute[block(i)][1].second;
+    backward_started += r.start < compute[block(i)][1].second;
+  }
+  BOOST_TEST_MESSAGE("reads " << depth << " units ahead asked for during the compute: forward " << forward << " of "
+                              << layers - depth << ", backward " << backward << " of " << layers - depth
+                              << "; started during it: forward " << forward_started << ", backward "
+                              << backward_started);
+  BOOST_TEST(forward == layers - depth);
+  BOOST_TEST(backward == layers - depth);
 }
 
 namespace {

@@ -140,10 +140,11 @@ nn::TransferPtr ParamShards::upload(int unit, const Tensor& dst, const void* src
   return t;
 }
 
-void ParamShards::read_into(int unit, void* buf) {
+void ParamShards::read_into(int unit, void* buf, Tracer::Clock::time_point queued) {
   const int64_t n = parts_.at(static_cast<size_t>(unit)).shard;
   Tracer::Span span(tracer_, Activity::param_read, names_.at(static_cast<size_t>(unit)),
                     static_cast<uint64_t>(n) * nn::dtype_size(dtype_));
+  span.set_queued(queued);
   store(unit).read(region(unit), 0, n, buf);
 }
 

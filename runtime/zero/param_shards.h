@@ -65,8 +65,9 @@ class ParamShards {
   // dst (the device) <- src (host memory: a pool buffer or unit's host shard), traced as
   // the unit's upload on the device's clock.
   nn::TransferPtr upload(int unit, const nn::Tensor& dst, const void* src);
-  // nvme: the whole shard, in dtype(), into a pool buffer (the prefetcher's swapper job).
-  void read_into(int unit, void* buf);
+  // nvme: the whole shard, in dtype(), into a pool buffer (the prefetcher's swapper job);
+  // `queued`: when the prefetcher asked for it (the trace's args.queued_ts).
+  void read_into(int unit, void* buf, Tracer::Clock::time_point queued = {});
   // [offset, offset + n) of the shard as fp32 through host memory (ShardStore's rules for
   // nvme: `buf` a pool buffer, `offset` a multiple of quantum()); bf16 shards widen on
   // read and round to nearest even on write.

@@ -112,7 +112,8 @@ void Prefetcher::start_read(Flight& f) {
   while (!retired_.empty() && pool_->in_use() >= pool_->buffer_count()) reap_oldest();
   const int unit = f.unit;
   ParamShards* shards = shards_;
-  f.read = swapper_->submit([shards, unit](void* buf) { shards->read_into(unit, static_cast<float*>(buf)); });
+  const Tracer::Clock::time_point queued = Tracer::Clock::now();
+  f.read = swapper_->submit([shards, unit, queued](void* buf) { shards->read_into(unit, buf, queued); });
 }
 
 Tensor Prefetcher::take_read(Flight& f) {
