@@ -6,27 +6,24 @@
 // With --peers PYTHON (a Python with torch and deepspeed, scripts/make_peers_env.sh),
 // DeepSpeed's CPU Adam (DeepSpeedCPUAdam, benchmarks/peers/adam_peer.py) runs on the same
 // size, hyperparameters and thread count in the same run: rounds alternate ferry's
-// repetitions and one peer process doing as many; every figure is the median of its
+// repetitions and the peer doing as many (one long-running peer per thread count,
+// benchmarks/peer_process.h: its OpenMP runtime reads OMP_NUM_THREADS once); every figure is the median of its
 // samples with min and max, and the ratio is ferry's median over the peer's. Without
 // --peers the peer columns are absent.
 #include "benchmarks/bench_adam.h"
 
 #include <omp.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "benchmarks/peer_process.h"
 #include "offload/cpu_adam.h"
 
 namespace ferry::bench {
@@ -49,85 +46,7 @@ void time_reps(const std::function<void()>& f, int reps, std::vector<double>& ou
   }
 }
 
-// A rate (per second) over samples of seconds: median, min and max.
-struct Rate {
-  double median = 0, min = 0, max = 0;
-};
-
-Rate rate(std::vector<double> seconds, double work) {
-  std::sort(seconds.begin(), seconds.end());
-  const size_t k = seconds.size();
-  const double mid = k % 2 ? seconds[k / 2] : 0.5 * (seconds[k / 2 - 1] + seconds[k / 2]);
-  return {work / mid, work / seconds.back(), work / seconds.front()};
-}
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-struct PeerRun {
-  std::vector<double> seconds;
-  std::string torch, deepspeed;
-};
-
-// One call of benchmarks/peers/adam_peer.py under `python`: `reps` timed DeepSpeedCPUAdam
-// steps over n fp32 params on `threads` threads. Throws std::runtime_error naming the Python
-// and the cause (the end of its stderr) when it does not run.
-PeerRun run_peer(const std::string& python, int64_t n, int threads, int reps) {
-  const std::string script = std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/adam_peer.py";
-  char err_path[] = "/tmp/ferry_adam_peer_XXXXXX";
-  const int fd = mkstemp(err_path);
-  if (fd < 0) throw std::runtime_error("--peers: cannot create a temporary file in /tmp");
-  close(fd);
-  const std::string t = std::to_string(threads);
-  const std::string cmd = "OMP_NUM_THREADS=" + t + " DS_ACCELERATOR=cpu " + shell_quote(python) +
-                          " " + shell_quote(script) + " --params " + std::to_string(n) +
-                          " --threads " + t + " --reps " + std::to_string(reps) + " 2>" +
-                          shell_quote(err_path);
-  std::string out;
-  int status = -1;
-  if (FILE* p = popen(cmd.c_str(), "r")) {
-    std::array<char, 4096> buf{};
-    while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-    status = pclose(p);
-  }
-  std::stringstream err;
-  err << std::ifstream(err_path).rdbuf();
-  std::remove(err_path);
-  const auto fail = [&](const std::string& what) {
-    // The last lines of its stderr say why (a traceback ends with the exception).
-    std::vector<std::string> lines;
-    for (std::string line; std::getline(err, line);) {
-      if (!line.empty()) lines.push_back(line);
-    }
-    std::string tail;
-    for (size_t i = lines.size() > 4 ? lines.size() - 4 : 0; i < lines.size(); ++i)
-      tail += "\n  " + lines[i];
-    return std::runtime_error("--peers " + python + ": DeepSpeed's CPU Adam (" + script + ") " +
-                              what + (tail.empty() ? "" : ":" + tail));
-  };
-  if (status == -1) throw fail("could not be started");
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    throw fail(code == 127 ? "did not start: no such Python (exit 127)"
-                           : "failed (exit " + std::to_string(code) +
-                                 "; a Python with torch and deepspeed: scripts/make_peers_env.sh)");
-  }
-  try {
-    const nlohmann::json j = nlohmann::json::parse(out);
-    PeerRun r{j.at("seconds").get<std::vector<double>>(), j.at("torch").get<std::string>(),
-              j.at("deepspeed").get<std::string>()};
-    if (r.seconds.size() != static_cast<size_t>(reps))
-      throw std::runtime_error("wrong number of samples");
-    return r;
-  } catch (const std::exception& e) {
-    throw fail(std::string("printed no result (") + e.what() + ")");
-  }
-}
-
-std::string range(const Rate& r) {
+std::string range(const Spread& r) {
   return fixed(r.min / 1e9, 3) + "-" + fixed(r.max / 1e9, 3);
 }
 
@@ -168,9 +87,16 @@ int run_adam_bench(const AdamBenchOptions& opt, Report& report) {
   }
   const double work = static_cast<double>(n);
   int64_t step = 0;
-  std::string torch_version, deepspeed_version;
+  nlohmann::json peer_hello;
   for (int t : thread_counts) {
     omp_set_num_threads(t);
+    std::unique_ptr<PeerProcess> peer_process;
+    if (peers) {
+      peer_process = std::make_unique<PeerProcess>(
+          "DeepSpeed's CPU Adam", opt.peers, std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/adam_peer.py",
+          std::vector<std::string>{"OMP_NUM_THREADS=" + std::to_string(t), "DS_ACCELERATOR=cpu"});
+      peer_hello = peer_process->hello();
+    }
     std::vector<double> triad_s, plain_s, fused_s, peer_s;
     for (int round = 0; round < rounds; ++round) {
       time_reps(
@@ -189,16 +115,18 @@ int run_adam_bench(const AdamBenchOptions& opt, Report& report) {
             },
             per_round, fused ? fused_s : plain_s);
       }
-      if (peers) {
-        PeerRun r = run_peer(opt.peers, n, t, per_round);
-        peer_s.insert(peer_s.end(), r.seconds.begin(), r.seconds.end());
-        torch_version = r.torch, deepspeed_version = r.deepspeed;
+      if (peer_process) {
+        const auto got = peer_process->request({{"params", n}, {"reps", per_round}}).at("seconds").get<std::vector<double>>();
+        if (got.size() != static_cast<size_t>(per_round))
+          throw std::runtime_error("--peers " + opt.peers + ": DeepSpeed's CPU Adam answered " +
+                                   std::to_string(got.size()) + " samples for " + std::to_string(per_round));
+        peer_s.insert(peer_s.end(), got.begin(), got.end());
       }
     }
     const double triad_gbps = rate(triad_s, 12.0 * work).median / 1e9;
-    const Rate peer = peers ? rate(peer_s, work) : Rate{};
+    const Spread peer = peers ? rate(peer_s, work) : Spread{};
     for (bool fused : {false, true}) {
-      const Rate ferry = rate(fused ? fused_s : plain_s, work);
+      const Spread ferry = rate(fused ? fused_s : plain_s, work);
       const double bytes = (fused ? 30.0 : 28.0) * ferry.median / 1e9;
       std::vector<std::string> row = {
           std::to_string(t), fused ? "yes" : "no", fixed(ferry.median / 1e9, 3), range(ferry),
@@ -237,8 +165,8 @@ int run_adam_bench(const AdamBenchOptions& opt, Report& report) {
   }
   if (peers) {
     report.headline.extra["peer"] = {{"python", opt.peers},
-                                     {"torch", torch_version},
-                                     {"deepspeed", deepspeed_version},
+                                     {"torch", peer_hello.value("torch", "")},
+                                     {"deepspeed", peer_hello.value("deepspeed", "")},
                                      {"samples", rounds * per_round}};
   }
   return 0;

@@ -97,6 +97,15 @@ std::function<int()> bench_command(CLI::App& cmd) {
                     "the whole step at these contexts (e.g. 256,1024,4096,8192): the largest config's shape at the "
                     "same tokens per step")
       ->delimiter(',');
+  model->add_option("--peers", a->opt.peers,
+                    "a Python with torch (scripts/make_peers_env.sh): PyTorch eager on the same GPT, tokens and "
+                    "threads, alternating with ferry: forward+backward, and a whole training step (clipping, AdamW) "
+                    "against ferry's Trainer")
+      ->envname("FERRY_PEERS_PYTHON");
+  model->add_option("--ranks", a->opt.ranks,
+                    "also a whole training step at this many ranks, ferry's ZeRO-3 under mpiexec (with --peers, "
+                    "against FSDP2 over gloo; threads per rank: --threads, or the cores split among the ranks)")
+      ->check(kPositive);
   add("comm",
       "all_gather and reduce_scatter GB/s through ferry's communicator, 4-256 MiB, as a fraction of the same MPI "
       "collective called directly (run under mpiexec -n N); at 2+ hosts also the bytes each ZeRO-3 layout (plain, "

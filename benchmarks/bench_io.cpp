@@ -55,16 +55,6 @@ double fio_bandwidth(const std::string& file, bool write, size_t bs, int qd, uin
 
 namespace {
 
-struct Spread {
-  double median = 0, min = 0, max = 0;  // bytes/s
-};
-
-Spread spread(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t k = v.size();
-  return {k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]), v.front(), v.back()};
-}
-
 std::string gbps(const Spread& s, bool with_range) {
   std::string t = fixed(s.median / 1e9, 2);
   if (with_range) t.append(" (").append(fixed(s.min / 1e9, 2)).append("-").append(fixed(s.max / 1e9, 2)).append(")");

@@ -10,25 +10,43 @@
 // their transposes), and reports their FLOPs over their time. The ratio therefore says
 // how much of Eigen's GEMM speed survives everything else a step does (attention,
 // LayerNorm, GELU, softmax, bias and residual adds, memory traffic between them).
+//
+// With --peers PYTHON, PyTorch eager runs the same GPT (benchmarks/peers/model_peer.py: the
+// same tensors, so the same parameter count, which is checked) on the same tokens, shapes
+// and threads, in one long-running peer process. Repetitions alternate the sides, each
+// starting with the other one, and every figure is the median with min and max. Two
+// comparisons per config: forward+backward (what the rows above time), and a whole
+// training step: ferry's Trainer (one rank, every state in memory, clipping 1.0, AdamW on
+// the bundled corpus) against zero_grad, forward, backward, clip_grad_norm_ and
+// torch.optim.AdamW.
 #include "benchmarks/bench_model.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <iostream>
 
 #include <Eigen/Core>
 
+#include "benchmarks/peer_process.h"
+#include "comm/communicator.h"
+#include "comm/mpi_communicator.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
 #include "nn/rng.h"
+#include "runtime/tools/launch.h"
+#include "runtime/train/trainer.h"
 
 namespace ferry::bench {
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
+namespace fs = std::filesystem;
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 struct Case {
@@ -112,6 +130,107 @@ double device_gemm_gflops(nn::Device& dev, nn::DType dtype, const std::vector<Ge
   return flops / best / 1e9;
 }
 
+// A whole training step of `k`'s GPT through ferry's Trainer: one rank, every state in
+// memory (the cpu or cuda device), gradient clipping 1.0, AdamW, on the bundled corpus.
+class TrainerSteps {
+ public:
+  // `params`: the benchmark's GPT's count, which the Trainer's model must have too.
+  TrainerSteps(const Case& k, const ModelBenchOptions& opt, int64_t params) {
+    nlohmann::json doc = {
+        {"model",
+         {{"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head}, {"n_embd", k.cfg.n_embd}, {"block_size", k.cfg.block_size}}},
+        {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+        {"device", {{"memory", std::to_string(opt.device_memory > 0 ? opt.device_memory : (8ull << 30))}}},
+        {"train_micro_batch_size_per_gpu", k.B},
+        {"gradient_clipping", 1.0},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}}},
+        {"train", {{"steps", 1000000}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
+    if (opt.threads > 0) doc["device"]["threads"] = opt.threads;
+    if (opt.bf16) doc["bf16"] = {{"enabled", true}};
+    if (opt.device == "cuda") {
+      doc["device"]["type"] = "cuda";
+      doc["device"].erase("memory");
+      world_ = comm::MpiCommunicator::world(/*timeout_s=*/300);  // NCCL starts over MPI
+    }
+    comm::Communicator& c = world_ ? static_cast<comm::Communicator&>(*world_) : alone_;
+    trainer_ = std::make_unique<runtime::Trainer>(runtime::config_from_json(doc, "ferry bench model", "", {}), c, discard_);
+    if (trainer_->model().num_parameters() != params) {
+      throw std::logic_error("ferry bench model: the Trainer's GPT has " + std::to_string(trainer_->model().num_parameters()) +
+                             " parameters, the benchmark's " + std::to_string(params));
+    }
+    for (int s = 0; s < 2; ++s) trainer_->train_step(step_++);  // the first records the unit order
+    trainer_->sync_updates();
+  }
+  double seconds_per_step(int steps) {
+    const auto t0 = clock_type::now();
+    for (int s = 0; s < steps; ++s) trainer_->train_step(step_++);
+    trainer_->sync_updates();  // the last step's updates run after train_step returns
+    return seconds_since(t0) / steps;
+  }
+
+ private:
+  std::ostream discard_{nullptr};
+  comm::SingleProcessCommunicator alone_;
+  std::unique_ptr<comm::MpiCommunicator> world_;
+  std::unique_ptr<runtime::Trainer> trainer_;
+  int64_t step_ = 0;
+};
+
+// Seconds per step (the mean of `steps` timed steps after two untimed, one more run after
+// them: a step's updates may finish in the next step's time) of `ranks` ferry
+// processes under mpiexec training `k`'s GPT with ZeRO-3, `threads` threads each, every
+// state in memory, clipping 1.0 and AdamW: `ferry train` itself, timed by its metrics file.
+// Throws std::runtime_error with the end of the run's output when it fails.
+double ferry_ranks_seconds(const Case& k, int ranks, int threads, int steps) {
+  char tmpl[] = "/tmp/ferry-bench-model-XXXXXX";
+  if (!mkdtemp(tmpl)) throw std::runtime_error("ferry bench model: cannot create a folder in /tmp");
+  const fs::path dir = tmpl;
+  struct Remove {
+    fs::path p;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } remove{dir};
+  const nlohmann::json doc = {
+      {"model",
+       {{"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head}, {"n_embd", k.cfg.n_embd}, {"block_size", k.cfg.block_size}}},
+      {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+      {"device", {{"memory", "8GiB"}, {"threads", threads}}},
+      {"train_micro_batch_size_per_gpu", k.B},
+      {"gradient_clipping", 1.0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}}},
+      {"zero_optimization", {{"stage", 3}}},
+      {"train", {{"steps", steps + 3}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}},
+      {"log", {{"metrics", (dir / "metrics.jsonl").string()}}}};
+  std::ofstream(dir / "config.json") << doc.dump(2);
+  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  const std::string cmd = "mpiexec -n " + std::to_string(ranks) + " " + runtime::shell_quote(exe) + " train --config " +
+                          runtime::shell_quote((dir / "config.json").string()) + " >" +
+                          runtime::shell_quote((dir / "output.txt").string()) + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  std::vector<double> times;
+  std::ifstream metrics(dir / "metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step_time_s") && j.value("step", 0) > 2 && j.value("step", 0) <= steps + 2) times.push_back(j["step_time_s"].get<double>());
+  }
+  if (status != 0 || times.size() != static_cast<size_t>(steps)) {
+    std::ifstream out(dir / "output.txt");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(out, line);) lines.push_back(line);
+    std::string tail;
+    for (size_t i = lines.size() > 6 ? lines.size() - 6 : 0; i < lines.size(); ++i) tail.append("\n  ").append(lines[i]);
+    throw std::runtime_error("ferry bench model: `" + cmd + "` failed (status " + std::to_string(status) + ", " +
+                             std::to_string(times.size()) + " of " + std::to_string(steps) + " timed steps)" + tail);
+  }
+  double sum = 0;
+  for (double t : times) sum += t;
+  return sum / static_cast<double>(steps);
+}
+
+std::string range(const Spread& s) { return fixed(s.min, 0) + "-" + fixed(s.max, 0); }
+
 }  // namespace
 
 int run_model_bench(const ModelBenchOptions& opt, Report& report) {
@@ -134,8 +253,17 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
   const std::string ref_name = gpu ? std::string("cuBLAS ") + (opt.bf16 ? "bf16" : "fp32") + " GEMM GFLOP/s"
                                    : std::string("Eigen GEMM GFLOP/s");
   report.columns = {"config", "params", "tokens/step", "tokens/s", "GFLOP/s", ref_name, gpu ? "MFU" : "ratio"};
+  std::unique_ptr<PeerProcess> peer;
+  if (!opt.peers.empty()) {
+    peer = std::make_unique<PeerProcess>("PyTorch eager", opt.peers,
+                                         std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/model_peer.py",
+                                         std::vector<std::string>{});
+    report.columns.insert(report.columns.end(), {"min-max", "PyTorch tokens/s", "min-max", "ferry / PyTorch"});
+  }
+  const int reps = opt.quick ? 1 : 3;
   std::vector<Case> cases = {
       {"tiny", {4, 4, 128, 256, 128}, 16, opt.quick ? 2 : 10},
+      {"gpt-10m", {6, 6, 384, 256, 256}, 4, opt.quick ? 1 : 5},
       {"gpt-50m", {7, 12, 768, 256, 256}, 4, opt.quick ? 1 : 3},
   };
   if (gpu) {  // a GPU needs real sizes to be busy: GPT-2 small and medium shapes at T = 1024
@@ -144,7 +272,9 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
              {"gpt2-350m", {24, 16, 1024, 256, 1024}, 8, opt.quick ? 1 : 5}};
   }
   if (!opt.contexts.empty()) {
-    const Case base = cases.size() > 1 ? cases[1] : cases[0];
+    // gpt-50m on the CPU, gpt2-124m on a GPU (ModelBenchOptions::contexts).
+    const std::string base_name = gpu ? "gpt2-124m" : "gpt-50m";
+    const Case base = *std::find_if(cases.begin(), cases.end(), [&](const Case& c) { return c.name == base_name; });
     const int64_t tokens = base.B * base.cfg.block_size;
     std::vector<Case> sweep;
     for (const int64_t T : opt.contexts) {
@@ -178,18 +308,54 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
     };
     step();  // warm-up: first-touch of activation memory
     dev.synchronize();
-    const auto t0 = clock_type::now();
-    for (int s = 0; s < k.steps; ++s) step();
-    dev.synchronize();
-    const double secs = seconds_since(t0) / k.steps;
-    const double tokens_per_s = static_cast<double>(N) / secs;
-    const double gflops = model.flops_per_token(T) * static_cast<double>(N) / secs / 1e9;
+    const double flops_per_step = model.flops_per_token(T) * static_cast<double>(N);
+    auto ferry_seconds = [&] {
+      const auto t0 = clock_type::now();
+      for (int s = 0; s < k.steps; ++s) step();
+      dev.synchronize();
+      return seconds_since(t0) / k.steps;
+    };
+    // PyTorch's side: the same shape, tokens and threads; `optimizer` makes it a whole step.
+    auto peer_seconds = [&](bool optimizer) {
+      std::vector<int32_t> in(ids.begin(), ids.begin() + N), out(ids.begin() + N, ids.end());
+      const nlohmann::json a = peer->request({{"n_layer", k.cfg.n_layer},
+                                              {"n_head", k.cfg.n_head},
+                                              {"n_embd", k.cfg.n_embd},
+                                              {"vocab_size", k.cfg.vocab_size},
+                                              {"block_size", T},
+                                              {"batch", k.B},
+                                              {"tokens", in},
+                                              {"targets", out},
+                                              {"steps", k.steps},
+                                              {"threads", cpu ? cpu->threads() : 1},
+                                              {"device", gpu ? "cuda" : "cpu"},
+                                              {"dtype", opt.bf16 ? "bf16" : "f32"},
+                                              {"optimizer", optimizer}});
+      if (a.at("params").get<int64_t>() != model.num_parameters()) {
+        throw std::runtime_error("--peers " + opt.peers + ": PyTorch's model has " + a.at("params").dump() +
+                                 " parameters and ferry's " + std::to_string(model.num_parameters()) +
+                                 ": benchmarks/peers/model_peer.py no longer mirrors nn/gpt.h");
+      }
+      return a.at("seconds_per_step").get<double>();
+    };
+    // Repetitions alternate the sides, each starting with the other one.
+    std::vector<double> ferry_s, peer_s;
+    for (int r = 0; r < (peer ? reps : 1); ++r) {
+      for (int side = 0; side < (peer ? 2 : 1); ++side) {
+        if ((r + side) % 2 == 0 || !peer) ferry_s.push_back(ferry_seconds());
+        else peer_s.push_back(peer_seconds(false));
+      }
+    }
+    const Spread f = rate(ferry_s, static_cast<double>(N)), p = rate(peer_s, static_cast<double>(N));
+    const double secs = static_cast<double>(N) / f.median;
+    const double tokens_per_s = f.median;
+    const double gflops = flops_per_step / secs / 1e9;
     model.free_activations();
     const double ref = gpu ? device_gemm_gflops(dev, dtype, model_gemms(k.cfg, N), opt.quick ? 1 : 3)
                            : eigen_gemm_gflops(model_gemms(k.cfg, N), opt.quick ? 1 : 3);
-    report.table.push_back({k.name, std::to_string(model.num_parameters()), std::to_string(N), fixed(tokens_per_s, 0),
-                            fixed(gflops, 1), fixed(ref, 1), fixed(gflops / ref, 3)});
-    report.rows.push_back({{"config", k.name},
+    std::vector<std::string> row = {k.name, std::to_string(model.num_parameters()), std::to_string(N),
+                                    fixed(tokens_per_s, 0), fixed(gflops, 1), fixed(ref, 1), fixed(gflops / ref, 3)};
+    nlohmann::json jrow = {{"config", k.name},
                            {"params", model.num_parameters()},
                            {"n_layer", k.cfg.n_layer},
                            {"n_embd", k.cfg.n_embd},
@@ -202,10 +368,96 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
                            {"device", dev.name()},
                            {"dtype", std::string(nn::dtype_name(dtype))},
                            {gpu ? "cublas_gemm_gflops_at_model_shapes" : "eigen_gemm_gflops_at_model_shapes", ref},
-                           {"ratio", gflops / ref}});
+                           {"ratio", gflops / ref}};
+    if (peer) {
+      row.insert(row.end(), {range(f), fixed(p.median, 0), range(p), fixed(f.median / p.median, 3)});
+      jrow["what"] = "forward+backward";
+      jrow["tokens_per_s_min_max"] = {f.min, f.max};
+      jrow["pytorch_tokens_per_s"] = p.median;
+      jrow["pytorch_tokens_per_s_min_max"] = {p.min, p.max};
+      jrow["ferry_over_pytorch"] = f.median / p.median;
+      jrow["repetitions"] = reps;
+    }
+    report.table.push_back(row);
+    report.rows.push_back(jrow);
     report.headline = {"model_gflops (" + k.name + ")", gflops,
                        gpu ? "cublas_gemm_gflops_at_model_shapes" : "eigen_gemm_gflops_at_model_shapes", ref, 0.5};
+    if (peer) {
+      // The whole training step, ferry's Trainer against PyTorch eager with AdamW.
+      std::vector<double> train_s, peer_train_s;
+      {
+        TrainerSteps trainer(k, opt, model.num_parameters());
+        for (int r = 0; r < reps; ++r) {
+          for (int side = 0; side < 2; ++side) {
+            if ((r + side) % 2 == 0) train_s.push_back(trainer.seconds_per_step(k.steps));
+            else peer_train_s.push_back(peer_seconds(true));
+          }
+        }
+      }
+      const Spread ft = rate(train_s, static_cast<double>(N)), pt = rate(peer_train_s, static_cast<double>(N));
+      report.table.push_back({k.name + " train step", std::to_string(model.num_parameters()), std::to_string(N),
+                              fixed(ft.median, 0), fixed(flops_per_step * ft.median / static_cast<double>(N) / 1e9, 1),
+                              "-", "-", range(ft), fixed(pt.median, 0), range(pt), fixed(ft.median / pt.median, 3)});
+      report.rows.push_back({{"config", k.name},
+                             {"what", "training step (clipping, AdamW)"},
+                             {"params", model.num_parameters()},
+                             {"tokens_per_step", N},
+                             {"tokens_per_s", ft.median},
+                             {"tokens_per_s_min_max", {ft.min, ft.max}},
+                             {"pytorch_tokens_per_s", pt.median},
+                             {"pytorch_tokens_per_s_min_max", {pt.min, pt.max}},
+                             {"ferry_over_pytorch", ft.median / pt.median},
+                             {"repetitions", reps}});
+      report.headline = {"train_tokens_per_s (" + k.name + ")", ft.median, "pytorch_eager_train_tokens_per_s",
+                         pt.median, 1.0};
+      report.headline.extra["forward_backward_ferry_over_pytorch"] = f.median / p.median;
+    }
+    if (opt.ranks < 2) continue;
+    // The same step at `ranks` processes: ferry's ZeRO-3 under mpiexec, FSDP2 over gloo.
+    const int per_rank = opt.threads > 0 ? opt.threads : std::max(1, (cpu ? cpu->threads() : 1) / opt.ranks);
+    std::vector<double> zero_s, fsdp_s;
+    for (int r = 0; r < (peer ? reps : 1); ++r) {
+      for (int side = 0; side < (peer ? 2 : 1); ++side) {
+        if ((r + side) % 2 == 0) {
+          zero_s.push_back(ferry_ranks_seconds(k, opt.ranks, per_rank, k.steps));
+        } else {
+          std::vector<int32_t> in(ids.begin(), ids.begin() + N), out(ids.begin() + N, ids.end());
+          const nlohmann::json a = peer->request({{"ranks", opt.ranks}, {"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head},
+                                                  {"n_embd", k.cfg.n_embd}, {"vocab_size", k.cfg.vocab_size},
+                                                  {"block_size", T}, {"batch", k.B}, {"tokens", in}, {"targets", out},
+                                                  {"steps", k.steps}, {"threads", per_rank}});
+          if (a.at("params").get<int64_t>() != model.num_parameters())
+            throw std::runtime_error("--peers " + opt.peers + ": FSDP2's model has " + a.at("params").dump() +
+                                     " parameters and ferry's " + std::to_string(model.num_parameters()));
+          fsdp_s.push_back(a.at("seconds_per_step").get<double>());
+        }
+      }
+    }
+    const double global = static_cast<double>(N) * opt.ranks;
+    const Spread fz = rate(zero_s, global), pz = rate(fsdp_s, global);
+    std::vector<std::string> zrow = {k.name + " train " + std::to_string(opt.ranks) + "x" + std::to_string(per_rank),
+                                     std::to_string(model.num_parameters()), fixed(global, 0), fixed(fz.median, 0),
+                                     fixed(flops_per_step * fz.median / static_cast<double>(N) / 1e9, 1), "-", "-"};
+    nlohmann::json zjrow = {{"config", k.name},
+                            {"what", "training step at " + std::to_string(opt.ranks) + " ranks: ZeRO-3 under mpiexec"},
+                            {"ranks", opt.ranks},
+                            {"threads_per_rank", per_rank},
+                            {"params", model.num_parameters()},
+                            {"tokens_per_step", global},
+                            {"tokens_per_s", fz.median},
+                            {"tokens_per_s_min_max", {fz.min, fz.max}},
+                            {"repetitions", peer ? reps : 1}};
+    if (peer) {
+      zrow.insert(zrow.end(), {range(fz), fixed(pz.median, 0), range(pz), fixed(fz.median / pz.median, 3)});
+      zjrow["pytorch_fsdp2_tokens_per_s"] = pz.median;
+      zjrow["pytorch_fsdp2_tokens_per_s_min_max"] = {pz.min, pz.max};
+      zjrow["ferry_over_fsdp2"] = fz.median / pz.median;
+      report.headline.extra["ranks_" + std::to_string(opt.ranks) + "_ferry_over_fsdp2"] = fz.median / pz.median;
+    }
+    report.table.push_back(zrow);
+    report.rows.push_back(zjrow);
   }
+  if (peer) report.headline.extra["peer"] = peer->hello();
   return 0;
 }
 

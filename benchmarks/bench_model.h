@@ -19,9 +19,20 @@ struct ModelBenchOptions {
   // The whole step at these contexts instead of the named configs: the largest config's
   // shape (gpt-50m on the CPU, gpt2-124m on a GPU) with the same tokens per step (B = tokens / T).
   std::vector<int64_t> contexts;
+  // A Python with torch (scripts/make_peers_env.sh): PyTorch eager on the same GPT shapes,
+  // tokens and threads (benchmarks/peers/model_peer.py), alternated with ferry repetition
+  // by repetition: forward+backward, and a whole training step (clipping and AdamW: ferry's
+  // Trainer against torch.optim.AdamW). "" = ferry alone.
+  std::string peers;
+  // > 1: also a whole training step at this many ranks (`ferry train` under mpiexec, ZeRO-3,
+  // `threads` each, all cores split among them by default), against FSDP2 over gloo at as
+  // many processes when `peers` is given. Ranks share the machine: one rank per core at most is the fair case.
+  int ranks = 1;
 };
 
 // Fills `report` (the headline is the last, largest config). Returns the exit status.
+// Throws std::runtime_error naming the peer when it fails or its model's parameter count
+// differs from ferry's (the two would not be the same model).
 int run_model_bench(const ModelBenchOptions& opt, Report& report);
 
 }  // namespace ferry::bench

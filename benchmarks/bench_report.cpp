@@ -6,6 +6,7 @@
 #include <iostream>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 namespace ferry::bench {
 
@@ -13,6 +14,19 @@ std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
+}
+
+Spread spread(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  const size_t k = v.size();
+  return {k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]), v.front(), v.back()};
+}
+
+Spread rate(std::vector<double> seconds, double work) {
+  const Spread s = spread(std::move(seconds));
+  if (s.median <= 0) return {};
+  return {work / s.median, work / s.max, work / s.min};
 }
 
 void print_table(const Report& r) {

@@ -33,4 +33,14 @@ void print_table(const Report& r);
 void write_json(const Report& r, const std::string& path);
 std::string fixed(double v, int digits);
 
+// Repeated measurements: the median (the mean of the middle two for an even count), min
+// and max; all 0 for no samples.
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+Spread spread(std::vector<double> samples);
+// The rate `work` per second over samples of seconds: its median, min (the slowest
+// sample) and max.
+Spread rate(std::vector<double> seconds, double work);
+
 }  // namespace ferry::bench
