@@ -41,11 +41,6 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 nlohmann::json bench_doc(const StepBenchOptions& opt, const std::string& dir, bool offload) {
   const bool q = opt.quick;
   nlohmann::json zero = {{"stage", 3}};
@@ -95,10 +90,10 @@ Timed time_steps(comm::Communicator& comm, const nlohmann::json& doc, const std:
     }
     r.last = st.time;
   }
-  r.step_s = median(times);
-  r.nvme_bytes = median(nvme);
-  r.up_bytes = median(up);
-  r.down_bytes = median(down);
+  r.step_s = spread(times).median;
+  r.nvme_bytes = spread(nvme).median;
+  r.up_bytes = spread(up).median;
+  r.down_bytes = spread(down).median;
   r.params = t.model().num_parameters();
   r.param_bytes = t.units().owned_bf16() ? 2 : 4;
   r.order = t.units().order().order();
@@ -168,8 +163,8 @@ Replay replay_nvme(const std::string& dir, const Timed& t, int repeats) {
     writes();
     ser.push_back(seconds_since(t0));
   }
-  r.concurrent_s = median(conc);
-  r.serial_s = median(ser);
+  r.concurrent_s = spread(conc).median;
+  r.serial_s = spread(ser).median;
   storage.reset();
   fs::remove(fs::path(dir) / "ferry-bench-step-replay.swp");
   return r;

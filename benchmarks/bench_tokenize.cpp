@@ -2,13 +2,12 @@
 // corpus, line by line, at 1 thread and at all threads; medians of 5 repetitions. With
 // --python PY (a Python with Hugging Face `tokenizers`, e.g. the one
 // scripts/hf_fixtures/requirements.txt makes), the library encodes the same lines in the same
-// run (encode one by one, and encode_batch on all threads) and the ratios are reported.
+// run (encode one by one, and encode_batch on all threads; benchmarks/peers/tokenize_peer.py)
+// and the ratios are reported.
 #include "benchmarks/bench_tokenize.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -16,45 +15,25 @@
 
 #include <nlohmann/json.hpp>
 
+#include "benchmarks/peer_process.h"
 #include "runtime/text/tokenizer.h"
 
 namespace ferry::bench {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// The library's MB/s for one-by-one and batch encoding, from a Python process.
+// The library's MB/s (medians) for one-by-one and batch encoding and its id count, from
+// benchmarks/peers/tokenize_peer.py under `python`.
 nlohmann::json python_reference(const std::string& python, const std::string& tok, const std::string& corpus,
                                 int64_t bytes, int reps) {
-  const std::string script =
-      "import json,sys,time,statistics\n"
-      "from tokenizers import Tokenizer\n"
-      "t=Tokenizer.from_file(sys.argv[1]); data=open(sys.argv[2],encoding='utf-8').read()[:int(sys.argv[3])]\n"
-      "lines=data.splitlines(True); n=len(data.encode()); reps=int(sys.argv[4])\n"
-      "def run(f):\n"
-      "  out=[]\n"
-      "  for _ in range(reps):\n"
-      "    t0=time.perf_counter(); f(); out.append(time.perf_counter()-t0)\n"
-      "  return n/statistics.median(out)/1e6\n"
-      "one=run(lambda: [t.encode(l, add_special_tokens=False) for l in lines])\n"
-      "batch=run(lambda: t.encode_batch(lines, add_special_tokens=False))\n"
-      "ids=sum(len(e.ids) for e in t.encode_batch(lines, add_special_tokens=False))\n"
-      "print(json.dumps({'one_mb_s':one,'batch_mb_s':batch,'ids':ids}))\n";
-  const std::string path = "/tmp/ferry_bench_tokenize.py";
-  std::ofstream(path) << script;
-  const std::string cmd = python + " " + path + " '" + tok + "' '" + corpus + "' " + std::to_string(bytes) + " " +
-                          std::to_string(reps) + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) throw std::runtime_error("cannot run " + python);
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), buf.size(), p)) out += buf.data();
-  if (pclose(p) != 0) throw std::runtime_error(python + " with `tokenizers` failed (is the package installed?)");
-  return nlohmann::json::parse(out);
+  PeerProcess peer("Hugging Face tokenizers", python, std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/tokenize_peer.py",
+                   {}, "--python");
+  const nlohmann::json a =
+      peer.request({{"tokenizer", tok}, {"corpus", corpus}, {"bytes", bytes}, {"reps", reps}});
+  return {{"one_mb_s", spread(a.at("one_mb_s").get<std::vector<double>>()).median},
+          {"batch_mb_s", spread(a.at("batch_mb_s").get<std::vector<double>>()).median},
+          {"ids", a.at("ids")},
+          {"tokenizers", peer.hello().value("tokenizers", "")}};
 }
 
 }  // namespace
@@ -104,7 +83,7 @@ int run_tokenize_bench(const TokenizeBenchOptions& opt, Report& report) {
       ids = 0;
       for (int64_t c : counts) ids += c;
     }
-    return mb / median(times);
+    return mb / spread(times).median;
   };
   const double one = measure(1);
   const double many = all > 1 ? measure(all) : one;

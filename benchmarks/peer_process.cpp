@@ -15,8 +15,9 @@
 namespace ferry::bench {
 
 PeerProcess::PeerProcess(std::string what, std::string python, const std::string& script,
-                         const std::vector<std::string>& env)
-    : what_(std::move(what)), python_(std::move(python)), script_(script) {
+                         const std::vector<std::string>& env,
+                         std::string flag)
+    : what_(std::move(what)), python_(std::move(python)), script_(script), flag_(std::move(flag)) {
   char err_path[] = "/tmp/ferry_peer_XXXXXX";
   const int err = mkstemp(err_path);
   if (err < 0) throw std::runtime_error("--peers: cannot create a temporary file in /tmp");
@@ -96,7 +97,7 @@ nlohmann::json PeerProcess::read_answer() {
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     throw failure(code == 127 ? "did not start: no such Python (exit 127)"
                               : "ended (exit " + std::to_string(code) +
-                                    "; a Python with torch and deepspeed: scripts/make_peers_env.sh)");
+                                    "; the script's first lines say what it needs)");
   }
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) throw failure("answered something that is not JSON: " + line.substr(0, 200));
@@ -113,7 +114,7 @@ std::runtime_error PeerProcess::failure(const std::string& what) {
   }
   std::string tail;
   for (size_t i = lines.size() > 4 ? lines.size() - 4 : 0; i < lines.size(); ++i) tail.append("\n  ").append(lines[i]);
-  std::string msg = "--peers ";
+  std::string msg = flag_ + " ";
   msg.append(python_).append(": ").append(what_).append(" (").append(script_).append(") ").append(what);
   if (!tail.empty()) msg.append(":").append(tail);
   return std::runtime_error(msg);

@@ -26,9 +26,10 @@ namespace ferry::bench {
 
 class PeerProcess {
  public:
-  // `what` names the peer in errors ("DeepSpeed's aio"); `env` holds NAME=VALUE pairs added
-  // to this process's environment for the script.
-  PeerProcess(std::string what, std::string python, const std::string& script, const std::vector<std::string>& env);
+  // `what` names the peer in errors ("DeepSpeed's aio"), and `flag` the option that gave
+  // `python`; `env` holds NAME=VALUE pairs added to this process's environment for the script.
+  PeerProcess(std::string what, std::string python, const std::string& script, const std::vector<std::string>& env,
+              std::string flag = "--peers");
   ~PeerProcess();  // closes its stdin (the script ends) and waits for it
   PeerProcess(const PeerProcess&) = delete;
   PeerProcess& operator=(const PeerProcess&) = delete;
@@ -41,7 +42,7 @@ class PeerProcess {
   void close_all();
   std::runtime_error failure(const std::string& what);
 
-  std::string what_, python_, script_;
+  std::string what_, python_, script_, flag_;
   pid_t pid_ = -1;
   std::FILE* to_ = nullptr;    // its stdin
   std::FILE* from_ = nullptr;  // its stdout

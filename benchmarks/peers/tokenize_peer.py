@@ -1,0 +1,58 @@
+"""Hugging Face tokenizers, timed for `ferry bench tokenize --python PYTHON`
+(benchmarks/bench_tokenize.cpp).
+
+A long-running peer (benchmarks/peer_process.h): prints a ready line with the version, then
+answers one JSON line per request line on stdin:
+  {"tokenizer": PATH, "corpus": PATH, "bytes": N, "reps": R}
+  -> {"one_mb_s": [R], "batch_mb_s": [R], "ids": I}  (or {"error": "..."})
+The first N bytes of the corpus (UTF-8) are split into lines as ferry's benchmark splits them
+(keeping the line ends) and encoded without special tokens: one by one (`encode`), and all
+at once (`encode_batch`, on every core); MB/s per repetition, and the number of ids. Needs
+the tokenizers package (scripts/hf_fixtures/requirements.txt makes such a Python).
+"""
+import json
+import os
+import sys
+import time
+
+
+def main():
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    import tokenizers
+    from tokenizers import Tokenizer
+
+    def say(obj):
+        out.write(json.dumps(obj) + "\n")
+        out.flush()
+
+    say({"ready": True, "tokenizers": tokenizers.__version__})
+    for line in sys.stdin:
+        try:
+            r = json.loads(line)
+            t = Tokenizer.from_file(r["tokenizer"])
+            with open(r["corpus"], "rb") as f:
+                data = f.read(int(r["bytes"])).decode("utf-8", errors="ignore")
+            lines = data.splitlines(True)
+            n = len(data.encode())
+
+            def rates(fn):
+                got = []
+                for _ in range(int(r["reps"])):
+                    t0 = time.perf_counter()
+                    fn()
+                    got.append(n / (time.perf_counter() - t0) / 1e6)
+                return got
+
+            one = rates(lambda: [t.encode(s, add_special_tokens=False) for s in lines])
+            batch = rates(lambda: t.encode_batch(lines, add_special_tokens=False))
+            ids = sum(len(e.ids) for e in t.encode_batch(lines, add_special_tokens=False))
+            say({"one_mb_s": one, "batch_mb_s": batch, "ids": ids})
+        except Exception as e:  # noqa: BLE001: the caller names the peer and quotes this
+            say({"error": "%s: %s" % (type(e).__name__, e)})
+
+
+if __name__ == "__main__":
+    main()
