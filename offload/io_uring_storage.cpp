@@ -35,6 +35,7 @@ void IoUringStorage::register_buffers(const std::vector<std::pair<void*, size_t>
     for (Lane& lane : lanes_) io_uring_unregister_buffers(&lane.ring);
     fixed_.clear();
   }
+  if (buffers.empty()) return;  // only unregistered
   std::vector<iovec> iov;
   for (const auto& [p, n] : buffers) iov.push_back({p, n});
   for (int k = 0; k < 2; ++k) {

@@ -1,5 +1,6 @@
 // PinnedPool: the host memory that shards pass through on their way between tiers, all
-// allocated up front (buffer_count x buffer_size, 4 KiB aligned, one slab), so the
+// allocated up front (buffer_count x buffer_size, 4 KiB aligned, one slab on 2 MiB
+// boundaries advised MADV_HUGEPAGE: fewer pages for O_DIRECT to pin per request), so the
 // host memory a run uses is known before it starts, and page-locked (mlock) so that DMA
 // (GPU copies, O_DIRECT) never waits on paging.
 //

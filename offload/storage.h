@@ -65,8 +65,9 @@ class Storage {
   void write(uint64_t offset, const void* buf, size_t len);
   void read(uint64_t offset, void* buf, size_t len);
   virtual void sync() = 0;  // written data reaches the device (fdatasync)
-  // Buffers used for I/O that the implementation may register (io_uring fixed buffers).
-  // Optional: the default does nothing.
+  // Buffers used for I/O that the implementation may register (io_uring fixed buffers),
+  // replacing those registered before (none: only unregisters). Optional: the default does
+  // nothing.
   virtual void register_buffers(const std::vector<std::pair<void*, size_t>>&) {}
 
  protected:

@@ -5,7 +5,7 @@
 #   bash scripts/make_peers_env.sh [DIR]      # DIR: default $FERRY_PEERS_DIR or $HOME/.ferry-peers
 #
 # Installs libaio-dev from Debian's packages if missing (DeepSpeed's aio op links it), then
-# torch, deepspeed and ninja into DIR with pip, builds DeepSpeed's CPU Adam once (it is
+# torch, deepspeed, tokenizers and ninja into DIR with pip, builds DeepSpeed's CPU Adam once (it is
 # compiled at first use, with ninja and the system's g++) and prints the Python to pass as
 # `--peers` (or to export as FERRY_PEERS_PYTHON). Run again: it keeps what is installed.
 # PyPI's torch wheel for Linux x86-64 pulls the CUDA libraries (about 5-6 GB installed);
@@ -20,26 +20,9 @@ case "$(realpath -m "$dir")/" in
   "$repo"/*) echo "[peers] $dir is inside the repository; choose a folder outside it" >&2; exit 1 ;;
 esac
 
-# Debian packages: libaio-dev (DeepSpeed's aio), g++ (its JIT-built ops).
-packages=(libaio-dev g++ python3-venv)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" -eq 0 ]; then
-    sudo_cmd=()
-  elif command -v sudo >/dev/null 2>&1; then
-    sudo_cmd=(sudo)
-  else
-    echo "[peers] missing Debian packages: ${missing[*]}; not root and no sudo: install them, then run again" >&2
-    exit 1
-  fi
-  echo "[peers] installing from Debian's packages: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  "${sudo_cmd[@]}" apt-get update -qq
-  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+# Debian packages: libaio-dev (DeepSpeed's aio), g++ (its JIT-built ops), python3-venv;
+# installed by setup.sh's rules (skips what is present, root or sudo).
+bash "$repo/scripts/setup.sh" libaio-dev g++ python3-venv
 
 if [ ! -x "$dir/bin/python" ]; then
   echo "[peers] creating a virtual environment in $dir with $($python --version 2>&1)"
@@ -50,8 +33,8 @@ py="$dir/bin/python"
 # torch first: DeepSpeed's setup imports it when it is present.
 echo "[peers] pip install torch ninja (large: the CUDA libraries come with torch)"
 "$py" -m pip install -q torch ninja
-echo "[peers] pip install deepspeed"
-"$py" -m pip install -q deepspeed
+echo "[peers] pip install deepspeed tokenizers"
+"$py" -m pip install -q deepspeed tokenizers  # tokenizers: ferry bench tokenize --python
 
 # Build DeepSpeed's CPU Adam now (JIT, cached under ~/.cache/torch_extensions), so that the
 # first benchmark does not time a compile, and check that it runs.

@@ -3,6 +3,9 @@
 # Skips what is present, says what it does, works as root or through sudo.
 # CUDA (nvcc, cuBLAS, NCCL) is never installed here: CMake detects it under
 # /usr/local/cuda and builds the CUDA parts only when it is found.
+#   bash scripts/setup.sh            # ferry's packages
+#   bash scripts/setup.sh PKG...     # these packages instead, by the same rules
+#                                    # (scripts/make_peers_env.sh: the peers' packages)
 set -euo pipefail
 
 packages=(
@@ -22,6 +25,9 @@ packages=(
   libomp-dev  # make test-tsan: LLVM's OpenMP runtime and its Archer tool, which TSan understands
   clang libclang-rt-14-dev  # make test-fuzz: clang's libFuzzer (Debian 12's clang is 14)
 )
+if [ $# -gt 0 ]; then
+  packages=("$@")
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -32,7 +38,7 @@ for p in "${packages[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "[setup] all ${#packages[@]} Debian packages ferry needs are present"
+  echo "[setup] all ${#packages[@]} Debian packages asked for are present"
   exit 0
 fi
 

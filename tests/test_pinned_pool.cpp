@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -25,6 +26,8 @@ BOOST_AUTO_TEST_CASE(buffers_are_aligned_distinct_and_bounded) {
   PinnedPool pool({100000, 3, /*pin=*/true, /*allow_unpinned=*/true});
   BOOST_TEST(pool.buffer_size() == 102400u);  // rounded up to 4 KiB pages
   BOOST_TEST(pool.bytes() == 3u * 102400u);
+  // On a huge page boundary, so that the advised huge pages can back the slab from its start.
+  BOOST_TEST(reinterpret_cast<uintptr_t>(pool.slab()) % (uintptr_t{2} << 20) == 0u);
   if (!pool.pinned()) BOOST_TEST_MESSAGE("not pinned here: " << pool.warning());
   void* a = pool.acquire();
   void* b = pool.acquire();
@@ -89,6 +92,11 @@ BOOST_AUTO_TEST_CASE(slab_registers_as_io_uring_fixed_buffers) {
   for (int i = 0; i < (1 << 20); ++i) buf[i] = static_cast<char>(i * 7);
   s->write(1 << 20, buf, 1 << 20);
   char* back = static_cast<char*>(pool.acquire());
+  s->read(1 << 20, back, 1 << 20);
+  BOOST_TEST(std::memcmp(buf, back, 1 << 20) == 0);
+  // Registering nothing unregisters: the same buffers then go as plain requests.
+  s->register_buffers({});
+  std::memset(back, 0, 1 << 20);
   s->read(1 << 20, back, 1 << 20);
   BOOST_TEST(std::memcmp(buf, back, 1 << 20) == 0);
   pool.release(buf);
