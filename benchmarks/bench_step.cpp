@@ -26,6 +26,7 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
+#include "offload/pinned_pool.h"
 #include "offload/storage.h"
 #include "runtime/train/trainer.h"
 #include "runtime/zero/partition.h"
@@ -122,13 +123,26 @@ Replay replay_nvme(const std::string& dir, const Timed& t, int repeats) {
   std::string warning;
   auto storage = offload::make_storage(so, &warning);
   if (!warning.empty()) std::cerr << "ferry bench step: " << warning << "\n";
-  auto alloc = [&] {
-    void* p = nullptr;
-    if (posix_memalign(&p, 4096, static_cast<size_t>(tile) * 4) != 0) throw std::bad_alloc();
-    std::memset(p, 1, static_cast<size_t>(tile) * 4);
-    return std::unique_ptr<char, decltype(&std::free)>(static_cast<char*>(p), &std::free);
+  // Two buffers of a pinned pool registered as fixed buffers: the memory the step's own
+  // reads and writes go through.
+  offload::PinnedPoolOptions po;
+  po.buffer_size = static_cast<size_t>(tile) * 4;
+  po.buffer_count = 2;
+  po.allow_unpinned = true;
+  offload::PinnedPool pool(po);
+  try {
+    storage->register_buffers(pool.regions());
+  } catch (const offload::StorageError& e) {
+    std::cerr << "ferry bench step: replay without fixed buffers: " << e.what() << "\n";
+  }
+  struct Buf {
+    offload::PinnedPool& pool;
+    char* p;
+    ~Buf() { pool.release(p); }
+    char* get() const { return p; }
   };
-  auto rbuf = alloc(), wbuf = alloc();
+  Buf rbuf{pool, static_cast<char*>(pool.acquire())}, wbuf{pool, static_cast<char*>(pool.acquire())};
+  std::memset(wbuf.get(), 1, po.buffer_size);
   auto bytes = [](int64_t n) { return static_cast<size_t>((n + 1023) / 1024 * 1024) * 4; };
   // Parameter shards in their dtype on NVMe (bf16 runs: two bytes), in 4 KiB multiples.
   auto pbytes = [&t](int64_t n) {
