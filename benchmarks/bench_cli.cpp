@@ -43,7 +43,7 @@ int run(const std::string& name, const BenchArgs& a) {
     } else if (name == "io") {
       rc = run_io_bench(IoBenchOptions{a.path, a.opt.quick, a.peers}, report);
     } else if (name == "step") {
-      rc = run_step_bench(StepBenchOptions{a.path, a.opt.quick, a.trace_path, a.opt.bf16, a.opt.device}, report);
+      rc = run_step_bench(StepBenchOptions{a.path, a.opt.quick, a.trace_path, a.opt.bf16, a.opt.device, a.peers}, report);
     } else if (name == "ckpt") {
       rc = run_ckpt_bench(CkptBenchOptions{a.path, a.opt.quick}, report);
     } else if (name == "tokenize") {
@@ -150,6 +150,10 @@ std::function<int()> bench_command(CLI::App& cmd) {
   step->add_option("--nvme-path", a->path, "a folder on the disk to use")->required();
   step->add_option("--trace", a->trace_path, "Chrome trace of the overlapped run's last step");
   step->add_flag("--bf16", a->opt.bf16, "bf16 compute: parameter shards on NVMe in bf16 (half the reads)");
+  step->add_option("--peers", a->peers,
+                   "a Python with torch and deepspeed (scripts/make_peers_env.sh): DeepSpeed ZeRO-Infinity on the "
+                   "CPU (parameters and optimizer on NVMe in the same folder) alternating with ferry's overlapped step")
+      ->envname("FERRY_PEERS_PYTHON");
   step->add_option("--device", a->opt.device, "cpu | cuda (the GPU offload path; reports PCIe bytes per parameter)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
   return [a, &cmd] { return run(cmd.get_subcommands().front()->get_name(), *a); };

@@ -12,6 +12,10 @@
 // step_over_longest_resource (goal <= 1.1: 90% of the work off the critical path hidden),
 // and the NVMe bytes per parameter per step (--bf16: bf16 parameter shards). --device cuda:
 // the same on a GPU, with the bytes over PCIe per parameter against their minimum.
+// --peers PY: DeepSpeed ZeRO-Infinity on the CPU with the same model, batch, threads, NVMe
+// folder and aio settings (benchmarks/peers/step_peer.py), three rounds alternating with
+// ferry's overlapped case, each starting with the other side; medians of the rounds' medians
+// with min-max, and ferry's steps/s over DeepSpeed's.
 #include "benchmarks/bench_step.h"
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include <ostream>
 #include <thread>
 
+#include "benchmarks/peer_process.h"
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "offload/pinned_pool.h"
@@ -200,8 +205,52 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
   std::unique_ptr<comm::MpiCommunicator> world;
   if (opt.device == "cuda") world = comm::MpiCommunicator::world(/*timeout_s=*/300);
   comm::Communicator& comm = world ? static_cast<comm::Communicator&>(*world) : alone;
+  std::unique_ptr<PeerProcess> peer;
+  const std::string peer_dir = (fs::path(opt.nvme_path) / "ferry-bench-step-deepspeed").string();
+  int64_t peer_params = 0;
+  if (!opt.peers.empty()) {
+    if (opt.device != "cpu") throw std::runtime_error("--peers: DeepSpeed's side of ferry bench step runs on the CPU only");
+    fs::remove_all(peer_dir);
+    fs::create_directories(peer_dir);
+    const nlohmann::json d = bench_doc(opt, dir, true);
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    peer = std::make_unique<PeerProcess>("DeepSpeed ZeRO-Infinity", opt.peers,
+                                         std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/step_peer.py",
+                                         std::vector<std::string>{"OMP_NUM_THREADS=" + std::to_string(threads),
+                                                                  "DS_ACCELERATOR=cpu"});
+    peer_params = peer->request({{"init",
+                                  {{"n_layer", d["model"]["n_layer"]}, {"n_head", d["model"]["n_head"]},
+                                   {"n_embd", d["model"]["n_embd"]}, {"vocab_size", 256},
+                                   {"block_size", d["model"]["block_size"]},
+                                   {"batch", d["train_micro_batch_size_per_gpu"]}, {"nvme_path", peer_dir},
+                                   {"lr", 1e-3}, {"weight_decay", 0.0}, {"warmup", warmup}}}})
+                      .at("params")
+                      .get<int64_t>();
+  }
   const Timed seq = time_steps(comm, bench_doc(opt, dir, true), sequential, warmup, timed, "");
-  const Timed ovl = time_steps(comm, bench_doc(opt, dir, true), {}, warmup, timed, trace);
+  // The overlapped case: once alone, or in rounds alternating with the peer.
+  const int rounds = peer ? 3 : 1;
+  std::vector<double> ovl_rounds, peer_rounds;
+  Timed ovl;
+  for (int r = 0; r < rounds; ++r) {
+    for (int side = 0; side < (peer ? 2 : 1); ++side) {
+      if ((r + side) % 2 == 0) {
+        ovl = time_steps(comm, bench_doc(opt, dir, true), {}, warmup, timed, r == rounds - 1 ? trace : "");
+        ovl_rounds.push_back(ovl.step_s);
+      } else {
+        peer_rounds.push_back(
+            spread(peer->request({{"steps", timed}}).at("seconds").get<std::vector<double>>()).median);
+      }
+    }
+  }
+  if (peer && peer_params != ovl.params) {
+    throw std::runtime_error("--peers " + opt.peers + ": DeepSpeed's model has " + std::to_string(peer_params) +
+                             " parameters and ferry's " + std::to_string(ovl.params) +
+                             ": benchmarks/peers/model_peer.py no longer mirrors nn/gpt.h");
+  }
+  ovl.step_s = spread(ovl_rounds).median;
+  peer.reset();  // its engine's swap files go with it
+  if (!opt.peers.empty()) fs::remove_all(peer_dir);
   const Timed cpu = time_steps(comm, bench_doc(opt, dir, false), {}, warmup, timed, "");
   const Replay io = replay_nvme(dir, ovl, opt.quick ? 1 : 3);
   fs::remove_all(dir);
@@ -216,6 +265,14 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
     report.rows.push_back({{"case", name}, {"step_s", s}, {"what", what}});
   };
   row("overlapped", ovl.step_s, "default schedule; " + runtime::describe_breakdown(ovl.last));
+  const Spread ferry_spread = spread(ovl_rounds), peer_spread = spread(peer_rounds);
+  if (!peer_rounds.empty()) {
+    row("deepspeed zero-3 nvme", peer_spread.median,
+        "DeepSpeed ZeRO-Infinity on the CPU, same model, batch, threads and disk: rounds " + fixed(peer_spread.min, 3) +
+            "-" + fixed(peer_spread.max, 3) + " s against ferry's overlapped " + fixed(ferry_spread.min, 3) + "-" +
+            fixed(ferry_spread.max, 3) + " s; ferry / DeepSpeed (steps/s) " +
+            fixed(peer_spread.median / ferry_spread.median, 3));
+  }
   row("sequential", seq.step_s, "overlap off; " + runtime::describe_breakdown(seq.last));
   const bool gpu = opt.device == "cuda";
   row("compute alone", cpu.step_s, gpu ? "every state on the GPU: the device alone" : "every state in memory: the CPU cores");
@@ -253,6 +310,12 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
     report.rows.back()["pcie_up_min_bytes_per_param"] = up_min / P;
     report.rows.back()["pcie_down_min_bytes_per_param"] = down_min / P;
   }
+  if (!peer_rounds.empty()) {
+    report.rows.back()["deepspeed_step_s"] = peer_spread.median;
+    report.rows.back()["deepspeed_step_s_min_max"] = {peer_spread.min, peer_spread.max};
+    report.rows.back()["overlapped_step_s_min_max"] = {ferry_spread.min, ferry_spread.max};
+    report.rows.back()["ferry_over_deepspeed"] = peer_spread.median / ferry_spread.median;
+  }
   report.headline = {"steps_per_s_overlapped", 1.0 / ovl.step_s, "steps_per_s_sequential", 1.0 / seq.step_s, 1.6,
                      {{"speedup_vs_sequential", speedup},
                       {"step_over_longest_resource", over_longest},
@@ -260,6 +323,9 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
                       {"nvme_bytes_per_param", per_param},
                       {"longest_resource", longest_name},
                       {"trace", trace}}};
+  if (!peer_rounds.empty()) {
+    report.headline.extra["ferry_over_deepspeed_zero_infinity"] = peer_spread.median / ferry_spread.median;
+  }
   return 0;
 }
 

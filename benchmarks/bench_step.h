@@ -12,6 +12,11 @@ struct StepBenchOptions {
   std::string trace;      // Chrome trace of the overlapped run's last step ("" = <nvme_path>/ferry-bench-step.trace.json)
   bool bf16 = false;      // bf16 compute: bf16 parameter shards on NVMe
   std::string device = "cpu";  // "cuda": the step on a GPU (ZeRO-Infinity's path), PCIe bytes reported
+  // A Python with torch and deepspeed (scripts/make_peers_env.sh): DeepSpeed's ZeRO-Infinity
+  // (stage 3, parameters and optimizer state on NVMe in the same folder) on the same GPT,
+  // batch and threads on the CPU (benchmarks/peers/step_peer.py), alternated with ferry's
+  // overlapped step round by round. "" = ferry alone. CPU device only.
+  std::string peers;
 };
 
 // One training step of a GPT with parameters and optimizer state on NVMe (stage 3, one
