@@ -85,10 +85,13 @@ test-fuzz: build-fuzz
 
 test: test-release test-asan test-fuzz
 
+# With FERRY_PEERS_PYTHON exported (scripts/make_peers_env.sh prints it), model, adam, io and
+# step also measure their peers in the same run (PyTorch eager and FSDP2, DeepSpeed's CPU
+# Adam, aio and ZeRO-Infinity), and attention PyTorch's SDPA.
 bench: build
 	@mkdir -p out
-	$(BUILD)/examples/ferry bench model --json out/bench-model.json
-	$(BUILD)/examples/ferry bench attention --json out/bench-attention.json
+	$(BUILD)/examples/ferry bench model --ranks 2 --json out/bench-model.json
+	$(BUILD)/examples/ferry bench attention $(if $(FERRY_PEERS_PYTHON),--python $(FERRY_PEERS_PYTHON)) --json out/bench-attention.json
 	mpiexec -n 2 $(BUILD)/examples/ferry bench comm --json out/bench-comm.json
 	$(BUILD)/examples/ferry bench adam --json out/bench-adam.json
 	$(BUILD)/examples/ferry bench io --path out --json out/bench-io.json
