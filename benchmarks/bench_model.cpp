@@ -37,7 +37,6 @@
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
-#include "nn/rng.h"
 #include "runtime/tools/launch.h"
 #include "runtime/train/trainer.h"
 
@@ -229,6 +228,20 @@ double ferry_ranks_seconds(const Case& k, int ranks, int threads, int steps) {
   return sum / static_cast<double>(steps);
 }
 
+// `n` byte-level ids of examples/data/kjv.txt from byte `from` (the corpus repeats when it
+// is shorter). Throws std::runtime_error naming the file when it cannot be read.
+std::vector<int32_t> corpus_ids(int64_t from, int64_t n) {
+  const std::string path = std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt";
+  std::ifstream f(path, std::ios::binary);
+  std::string bytes(static_cast<size_t>(from + n), '\0');
+  f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const auto got = static_cast<size_t>(f.gcount());
+  if (got == 0) throw std::runtime_error(path + ": cannot read the bundled corpus");
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<unsigned char>(bytes[static_cast<size_t>(from + i) % got]);
+  return ids;
+}
+
 std::string range(const Spread& s) { return fixed(s.min, 0) + "-" + fixed(s.max, 0); }
 
 }  // namespace
@@ -296,11 +309,11 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
     const int64_t T = k.cfg.block_size, N = k.B * T;
     nn::Tensor tokens = nn::Tensor::empty(dev, nn::DType::i32, {N});
     nn::Tensor targets = nn::Tensor::empty(dev, nn::DType::i32, {N});
-    nn::Rng rng(5);
-    std::vector<int32_t> ids(static_cast<size_t>(2 * N));
-    for (auto& x : ids) x = static_cast<int32_t>(rng.below(256));
-    dev.copy_from_host(tokens, ids.data());
-    dev.copy_from_host(targets, ids.data() + N);
+    // The bundled corpus's first N + 1 bytes as byte-level ids (the Trainer's tokenization of
+    // it, vocabulary 256): inputs and next-token targets, the same on both sides.
+    const std::vector<int32_t> in = corpus_ids(0, N), out = corpus_ids(1, N);
+    dev.copy_from_host(tokens, in.data());
+    dev.copy_from_host(targets, out.data());
     auto step = [&] {
       units.zero_grads();
       model.forward(units, tokens, targets, k.B, T);
@@ -317,7 +330,6 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
     };
     // PyTorch's side: the same shape, tokens and threads; `optimizer` makes it a whole step.
     auto peer_seconds = [&](bool optimizer) {
-      std::vector<int32_t> in(ids.begin(), ids.begin() + N), out(ids.begin() + N, ids.end());
       const nlohmann::json a = peer->request({{"n_layer", k.cfg.n_layer},
                                               {"n_head", k.cfg.n_head},
                                               {"n_embd", k.cfg.n_embd},
@@ -421,7 +433,6 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
         if ((r + side) % 2 == 0) {
           zero_s.push_back(ferry_ranks_seconds(k, opt.ranks, per_rank, k.steps));
         } else {
-          std::vector<int32_t> in(ids.begin(), ids.begin() + N), out(ids.begin() + N, ids.end());
           const nlohmann::json a = peer->request({{"ranks", opt.ranks}, {"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head},
                                                   {"n_embd", k.cfg.n_embd}, {"vocab_size", k.cfg.vocab_size},
                                                   {"block_size", T}, {"batch", k.B}, {"tokens", in}, {"targets", out},
