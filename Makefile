@@ -91,7 +91,7 @@ test: test-release test-asan test-fuzz
 bench: build
 	@mkdir -p out
 	$(BUILD)/examples/ferry bench model --ranks 2 --json out/bench-model.json
-	$(BUILD)/examples/ferry bench attention $(if $(FERRY_PEERS_PYTHON),--python $(FERRY_PEERS_PYTHON)) --json out/bench-attention.json
+	$(BUILD)/examples/ferry bench attention $(if $(FERRY_PEERS_PYTHON),--python '$(FERRY_PEERS_PYTHON)') --json out/bench-attention.json
 	mpiexec -n 2 $(BUILD)/examples/ferry bench comm --json out/bench-comm.json
 	$(BUILD)/examples/ferry bench adam --json out/bench-adam.json
 	$(BUILD)/examples/ferry bench io --path out --json out/bench-io.json

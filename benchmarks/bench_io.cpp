@@ -10,7 +10,8 @@
 // ferry's median over each peer's. Each side moves data through the memory it uses for I/O
 // in its own runs: ferry through a buffer of its pinned pool (2 MiB aligned, huge pages
 // advised, mlocked, registered with io_uring as fixed buffers: what its swapper reads into),
-// DeepSpeed through its page-locked tensor (new_cpu_locked_tensor), fio through its own.
+// DeepSpeed through its page-locked tensor (new_cpu_locked_tensor), fio through its own
+// (its defaults: malloc'd, neither locked nor registered; fio's users get those too).
 #include "benchmarks/bench_io.h"
 
 #include <unistd.h>
@@ -28,6 +29,7 @@
 #include "benchmarks/peer_process.h"
 #include "offload/pinned_pool.h"
 #include "offload/storage.h"
+#include "runtime/tools/launch.h"
 
 namespace ferry::bench {
 
@@ -45,7 +47,7 @@ std::string run_command(const std::string& cmd) {
 }  // namespace
 
 double fio_bandwidth(const std::string& file, bool write, size_t bs, int qd, uint64_t size) {
-  const std::string cmd = "fio --name=ferry --filename=" + file + " --rw=" + (write ? "write" : "read") +
+  const std::string cmd = "fio --name=ferry --filename=" + runtime::shell_quote(file) + " --rw=" + (write ? "write" : "read") +
                           " --bs=" + std::to_string(bs) + " --iodepth=" + std::to_string(qd) +
                           " --ioengine=io_uring --direct=1 --end_fsync=1 --size=" + std::to_string(size) +
                           " --output-format=json 2>/dev/null";

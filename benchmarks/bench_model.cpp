@@ -18,7 +18,8 @@
 // comparisons per config: forward+backward (what the rows above time), and a whole
 // training step: ferry's Trainer (one rank, every state in memory, clipping 1.0, AdamW on
 // the bundled corpus) against zero_grad, forward, backward, clip_grad_norm_ and
-// torch.optim.AdamW.
+// torch.optim.AdamW. --ranks N adds the step at N ranks (`ferry train` under mpiexec,
+// ZeRO-3) against FSDP2 over gloo. The peer comparisons are fp32 on the CPU device.
 #include "benchmarks/bench_model.h"
 
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <iostream>
 
@@ -33,7 +35,6 @@
 
 #include "benchmarks/peer_process.h"
 #include "comm/communicator.h"
-#include "comm/mpi_communicator.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
 #include "nn/gpt.h"
@@ -129,30 +130,32 @@ double device_gemm_gflops(nn::Device& dev, nn::DType dtype, const std::vector<Ge
   return flops / best / 1e9;
 }
 
-// A whole training step of `k`'s GPT through ferry's Trainer: one rank, every state in
-// memory (the cpu or cuda device), gradient clipping 1.0, AdamW, on the bundled corpus.
+// The training configuration of `k`'s GPT on the CPU device at `threads` threads (0: all
+// cores) and ZeRO `stage`: every state in memory, gradient clipping 1.0, AdamW (lr 3e-4,
+// weight decay 0.1) on the bundled corpus, as model_peer.py's PyTorch side trains.
+nlohmann::json train_doc(const Case& k, int threads, int stage) {
+  nlohmann::json doc = {
+      {"model",
+       {{"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head}, {"n_embd", k.cfg.n_embd}, {"block_size", k.cfg.block_size}}},
+      {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+      {"device", {{"memory", "8GiB"}}},
+      {"train_micro_batch_size_per_gpu", k.B},
+      {"gradient_clipping", 1.0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}}},
+      {"zero_optimization", {{"stage", stage}}},
+      {"train", {{"steps", 1000000}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
+  if (threads > 0) doc["device"]["threads"] = threads;
+  return doc;
+}
+
+// A whole training step of `k`'s GPT through ferry's Trainer in this process: one rank,
+// stage 0 (PyTorch eager's single-process setting), train_doc's configuration.
 class TrainerSteps {
  public:
   // `params`: the benchmark's GPT's count, which the Trainer's model must have too.
-  TrainerSteps(const Case& k, const ModelBenchOptions& opt, int64_t params) {
-    nlohmann::json doc = {
-        {"model",
-         {{"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head}, {"n_embd", k.cfg.n_embd}, {"block_size", k.cfg.block_size}}},
-        {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
-        {"device", {{"memory", std::to_string(opt.device_memory > 0 ? opt.device_memory : (8ull << 30))}}},
-        {"train_micro_batch_size_per_gpu", k.B},
-        {"gradient_clipping", 1.0},
-        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}}},
-        {"train", {{"steps", 1000000}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
-    if (opt.threads > 0) doc["device"]["threads"] = opt.threads;
-    if (opt.bf16) doc["bf16"] = {{"enabled", true}};
-    if (opt.device == "cuda") {
-      doc["device"]["type"] = "cuda";
-      doc["device"].erase("memory");
-      world_ = comm::MpiCommunicator::world(/*timeout_s=*/300);  // NCCL starts over MPI
-    }
-    comm::Communicator& c = world_ ? static_cast<comm::Communicator&>(*world_) : alone_;
-    trainer_ = std::make_unique<runtime::Trainer>(runtime::config_from_json(doc, "ferry bench model", "", {}), c, discard_);
+  TrainerSteps(const Case& k, int threads, int64_t params) {
+    trainer_ = std::make_unique<runtime::Trainer>(
+        runtime::config_from_json(train_doc(k, threads, 0), "ferry bench model", "", {}), alone_, discard_);
     if (trainer_->model().num_parameters() != params) {
       throw std::logic_error("ferry bench model: the Trainer's GPT has " + std::to_string(trainer_->model().num_parameters()) +
                              " parameters, the benchmark's " + std::to_string(params));
@@ -170,16 +173,15 @@ class TrainerSteps {
  private:
   std::ostream discard_{nullptr};
   comm::SingleProcessCommunicator alone_;
-  std::unique_ptr<comm::MpiCommunicator> world_;
   std::unique_ptr<runtime::Trainer> trainer_;
   int64_t step_ = 0;
 };
 
 // Seconds per step (the mean of `steps` timed steps after two untimed, one more run after
 // them: a step's updates may finish in the next step's time) of `ranks` ferry
-// processes under mpiexec training `k`'s GPT with ZeRO-3, `threads` threads each, every
-// state in memory, clipping 1.0 and AdamW: `ferry train` itself, timed by its metrics file.
-// Throws std::runtime_error with the end of the run's output when it fails.
+// processes under mpiexec training `k`'s GPT with ZeRO-3, `threads` threads each
+// (train_doc): `ferry train` itself, timed by its metrics file. Throws std::runtime_error
+// with the end of the run's output when it fails.
 double ferry_ranks_seconds(const Case& k, int ranks, int threads, int steps) {
   char tmpl[] = "/tmp/ferry-bench-model-XXXXXX";
   if (!mkdtemp(tmpl)) throw std::runtime_error("ferry bench model: cannot create a folder in /tmp");
@@ -191,17 +193,9 @@ double ferry_ranks_seconds(const Case& k, int ranks, int threads, int steps) {
       fs::remove_all(p, ec);
     }
   } remove{dir};
-  const nlohmann::json doc = {
-      {"model",
-       {{"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head}, {"n_embd", k.cfg.n_embd}, {"block_size", k.cfg.block_size}}},
-      {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
-      {"device", {{"memory", "8GiB"}, {"threads", threads}}},
-      {"train_micro_batch_size_per_gpu", k.B},
-      {"gradient_clipping", 1.0},
-      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-4}, {"weight_decay", 0.1}}}}},
-      {"zero_optimization", {{"stage", 3}}},
-      {"train", {{"steps", steps + 3}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}},
-      {"log", {{"metrics", (dir / "metrics.jsonl").string()}}}};
+  nlohmann::json doc = train_doc(k, threads, 3);
+  doc["train"]["steps"] = steps + 3;
+  doc["log"] = {{"metrics", (dir / "metrics.jsonl").string()}};
   std::ofstream(dir / "config.json") << doc.dump(2);
   const std::string exe = fs::read_symlink("/proc/self/exe").string();
   const std::string cmd = "mpiexec -n " + std::to_string(ranks) + " " + runtime::shell_quote(exe) + " train --config " +
@@ -212,20 +206,27 @@ double ferry_ranks_seconds(const Case& k, int ranks, int threads, int steps) {
   std::ifstream metrics(dir / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step_time_s") && j.value("step", 0) > 2 && j.value("step", 0) <= steps + 2) times.push_back(j["step_time_s"].get<double>());
+    const int64_t step = j.is_object() ? j.value("step", int64_t{0}) : 0;
+    if (j.is_object() && j.contains("step_time_s") && step > 2 && step <= steps + 2) times.push_back(j["step_time_s"].get<double>());
   }
   if (status != 0 || times.size() != static_cast<size_t>(steps)) {
-    std::ifstream out(dir / "output.txt");
-    std::vector<std::string> lines;
-    for (std::string line; std::getline(out, line);) lines.push_back(line);
-    std::string tail;
-    for (size_t i = lines.size() > 6 ? lines.size() - 6 : 0; i < lines.size(); ++i) tail.append("\n  ").append(lines[i]);
     throw std::runtime_error("ferry bench model: `" + cmd + "` failed (status " + std::to_string(status) + ", " +
-                             std::to_string(times.size()) + " of " + std::to_string(steps) + " timed steps)" + tail);
+                             std::to_string(times.size()) + " of " + std::to_string(steps) + " timed steps)" +
+                             quoted_tail((dir / "output.txt").string(), 6));
   }
   double sum = 0;
   for (double t : times) sum += t;
   return sum / static_cast<double>(steps);
+}
+
+// The peer's model must be ferry's: the same parameter count, or an error naming the peer.
+void check_peer_params(const std::string& python, const std::string& what, const nlohmann::json& answer,
+                       int64_t ferry_params) {
+  if (answer.at("params").get<int64_t>() != ferry_params) {
+    throw std::runtime_error("--peers " + python + ": " + what + "'s model has " + answer.at("params").dump() +
+                             " parameters and ferry's " + std::to_string(ferry_params) +
+                             ": benchmarks/peers/model_peer.py no longer mirrors nn/gpt.h");
+  }
 }
 
 // `n` byte-level ids of examples/data/kjv.txt from byte `from` (the corpus repeats when it
@@ -266,6 +267,10 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
   const std::string ref_name = gpu ? std::string("cuBLAS ") + (opt.bf16 ? "bf16" : "fp32") + " GEMM GFLOP/s"
                                    : std::string("Eigen GEMM GFLOP/s");
   report.columns = {"config", "params", "tokens/step", "tokens/s", "GFLOP/s", ref_name, gpu ? "MFU" : "ratio"};
+  if ((!opt.peers.empty() || opt.ranks > 1) && (gpu || opt.bf16)) {
+    throw std::invalid_argument(
+        "--peers and --ranks compare fp32 training steps on the CPU device: leave out --device cuda and --bf16");
+  }
   std::unique_ptr<PeerProcess> peer;
   if (!opt.peers.empty()) {
     peer = std::make_unique<PeerProcess>("PyTorch eager", opt.peers,
@@ -339,25 +344,15 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
                                               {"tokens", in},
                                               {"targets", out},
                                               {"steps", k.steps},
-                                              {"threads", cpu ? cpu->threads() : 1},
-                                              {"device", gpu ? "cuda" : "cpu"},
-                                              {"dtype", opt.bf16 ? "bf16" : "f32"},
+                                              {"threads", cpu->threads()},
                                               {"optimizer", optimizer}});
-      if (a.at("params").get<int64_t>() != model.num_parameters()) {
-        throw std::runtime_error("--peers " + opt.peers + ": PyTorch's model has " + a.at("params").dump() +
-                                 " parameters and ferry's " + std::to_string(model.num_parameters()) +
-                                 ": benchmarks/peers/model_peer.py no longer mirrors nn/gpt.h");
-      }
+      check_peer_params(opt.peers, "PyTorch", a, model.num_parameters());
       return a.at("seconds_per_step").get<double>();
     };
-    // Repetitions alternate the sides, each starting with the other one.
     std::vector<double> ferry_s, peer_s;
-    for (int r = 0; r < (peer ? reps : 1); ++r) {
-      for (int side = 0; side < (peer ? 2 : 1); ++side) {
-        if ((r + side) % 2 == 0 || !peer) ferry_s.push_back(ferry_seconds());
-        else peer_s.push_back(peer_seconds(false));
-      }
-    }
+    alternate_sides(
+        peer ? reps : 1, [&] { ferry_s.push_back(ferry_seconds()); },
+        peer ? std::function<void()>([&] { peer_s.push_back(peer_seconds(false)); }) : nullptr);
     const Spread f = rate(ferry_s, static_cast<double>(N)), p = rate(peer_s, static_cast<double>(N));
     const double secs = static_cast<double>(N) / f.median;
     const double tokens_per_s = f.median;
@@ -398,13 +393,10 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
       // The whole training step, ferry's Trainer against PyTorch eager with AdamW.
       std::vector<double> train_s, peer_train_s;
       {
-        TrainerSteps trainer(k, opt, model.num_parameters());
-        for (int r = 0; r < reps; ++r) {
-          for (int side = 0; side < 2; ++side) {
-            if ((r + side) % 2 == 0) train_s.push_back(trainer.seconds_per_step(k.steps));
-            else peer_train_s.push_back(peer_seconds(true));
-          }
-        }
+        TrainerSteps trainer(k, opt.threads, model.num_parameters());
+        alternate_sides(
+            reps, [&] { train_s.push_back(trainer.seconds_per_step(k.steps)); },
+            [&] { peer_train_s.push_back(peer_seconds(true)); });
       }
       const Spread ft = rate(train_s, static_cast<double>(N)), pt = rate(peer_train_s, static_cast<double>(N));
       report.table.push_back({k.name + " train step", std::to_string(model.num_parameters()), std::to_string(N),
@@ -426,24 +418,18 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
     }
     if (opt.ranks < 2) continue;
     // The same step at `ranks` processes: ferry's ZeRO-3 under mpiexec, FSDP2 over gloo.
-    const int per_rank = opt.threads > 0 ? opt.threads : std::max(1, (cpu ? cpu->threads() : 1) / opt.ranks);
+    const int per_rank = opt.threads > 0 ? opt.threads : std::max(1, cpu->threads() / opt.ranks);
     std::vector<double> zero_s, fsdp_s;
-    for (int r = 0; r < (peer ? reps : 1); ++r) {
-      for (int side = 0; side < (peer ? 2 : 1); ++side) {
-        if ((r + side) % 2 == 0) {
-          zero_s.push_back(ferry_ranks_seconds(k, opt.ranks, per_rank, k.steps));
-        } else {
+    alternate_sides(
+        peer ? reps : 1, [&] { zero_s.push_back(ferry_ranks_seconds(k, opt.ranks, per_rank, k.steps)); },
+        !peer ? nullptr : std::function<void()>([&] {
           const nlohmann::json a = peer->request({{"ranks", opt.ranks}, {"n_layer", k.cfg.n_layer}, {"n_head", k.cfg.n_head},
                                                   {"n_embd", k.cfg.n_embd}, {"vocab_size", k.cfg.vocab_size},
                                                   {"block_size", T}, {"batch", k.B}, {"tokens", in}, {"targets", out},
                                                   {"steps", k.steps}, {"threads", per_rank}});
-          if (a.at("params").get<int64_t>() != model.num_parameters())
-            throw std::runtime_error("--peers " + opt.peers + ": FSDP2's model has " + a.at("params").dump() +
-                                     " parameters and ferry's " + std::to_string(model.num_parameters()));
+          check_peer_params(opt.peers, "FSDP2", a, model.num_parameters());
           fsdp_s.push_back(a.at("seconds_per_step").get<double>());
-        }
-      }
-    }
+        }));
     const double global = static_cast<double>(N) * opt.ranks;
     const Spread fz = rate(zero_s, global), pz = rate(fsdp_s, global);
     std::vector<std::string> zrow = {k.name + " train " + std::to_string(opt.ranks) + "x" + std::to_string(per_rank),

@@ -32,7 +32,8 @@ struct ModelBenchOptions {
 
 // Fills `report` (the headline is the last, largest config). Returns the exit status.
 // Throws std::runtime_error naming the peer when it fails or its model's parameter count
-// differs from ferry's (the two would not be the same model).
+// differs from ferry's (the two would not be the same model), std::invalid_argument for
+// `peers` or `ranks` > 1 with the cuda device or bf16 (those comparisons are fp32 on the CPU).
 int run_model_bench(const ModelBenchOptions& opt, Report& report);
 
 }  // namespace ferry::bench

@@ -29,6 +29,15 @@ Spread rate(std::vector<double> seconds, double work) {
   return {work / s.median, work / s.max, work / s.min};
 }
 
+void alternate_sides(int rounds, const std::function<void()>& ferry, const std::function<void()>& peer) {
+  for (int r = 0; r < rounds; ++r) {
+    for (int side = 0; side < (peer ? 2 : 1); ++side) {
+      if ((r + side) % 2 == 0 || !peer) ferry();
+      else peer();
+    }
+  }
+}
+
 void print_table(const Report& r) {
   std::vector<size_t> width(r.columns.size());
   for (size_t c = 0; c < r.columns.size(); ++c) {

@@ -3,6 +3,7 @@
 // ARCHITECTURE.md (Benchmarks).
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,5 +43,10 @@ Spread spread(std::vector<double> samples);
 // The rate `work` per second over samples of seconds: its median, min (the slowest
 // sample) and max.
 Spread rate(std::vector<double> seconds, double work);
+// A benchmark against a peer measured in the same run: `rounds` rounds of ferry's side and
+// the peer's, each round starting with the other one (the first with ferry's), so that
+// neither side always runs on a machine the other has just warmed or tired. Without a
+// peer (`peer` empty) ferry's side runs once per round.
+void alternate_sides(int rounds, const std::function<void()>& ferry, const std::function<void()>& peer);
 
 }  // namespace ferry::bench

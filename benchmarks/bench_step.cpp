@@ -18,11 +18,14 @@
 // with min-max, and ferry's steps/s over DeepSpeed's.
 #include "benchmarks/bench_step.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <ostream>
@@ -205,15 +208,26 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
   std::unique_ptr<comm::MpiCommunicator> world;
   if (opt.device == "cuda") world = comm::MpiCommunicator::world(/*timeout_s=*/300);
   comm::Communicator& comm = world ? static_cast<comm::Communicator&>(*world) : alone;
-  std::unique_ptr<PeerProcess> peer;
   const std::string peer_dir = (fs::path(opt.nvme_path) / "ferry-bench-step-deepspeed").string();
+  // Both folders go on every path out, an exception's included (DeepSpeed's swap files are
+  // gigabytes); the peer is stopped before its folder is removed.
+  struct Remove {
+    std::vector<std::string> dirs;
+    ~Remove() {
+      std::error_code ec;
+      for (const std::string& d : dirs) fs::remove_all(d, ec);
+    }
+  } remove{{dir, peer_dir}};
+  std::unique_ptr<PeerProcess> peer;  // after `remove`: stopped before the folders go
   int64_t peer_params = 0;
   if (!opt.peers.empty()) {
-    if (opt.device != "cpu") throw std::runtime_error("--peers: DeepSpeed's side of ferry bench step runs on the CPU only");
+    if (opt.device != "cpu" || opt.bf16) {
+      throw std::runtime_error("--peers: DeepSpeed's side of ferry bench step is fp32 on the CPU: leave out --device cuda and --bf16");
+    }
     fs::remove_all(peer_dir);
     fs::create_directories(peer_dir);
     const nlohmann::json d = bench_doc(opt, dir, true);
-    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = omp_get_max_threads();  // what ferry's CPU device takes
     peer = std::make_unique<PeerProcess>("DeepSpeed ZeRO-Infinity", opt.peers,
                                          std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/step_peer.py",
                                          std::vector<std::string>{"OMP_NUM_THREADS=" + std::to_string(threads),
@@ -228,32 +242,29 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
                       .get<int64_t>();
   }
   const Timed seq = time_steps(comm, bench_doc(opt, dir, true), sequential, warmup, timed, "");
+  if (peer && peer_params != seq.params) {
+    throw std::runtime_error("--peers " + opt.peers + ": DeepSpeed's model has " + std::to_string(peer_params) +
+                             " parameters and ferry's " + std::to_string(seq.params) +
+                             ": benchmarks/peers/model_peer.py no longer mirrors nn/gpt.h");
+  }
   // The overlapped case: once alone, or in rounds alternating with the peer.
   const int rounds = peer ? 3 : 1;
   std::vector<double> ovl_rounds, peer_rounds;
   Timed ovl;
-  for (int r = 0; r < rounds; ++r) {
-    for (int side = 0; side < (peer ? 2 : 1); ++side) {
-      if ((r + side) % 2 == 0) {
-        ovl = time_steps(comm, bench_doc(opt, dir, true), {}, warmup, timed, r == rounds - 1 ? trace : "");
+  int round = 0;
+  alternate_sides(
+      rounds,
+      [&] {
+        ovl = time_steps(comm, bench_doc(opt, dir, true), {}, warmup, timed, ++round == rounds ? trace : "");
         ovl_rounds.push_back(ovl.step_s);
-      } else {
-        peer_rounds.push_back(
-            spread(peer->request({{"steps", timed}}).at("seconds").get<std::vector<double>>()).median);
-      }
-    }
-  }
-  if (peer && peer_params != ovl.params) {
-    throw std::runtime_error("--peers " + opt.peers + ": DeepSpeed's model has " + std::to_string(peer_params) +
-                             " parameters and ferry's " + std::to_string(ovl.params) +
-                             ": benchmarks/peers/model_peer.py no longer mirrors nn/gpt.h");
-  }
+      },
+      !peer ? nullptr : std::function<void()>([&] {
+        peer_rounds.push_back(spread(peer->request({{"steps", timed}}).at("seconds").get<std::vector<double>>()).median);
+      }));
   ovl.step_s = spread(ovl_rounds).median;
-  peer.reset();  // its engine's swap files go with it
-  if (!opt.peers.empty()) fs::remove_all(peer_dir);
+  peer.reset();  // stopped before its folder goes
   const Timed cpu = time_steps(comm, bench_doc(opt, dir, false), {}, warmup, timed, "");
   const Replay io = replay_nvme(dir, ovl, opt.quick ? 1 : 3);
-  fs::remove_all(dir);
   const double nvme_s = std::min(io.concurrent_s, io.serial_s), comm_s = 0;
   const double longest = std::max({cpu.step_s, nvme_s, comm_s});
   const char* longest_name = longest == cpu.step_s ? "compute" : "nvme";

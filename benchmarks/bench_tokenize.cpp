@@ -25,9 +25,9 @@ namespace {
 // The library's MB/s (medians) for one-by-one and batch encoding and its id count, from
 // benchmarks/peers/tokenize_peer.py under `python`.
 nlohmann::json python_reference(const std::string& python, const std::string& tok, const std::string& corpus,
-                                int64_t bytes, int reps) {
+                                int64_t bytes, int reps, int threads) {
   PeerProcess peer("Hugging Face tokenizers", python, std::string(FERRY_SOURCE_DIR) + "/benchmarks/peers/tokenize_peer.py",
-                   {}, "--python");
+                   {"RAYON_NUM_THREADS=" + std::to_string(threads)}, "--python");
   const nlohmann::json a =
       peer.request({{"tokenizer", tok}, {"corpus", corpus}, {"bytes", bytes}, {"reps", reps}});
   return {{"one_mb_s", spread(a.at("one_mb_s").get<std::vector<double>>()).median},
@@ -88,7 +88,7 @@ int run_tokenize_bench(const TokenizeBenchOptions& opt, Report& report) {
   const double one = measure(1);
   const double many = all > 1 ? measure(all) : one;
   nlohmann::json ref;
-  if (!opt.python.empty()) ref = python_reference(opt.python, tok_path, corpus, static_cast<int64_t>(data.size()), reps);
+  if (!opt.python.empty()) ref = python_reference(opt.python, tok_path, corpus, static_cast<int64_t>(data.size()), reps, all);
   report.bench = "tokenize";
   report.threads = all;
   report.columns = {"encoder", "threads", "MB/s", "vs tokenizers"};

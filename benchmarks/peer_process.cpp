@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <utility>
 
 namespace ferry::bench {
@@ -20,12 +20,16 @@ PeerProcess::PeerProcess(std::string what, std::string python, const std::string
     : what_(std::move(what)), python_(std::move(python)), script_(script), flag_(std::move(flag)) {
   char err_path[] = "/tmp/ferry_peer_XXXXXX";
   const int err = mkstemp(err_path);
-  if (err < 0) throw std::runtime_error("--peers: cannot create a temporary file in /tmp");
+  if (err < 0) throw std::runtime_error(flag_ + ": cannot create a temporary file in /tmp");
   err_path_ = err_path;
-  int in[2], out[2];
+  int in[2] = {-1, -1}, out[2] = {-1, -1};
   if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
-    close(err);
-    throw std::runtime_error(std::string("--peers: pipe: ") + std::strerror(errno));
+    const int e = errno;
+    for (int fd : {in[0], in[1], out[0], out[1], err}) {
+      if (fd >= 0) close(fd);
+    }
+    std::remove(err_path);
+    throw std::runtime_error(flag_ + ": pipe: " + std::strerror(e));
   }
   std::vector<std::string> args = {python_, script_};
   pid_ = fork();
@@ -45,9 +49,11 @@ PeerProcess::PeerProcess(std::string what, std::string python, const std::string
   close(out[1]);
   close(err);
   if (pid_ < 0) {
+    const int e = errno;
     close(in[1]);
     close(out[0]);
-    throw std::runtime_error(std::string("--peers: fork: ") + std::strerror(errno));
+    std::remove(err_path);
+    throw std::runtime_error(flag_ + ": fork: " + std::strerror(e));
   }
   to_ = fdopen(in[1], "w");
   from_ = fdopen(out[0], "r");
@@ -105,15 +111,19 @@ nlohmann::json PeerProcess::read_answer() {
   return j;
 }
 
-std::runtime_error PeerProcess::failure(const std::string& what) {
-  std::stringstream err;
-  err << std::ifstream(err_path_).rdbuf();
+std::string quoted_tail(const std::string& path, size_t n) {
+  std::ifstream in(path);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(err, line);) {
+  for (std::string line; std::getline(in, line);) {
     if (!line.empty()) lines.push_back(line);
   }
   std::string tail;
-  for (size_t i = lines.size() > 4 ? lines.size() - 4 : 0; i < lines.size(); ++i) tail.append("\n  ").append(lines[i]);
+  for (size_t i = lines.size() > n ? lines.size() - n : 0; i < lines.size(); ++i) tail.append("\n  ").append(lines[i]);
+  return tail;
+}
+
+std::runtime_error PeerProcess::failure(const std::string& what) {
+  const std::string tail = quoted_tail(err_path_, 4);
   std::string msg = flag_ + " ";
   msg.append(python_).append(": ").append(what_).append(" (").append(script_).append(") ").append(what);
   if (!tail.empty()) msg.append(":").append(tail);

@@ -1,5 +1,5 @@
-// A peer benchmark (a Python script with torch and DeepSpeed, benchmarks/peers/) kept
-// running beside ferry's: started once, it answers one JSON line per request line. Its start
+// A peer benchmark (a Python script using the peer library: torch, DeepSpeed or Hugging Face
+// tokenizers, benchmarks/peers/) kept running beside ferry's: started once, it answers one JSON line per request line. Its start
 // (importing torch, loading a DeepSpeed op: seconds) is paid once, so that ferry's runs and
 // the peer's can alternate case by case and repetition by repetition.
 //
@@ -23,6 +23,10 @@
 #include <nlohmann/json.hpp>
 
 namespace ferry::bench {
+
+// The last `n` non-empty lines of the file at `path`, each as "\n  line" (the tail quoted
+// in error messages); "" when it cannot be read.
+std::string quoted_tail(const std::string& path, size_t n);
 
 class PeerProcess {
  public:

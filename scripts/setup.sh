@@ -26,6 +26,11 @@ packages=(
   clang libclang-rt-14-dev  # make test-fuzz: clang's libFuzzer (Debian 12's clang is 14)
 )
 if [ $# -gt 0 ]; then
+  for p in "$@"; do
+    case "$p" in
+      -*) echo "[setup] '$p' is not a package name" >&2; exit 2 ;;
+    esac
+  done
   packages=("$@")
 fi
 

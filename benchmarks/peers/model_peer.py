@@ -10,13 +10,12 @@ values do not matter to the time.
 A long-running peer (benchmarks/peer_process.h): prints a ready line with the versions, then
 answers one JSON line per request line on stdin:
   {"n_layer": L, "n_head": H, "n_embd": C, "vocab_size": V, "block_size": T, "batch": B,
-   "tokens": [...], "targets": [...], "steps": S, "threads": N,
-   "device": "cpu"|"cuda", "dtype": "f32"|"bf16", "optimizer": false|true}
+   "tokens": [...], "targets": [...], "steps": S, "threads": N, "optimizer": false|true}
   -> {"seconds_per_step": s, "params": P, "loss": first loss}  (or {"error": "..."})
-A step is zero_grad, forward with the mean cross-entropy, backward; with "optimizer" also
-clip_grad_norm_(1.0) and AdamW (lr 3e-4, weight decay 0.1, PyTorch's default foreach
-implementation), which is a whole training step. The first request of a shape builds the
-model and runs one untimed step (first touch of the activations, the allocator's caches;
+fp32 on the CPU. A step is zero_grad, forward with the mean cross-entropy, backward; with
+"optimizer" also clip_grad_norm_(1.0) and AdamW (lr 3e-4, weight decay 0.1, PyTorch's
+default implementation: on CPU tensors the per-parameter loop), which is a whole training
+step. The first request of a shape builds the model and runs one untimed step (first touch of the activations, the allocator's caches;
 its loss is the answer's "loss", about ln V at GPT-2's initialisation); later requests
 of the same shape reuse it, so that ferry's repetitions and these alternate.
 With "ranks": R > 1 the request is a whole training step under FSDP2 (fully_shard on every
@@ -85,6 +84,7 @@ def fsdp_worker(rank, world, port, r, queue):
     request's shape and threads; rank 0 puts the seconds per step on `queue`."""
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     try:
@@ -95,9 +95,11 @@ def fsdp_worker(rank, world, port, r, queue):
         B, T = r["batch"], r["block_size"]
         model = make_gpt(r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], T)
         params = sum(p.numel() for p in model.parameters())
+        # A CPU mesh: without one, fully_shard takes the accelerator's (PyPI's torch has CUDA).
+        mesh = init_device_mesh("cpu", (world,))
         for b in model.blocks:
-            fully_shard(b)
-        fully_shard(model)
+            fully_shard(b, mesh=mesh)
+        fully_shard(model, mesh=mesh)
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
         idx = torch.tensor(r["tokens"], dtype=torch.int64).view(B, T)
         tgt = torch.tensor(r["targets"], dtype=torch.int64).view(B, T)
@@ -173,22 +175,16 @@ def main():
                 say(run_fsdp(r))
                 continue
             torch.set_num_threads(int(r["threads"]))
-            dev = torch.device(r.get("device", "cpu"))
-            dtype = torch.bfloat16 if r.get("dtype", "f32") == "bf16" else torch.float32
             key = (r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], r["block_size"], r["batch"],
-                   str(dev), str(dtype), bool(r.get("optimizer", False)))
+                   bool(r.get("optimizer", False)))
             B, T = r["batch"], r["block_size"]
-            idx = torch.tensor(r["tokens"], dtype=torch.int64, device=dev).view(B, T)
-            tgt = torch.tensor(r["targets"], dtype=torch.int64, device=dev).view(B, T)
-
-            def sync():
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
+            idx = torch.tensor(r["tokens"], dtype=torch.int64).view(B, T)
+            tgt = torch.tensor(r["targets"], dtype=torch.int64).view(B, T)
 
             if key not in built:
                 built.clear()  # one model at a time: the next shape frees the last
                 torch.manual_seed(5)
-                model = make_gpt(r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], T).to(dev, dtype)
+                model = make_gpt(r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], T)
                 opt = (torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
                        if r.get("optimizer") else None)
                 built[key] = [model, opt, None]
@@ -205,11 +201,9 @@ def main():
 
             if first is None:
                 first = built[key][2] = step().item()  # untimed
-            sync()
             t0 = time.perf_counter()
             for _ in range(int(r["steps"])):
                 step()
-            sync()
             seconds = (time.perf_counter() - t0) / int(r["steps"])
             say({"seconds_per_step": seconds, "loss": first,
                  "params": sum(p.numel() for p in model.parameters())})

@@ -6,8 +6,9 @@ answers one JSON line per request line on stdin:
   {"tokenizer": PATH, "corpus": PATH, "bytes": N, "reps": R}
   -> {"one_mb_s": [R], "batch_mb_s": [R], "ids": I}  (or {"error": "..."})
 The first N bytes of the corpus (UTF-8) are split into lines as ferry's benchmark splits them
-(keeping the line ends) and encoded without special tokens: one by one (`encode`), and all
-at once (`encode_batch`, on every core); MB/s per repetition, and the number of ids. Needs
+(at '\n' only, keeping it) and encoded without special tokens: one by one (`encode`), and all
+at once (`encode_batch` on RAYON_NUM_THREADS threads, which the caller sets to its own
+thread count); MB/s per repetition, and the number of ids. Needs
 the tokenizers package (scripts/hf_fixtures/requirements.txt makes such a Python).
 """
 import json
@@ -35,7 +36,8 @@ def main():
             t = Tokenizer.from_file(r["tokenizer"])
             with open(r["corpus"], "rb") as f:
                 data = f.read(int(r["bytes"])).decode("utf-8", errors="ignore")
-            lines = data.splitlines(True)
+            lines = data.split("\n")  # as ferry's benchmark: on '\n' only, keeping it
+            lines = [s + "\n" for s in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
             n = len(data.encode())
 
             def rates(fn):
