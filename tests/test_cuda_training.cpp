@@ -297,7 +297,10 @@ BOOST_AUTO_TEST_CASE(gpu_spans_are_timed_on_the_device, *boost::unit_test::preco
     const StepBreakdown& b = rep.steps.back().time;
     const double compute = b.busy_s[static_cast<size_t>(Activity::compute)];
     BOOST_TEST_MESSAGE(stage << ": step wall " << b.wall_s << " s, compute on the device " << compute << " s");
-    BOOST_TEST(compute > 0.3 * b.wall_s);
+    // Four ranks on two cores shared with other work gave 0.29-0.69 of the step (their
+    // kernels wait for a core; 0.3 failed there once). Enqueue time would be a sliver
+    // (review F6).
+    BOOST_TEST(compute > 0.1 * b.wall_s);
     BOOST_TEST(compute <= 1.05 * b.wall_s);
     if (mpi_world().size() > 1) {
       const double comm = b.busy_s[static_cast<size_t>(Activity::all_reduce)] +
