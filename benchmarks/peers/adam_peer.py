@@ -13,17 +13,15 @@ touch); later requests of the same size go on stepping the same state, so that f
 rounds and the peer's alternate. Everything else (imports, the op's JIT build, DeepSpeed's
 logging) goes to stderr. Needs torch and deepspeed (scripts/make_peers_env.sh).
 """
-import json
 import os
-import sys
 import time
+
+from peer_protocol import claim_stdout, serve
 
 
 def main():
     # Keep stdout for the JSON alone: fd 1 points at stderr while the libraries run.
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = claim_stdout()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
     import torch
@@ -33,35 +31,29 @@ def main():
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)
 
-    def say(obj):
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
-    say({"ready": True, "torch": torch.__version__, "deepspeed": deepspeed.__version__, "threads": threads})
     state = {}
-    for line in sys.stdin:
-        try:
-            req = json.loads(line)
-            n = int(req["params"])
-            if state.get("n") != n:
-                state.clear()
-                # The same inputs as ferry's benchmark: p = 0.01 (i % 1000), g = 1e-3 (i % 77) - 0.03.
-                i = torch.arange(n, dtype=torch.int64)
-                p = torch.nn.Parameter((i % 1000).to(torch.float32) * 0.01)
-                p.grad = (i % 77).to(torch.float32) * 1e-3 - 0.03
-                del i
-                opt = DeepSpeedCPUAdam([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
-                                       adamw_mode=True)
-                opt.step()  # untimed: allocates exp_avg and exp_avg_sq
-                state.update(n=n, p=p, opt=opt)
-            seconds = []
-            for _ in range(int(req["reps"])):
-                t0 = time.perf_counter()
-                state["opt"].step()
-                seconds.append(time.perf_counter() - t0)
-            say({"seconds": seconds})
-        except Exception as e:  # noqa: BLE001: the caller names the peer and quotes this
-            say({"error": "%s: %s" % (type(e).__name__, e)})
+
+    def answer(req):
+        n = int(req["params"])
+        if state.get("n") != n:
+            state.clear()
+            # The same inputs as ferry's benchmark: p = 0.01 (i % 1000), g = 1e-3 (i % 77) - 0.03.
+            i = torch.arange(n, dtype=torch.int64)
+            p = torch.nn.Parameter((i % 1000).to(torch.float32) * 0.01)
+            p.grad = (i % 77).to(torch.float32) * 1e-3 - 0.03
+            del i
+            opt = DeepSpeedCPUAdam([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
+                                   adamw_mode=True)
+            opt.step()  # untimed: allocates exp_avg and exp_avg_sq
+            state.update(n=n, p=p, opt=opt)
+        seconds = []
+        for _ in range(int(req["reps"])):
+            t0 = time.perf_counter()
+            state["opt"].step()
+            seconds.append(time.perf_counter() - t0)
+        return {"seconds": seconds}
+
+    serve(out, {"torch": torch.__version__, "deepspeed": deepspeed.__version__, "threads": threads}, answer)
 
 
 if __name__ == "__main__":

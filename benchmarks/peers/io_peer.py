@@ -13,16 +13,14 @@ then answers one JSON line per request line on stdin:
 Everything else (imports, the op's JIT build, DeepSpeed's logging) goes to stderr.
 Needs torch and deepspeed with libaio (scripts/make_peers_env.sh makes such a Python).
 """
-import json
 import os
-import sys
 import time
+
+from peer_protocol import claim_stdout, serve
 
 
 def main():
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = claim_stdout()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
     import torch
@@ -31,37 +29,30 @@ def main():
 
     aio = AsyncIOBuilder().load()
 
-    def say(obj):
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
-    say({"ready": True, "torch": torch.__version__, "deepspeed": deepspeed.__version__})
-    for line in sys.stdin:
+    def answer(req):
+        write = req["op"] == "write"
+        handle = aio.aio_handle(req["block_size"], req["queue_depth"], False, True, 1)
+        buf = handle.new_cpu_locked_tensor(req["bytes"], torch.empty(0, dtype=torch.uint8))
         try:
-            req = json.loads(line)
-            write = req["op"] == "write"
-            handle = aio.aio_handle(req["block_size"], req["queue_depth"], False, True, 1)
-            buf = handle.new_cpu_locked_tensor(req["bytes"], torch.empty(0, dtype=torch.uint8))
-            try:
-                if write:
-                    buf.random_(0, 256)
-                t0 = time.perf_counter()
-                if write:
-                    ret = handle.sync_pwrite(buf, req["path"])
-                    fd = os.open(req["path"], os.O_WRONLY)
-                    os.fdatasync(fd)
-                    os.close(fd)
-                else:
-                    ret = handle.sync_pread(buf, req["path"])
-                seconds = time.perf_counter() - t0
-            finally:
-                handle.free_cpu_locked_tensor(buf)
-            if ret == -1:
-                say({"error": "aio_handle %s of %s failed" % (req["op"], req["path"])})
+            if write:
+                buf.random_(0, 256)
+            t0 = time.perf_counter()
+            if write:
+                ret = handle.sync_pwrite(buf, req["path"])
+                fd = os.open(req["path"], os.O_WRONLY)
+                os.fdatasync(fd)
+                os.close(fd)
             else:
-                say({"seconds": seconds})
-        except Exception as e:  # answered, not fatal: the C++ side names it
-            say({"error": "%s: %s" % (type(e).__name__, e)})
+                ret = handle.sync_pread(buf, req["path"])
+            seconds = time.perf_counter() - t0
+        finally:
+            handle.free_cpu_locked_tensor(buf)
+        if ret == -1:
+            return {"error": "aio_handle %s of %s failed" % (req["op"], req["path"])}
+        else:
+            return {"seconds": seconds}
+
+    serve(out, {"torch": torch.__version__, "deepspeed": deepspeed.__version__}, answer)
 
 
 if __name__ == "__main__":

@@ -24,10 +24,10 @@ on the same tokens; two untimed steps, then "steps" timed ones between barriers;
 is rank 0's (a fresh set of processes per request).
 Everything else goes to stderr. Needs torch (scripts/make_peers_env.sh makes such a Python).
 """
-import json
 import os
-import sys
 import time
+
+from peer_protocol import claim_stdout, serve
 
 
 def make_gpt(L, H, C, V, T):
@@ -155,60 +155,51 @@ def run_fsdp(r):
 
 
 def main():
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = claim_stdout()
 
     import torch
 
-    def say(obj):
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
-    say({"ready": True, "torch": torch.__version__, "mkl": torch.backends.mkl.is_available(),
-         "mkldnn": torch.backends.mkldnn.is_available()})
     built = {}
-    for line in sys.stdin:
-        try:
-            r = json.loads(line)
-            if int(r.get("ranks", 1)) > 1:
-                say(run_fsdp(r))
-                continue
-            torch.set_num_threads(int(r["threads"]))
-            key = (r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], r["block_size"], r["batch"],
-                   bool(r.get("optimizer", False)))
-            B, T = r["batch"], r["block_size"]
-            idx = torch.tensor(r["tokens"], dtype=torch.int64).view(B, T)
-            tgt = torch.tensor(r["targets"], dtype=torch.int64).view(B, T)
 
-            if key not in built:
-                built.clear()  # one model at a time: the next shape frees the last
-                torch.manual_seed(5)
-                model = make_gpt(r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], T)
-                opt = (torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
-                       if r.get("optimizer") else None)
-                built[key] = [model, opt, None]
-            model, opt, first = built[key]
+    def answer(r):
+        if int(r.get("ranks", 1)) > 1:
+            return run_fsdp(r)
+        torch.set_num_threads(int(r["threads"]))
+        key = (r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], r["block_size"], r["batch"],
+               bool(r.get("optimizer", False)))
+        B, T = r["batch"], r["block_size"]
+        idx = torch.tensor(r["tokens"], dtype=torch.int64).view(B, T)
+        tgt = torch.tensor(r["targets"], dtype=torch.int64).view(B, T)
 
-            def step():
-                model.zero_grad(set_to_none=True)
-                loss = model(idx, tgt)
-                loss.backward()
-                if opt is not None:
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    opt.step()
-                return loss
+        if key not in built:
+            built.clear()  # one model at a time: the next shape frees the last
+            torch.manual_seed(5)
+            model = make_gpt(r["n_layer"], r["n_head"], r["n_embd"], r["vocab_size"], T)
+            opt = (torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+                   if r.get("optimizer") else None)
+            built[key] = [model, opt, None]
+        model, opt, first = built[key]
 
-            if first is None:
-                first = built[key][2] = step().item()  # untimed
-            t0 = time.perf_counter()
-            for _ in range(int(r["steps"])):
-                step()
-            seconds = (time.perf_counter() - t0) / int(r["steps"])
-            say({"seconds_per_step": seconds, "loss": first,
-                 "params": sum(p.numel() for p in model.parameters())})
-        except Exception as e:  # noqa: BLE001: the caller names the peer and quotes this
-            say({"error": "%s: %s" % (type(e).__name__, e)})
+        def step():
+            model.zero_grad(set_to_none=True)
+            loss = model(idx, tgt)
+            loss.backward()
+            if opt is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+            return loss
+
+        if first is None:
+            first = built[key][2] = step().item()  # untimed
+        t0 = time.perf_counter()
+        for _ in range(int(r["steps"])):
+            step()
+        seconds = (time.perf_counter() - t0) / int(r["steps"])
+        return {"seconds_per_step": seconds, "loss": first,
+                "params": sum(p.numel() for p in model.parameters())}
+
+    serve(out, {"torch": torch.__version__, "mkl": torch.backends.mkl.is_available(),
+                "mkldnn": torch.backends.mkldnn.is_available()}, answer)
 
 
 if __name__ == "__main__":

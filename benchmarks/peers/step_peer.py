@@ -17,16 +17,14 @@ answers one JSON line per request line on stdin:
 or {"error": "..."}. Everything else goes to stderr. Needs torch and deepspeed with its aio
 op (scripts/make_peers_env.sh).
 """
-import json
 import os
-import sys
 import time
+
+from peer_protocol import claim_stdout, serve
 
 
 def main():
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = claim_stdout()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import socket
 
@@ -38,54 +36,47 @@ def main():
     import torch
     import deepspeed
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from model_peer import make_gpt
+    from model_peer import make_gpt  # beside this script, as peer_protocol is
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
-    def say(obj):
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
-
-    say({"ready": True, "torch": torch.__version__, "deepspeed": deepspeed.__version__,
-         "threads": torch.get_num_threads()})
     state = {}
-    for line in sys.stdin:
-        try:
-            r = json.loads(line)
-            if "init" in r:
-                c = r["init"]
-                torch.manual_seed(5)
-                model = make_gpt(c["n_layer"], c["n_head"], c["n_embd"], c["vocab_size"], c["block_size"])
-                params = sum(p.numel() for p in model.parameters())
-                cfg = {"train_micro_batch_size_per_gpu": c["batch"],
-                       "gradient_clipping": 1.0,
-                       "optimizer": {"type": "AdamW",
-                                     "params": {"lr": c["lr"], "weight_decay": c["weight_decay"],
-                                                "betas": [0.9, 0.999], "eps": 1e-8}},
-                       "zero_optimization": {"stage": 3,
-                                             "offload_param": {"device": "nvme", "nvme_path": c["nvme_path"]},
-                                             "offload_optimizer": {"device": "nvme", "nvme_path": c["nvme_path"]}},
-                       "aio": {"block_size": 1048576, "queue_depth": 8}}
-                engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                       config=cfg)
-                B, T = c["batch"], c["block_size"]
-                g = torch.Generator().manual_seed(7)
-                idx = torch.randint(0, c["vocab_size"], (B, T), generator=g)
-                tgt = torch.randint(0, c["vocab_size"], (B, T), generator=g)
-                state.update(engine=engine, idx=idx, tgt=tgt)
-                for _ in range(int(c.get("warmup", 2))):
-                    step(state)
-                say({"params": params})
-            else:
-                seconds = []
-                for _ in range(int(r["steps"])):
-                    t0 = time.perf_counter()
-                    step(state)
-                    seconds.append(time.perf_counter() - t0)
-                say({"seconds": seconds})
-        except Exception as e:  # noqa: BLE001: the caller names the peer and quotes this
-            say({"error": "%s: %s" % (type(e).__name__, e)})
+
+    def answer(r):
+        if "init" in r:
+            c = r["init"]
+            torch.manual_seed(5)
+            model = make_gpt(c["n_layer"], c["n_head"], c["n_embd"], c["vocab_size"], c["block_size"])
+            params = sum(p.numel() for p in model.parameters())
+            cfg = {"train_micro_batch_size_per_gpu": c["batch"],
+                   "gradient_clipping": 1.0,
+                   "optimizer": {"type": "AdamW",
+                                 "params": {"lr": c["lr"], "weight_decay": c["weight_decay"],
+                                            "betas": [0.9, 0.999], "eps": 1e-8}},
+                   "zero_optimization": {"stage": 3,
+                                         "offload_param": {"device": "nvme", "nvme_path": c["nvme_path"]},
+                                         "offload_optimizer": {"device": "nvme", "nvme_path": c["nvme_path"]}},
+                   "aio": {"block_size": 1048576, "queue_depth": 8}}
+            engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                   config=cfg)
+            B, T = c["batch"], c["block_size"]
+            g = torch.Generator().manual_seed(7)
+            idx = torch.randint(0, c["vocab_size"], (B, T), generator=g)
+            tgt = torch.randint(0, c["vocab_size"], (B, T), generator=g)
+            state.update(engine=engine, idx=idx, tgt=tgt)
+            for _ in range(int(c.get("warmup", 2))):
+                step(state)
+            return {"params": params}
+        else:
+            seconds = []
+            for _ in range(int(r["steps"])):
+                t0 = time.perf_counter()
+                step(state)
+                seconds.append(time.perf_counter() - t0)
+            return {"seconds": seconds}
+
+    serve(out, {"torch": torch.__version__, "deepspeed": deepspeed.__version__,
+                "threads": torch.get_num_threads()}, answer)
 
 
 def step(state):

@@ -11,49 +11,39 @@ at once (`encode_batch` on RAYON_NUM_THREADS threads, which the caller sets to i
 thread count); MB/s per repetition, and the number of ids. Needs
 the tokenizers package (scripts/hf_fixtures/requirements.txt makes such a Python).
 """
-import json
-import os
-import sys
 import time
+
+from peer_protocol import claim_stdout, serve
 
 
 def main():
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    out = claim_stdout()
 
     import tokenizers
     from tokenizers import Tokenizer
 
-    def say(obj):
-        out.write(json.dumps(obj) + "\n")
-        out.flush()
+    def answer(r):
+        t = Tokenizer.from_file(r["tokenizer"])
+        with open(r["corpus"], "rb") as f:
+            data = f.read(int(r["bytes"])).decode("utf-8", errors="ignore")
+        lines = data.split("\n")  # as ferry's benchmark: on '\n' only, keeping it
+        lines = [s + "\n" for s in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+        n = len(data.encode())
 
-    say({"ready": True, "tokenizers": tokenizers.__version__})
-    for line in sys.stdin:
-        try:
-            r = json.loads(line)
-            t = Tokenizer.from_file(r["tokenizer"])
-            with open(r["corpus"], "rb") as f:
-                data = f.read(int(r["bytes"])).decode("utf-8", errors="ignore")
-            lines = data.split("\n")  # as ferry's benchmark: on '\n' only, keeping it
-            lines = [s + "\n" for s in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
-            n = len(data.encode())
+        def rates(fn):
+            got = []
+            for _ in range(int(r["reps"])):
+                t0 = time.perf_counter()
+                fn()
+                got.append(n / (time.perf_counter() - t0) / 1e6)
+            return got
 
-            def rates(fn):
-                got = []
-                for _ in range(int(r["reps"])):
-                    t0 = time.perf_counter()
-                    fn()
-                    got.append(n / (time.perf_counter() - t0) / 1e6)
-                return got
+        one = rates(lambda: [t.encode(s, add_special_tokens=False) for s in lines])
+        batch = rates(lambda: t.encode_batch(lines, add_special_tokens=False))
+        ids = sum(len(e.ids) for e in t.encode_batch(lines, add_special_tokens=False))
+        return {"one_mb_s": one, "batch_mb_s": batch, "ids": ids}
 
-            one = rates(lambda: [t.encode(s, add_special_tokens=False) for s in lines])
-            batch = rates(lambda: t.encode_batch(lines, add_special_tokens=False))
-            ids = sum(len(e.ids) for e in t.encode_batch(lines, add_special_tokens=False))
-            say({"one_mb_s": one, "batch_mb_s": batch, "ids": ids})
-        except Exception as e:  # noqa: BLE001: the caller names the peer and quotes this
-            say({"error": "%s: %s" % (type(e).__name__, e)})
+    serve(out, {"tokenizers": tokenizers.__version__}, answer)
 
 
 if __name__ == "__main__":
