@@ -221,7 +221,7 @@ class Arena {
 
 class CudaDevice final : public Device, private DeviceClock {
  public:
-  CudaDevice(size_t capacity, int ordinal);
+  CudaDevice(size_t capacity, int ordinal, AttentionKernel attention);
   ~CudaDevice() override;
 
   DeviceKind kind() const override { return DeviceKind::cuda; }
@@ -229,6 +229,7 @@ class CudaDevice final : public Device, private DeviceClock {
   bool host_accessible() const override { return false; }
   cudaStream_t compute_stream() const { return compute_; }
   int ordinal() const { return ordinal_; }
+  AttentionKernel attention_kernel() const { return attention_; }
 
   void* allocate(size_t bytes) override;
   void deallocate(void* ptr, size_t bytes) noexcept override;
@@ -361,6 +362,7 @@ class CudaDevice final : public Device, private DeviceClock {
 
   std::string name_;
   int ordinal_;
+  AttentionKernel attention_;
   mutable std::mutex mu_;
   MemoryStats stats_;
   size_t slab_bytes_ = 0;
@@ -378,7 +380,8 @@ class CudaDevice final : public Device, private DeviceClock {
   uint64_t frees_ = 0;            // fences handed out (their order)
 };
 
-CudaDevice::CudaDevice(size_t capacity, int ordinal) : ordinal_(ordinal) {
+CudaDevice::CudaDevice(size_t capacity, int ordinal, AttentionKernel attention)
+    : ordinal_(ordinal), attention_(attention) {
   FERRY_CUDA_CHECK(cudaSetDevice(ordinal));
   cudaDeviceProp prop{};
   FERRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
@@ -922,7 +925,7 @@ void CudaDevice::attention_forward(const Tensor& out, const Tensor& lse, const T
   const int64_t C = checks::attention(kDev, "attention_forward", out, lse, qkv, n_head, kv);
   checks::doc_start(kDev, "attention_forward", doc_start, qkv);
   cuda::attention_forward(st(), arr(out), arr(lse), arr(qkv), qkv.dim(0), qkv.dim(1), C, n_head,
-                          kv, doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr);
+                          kv, doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr, attention_);
 }
 
 void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv,
@@ -939,7 +942,8 @@ void CudaDevice::attention_backward(const Tensor& dqkv, const Tensor& dout, cons
   Scratch rowdot(*this, static_cast<size_t>(rows) * (f64 ? 8 : 4));
   cuda::attention_backward(st(), arr(dqkv), arr(dout), arr(qkv), arr(out), arr(lse), qkv.dim(0),
                            qkv.dim(1), C, n_head, kv,
-                           doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr, rowdot.get());
+                           doc_start.defined() ? doc_start.data_as<int32_t>() : nullptr, rowdot.get(),
+                           attention_);
 }
 
 void CudaDevice::rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp,
@@ -1068,14 +1072,14 @@ CudaStatus cuda_status() {
   return s;
 }
 
-std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal) {
+std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal, AttentionKernel attention) {
   const CudaStatus s = cuda_status();
   if (!s.available()) throw std::runtime_error("the cuda device is unavailable: " + s.reason);
   if (ordinal < 0 || ordinal >= s.gpus) {
     throw std::runtime_error("the cuda device: GPU " + std::to_string(ordinal) +
                              " does not exist (" + std::to_string(s.gpus) + " visible)");
   }
-  return std::make_unique<CudaDevice>(capacity_bytes, ordinal);
+  return std::make_unique<CudaDevice>(capacity_bytes, ordinal, attention);
 }
 
 void* cuda_compute_stream(Device& device) {
@@ -1113,6 +1117,15 @@ std::string cuda_pci_bus_id(Device& device) {
   char id[32] = {};
   FERRY_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, d.ordinal()));
   return id;
+}
+
+std::string cuda_attention_kernel(Device& device, DType act, int64_t head_size, std::string* why) {
+  CudaDevice& d = cuda_device_of(device, "cuda_attention_kernel");
+  FERRY_CUDA_CHECK(cudaSetDevice(d.ordinal()));
+  const char* obstacle = cuda::tensor_core_attention_obstacle(act, DType::f32, head_size);
+  if (why != nullptr) *why = obstacle != nullptr ? std::string("tensor cores need ") + obstacle : "";
+  const bool tc = obstacle == nullptr && d.attention_kernel() != AttentionKernel::simt;
+  return std::string(attention_kernel_name(tc ? AttentionKernel::tensor_cores : AttentionKernel::simt));
 }
 
 std::string cuda_register_host(Device& device, void* ptr, size_t bytes) {

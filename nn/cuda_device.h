@@ -47,6 +47,7 @@
 #include <memory>
 #include <string>
 
+#include "nn/attention_kernel.h"
 #include "nn/cuda_abi.h"
 #include "nn/device.h"
 
@@ -61,9 +62,18 @@ struct CudaStatus {
 };
 CudaStatus cuda_status();
 
-// The cuda device on GPU `ordinal` with a budget of `capacity_bytes`. Throws
-// std::runtime_error with cuda_status().reason when there is no usable GPU.
-std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal = 0);
+// The cuda device on GPU `ordinal` with a budget of `capacity_bytes`, running attention
+// with `attention` (nn/attention_kernel.h; tensor_cores where they cannot run makes the
+// attention ops throw std::invalid_argument saying why). Throws std::runtime_error with
+// cuda_status().reason when there is no usable GPU.
+std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal = 0,
+                                         AttentionKernel attention = AttentionKernel::automatic);
+
+// What a cuda device's attention runs with ("simt" or "tensor_cores") for activations of
+// `act` (statistics f32) and head size head_size on its GPU, and in *why (when not null)
+// what tensor cores would need there, or "" when they can run. Throws
+// std::invalid_argument for other devices.
+std::string cuda_attention_kernel(Device& device, DType act, int64_t head_size, std::string* why = nullptr);
 
 // The largest budget make_cuda_device(capacity, ordinal) accepts on that GPU now: its free
 // memory (cudaMemGetInfo) less the reserve and the slab's rounding room. For tools that

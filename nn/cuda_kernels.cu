@@ -15,6 +15,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 // Every launch goes through this macro so that the emulation can run the same lines; the
 // CPU emulation of tests (testing/cuda_emulation.h, through testing/cuda_shim) defines its own.
 #ifndef FERRY_LAUNCH
@@ -1006,6 +1007,44 @@ void opt_in_shared(K kernel, const SharedFit& fit) {
   }
 }
 
+#include "nn/cuda_flash_wmma.cuh"
+
+// The current device's compute capability major number (an attribute read: no
+// synchronisation, cheap beside the launches it decides).
+int compute_major() {
+  int device = 0, v = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));
+  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device));
+  return v;
+}
+
+// Whether this launch runs the tensor-core kernels: `kernel` resolved against the operands
+// (the activations `acts`, the statistics `lse`) and the GPU; tensor_cores asked where they
+// cannot run is std::invalid_argument naming the op.
+bool use_tensor_cores(AttentionKernel kernel, std::initializer_list<Arr> acts, Arr lse, int64_t hs, const char* op) {
+  if (kernel == AttentionKernel::simt) return false;
+  const DType t = acts.begin()->dtype;
+  const bool same = std::all_of(acts.begin(), acts.end(), [t](const Arr& a) { return a.dtype == t; });
+  const char* why = same ? tensor_core_attention_obstacle(t, lse.dtype, hs) : "activations of one dtype, bf16 or f16";
+  if (why == nullptr) return true;
+  if (kernel == AttentionKernel::tensor_cores) {
+    throw std::invalid_argument(std::string(op) + ": device.attention_kernel is tensor_cores, which needs " + why +
+                                " (here: activations " + std::string(dtype_name(t)) + ", statistics " + std::string(dtype_name(lse.dtype)) +
+                                ", head size " + std::to_string(hs) + ")");
+  }
+  return false;
+}
+
+// Runs f(S{}) with S the 16-bit storage type of dtype t (bf16 or f16).
+template <class F>
+void by_half(DType t, F&& f) {
+  if (t == DType::bf16) {
+    f(__nv_bfloat16{});
+  } else {
+    f(__half{});
+  }
+}
+
 // ---- Llama pieces, GELU, softmax, AdamW ------------------------------------------------------
 
 template <class A>
@@ -1353,11 +1392,41 @@ void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr 
   });
 }
 
+const char* tensor_core_attention_obstacle(DType act, DType stats, int64_t hs) {
+  if (act != DType::bf16 && act != DType::f16) return "bf16 or f16 activations";
+  if (stats != DType::f32) return "f32 statistics";
+  if (tc_pad(hs) > kTcMaxHead) return "a head size of at most 128";
+  if (compute_major() < 8) return "a GPU of compute capability 8.0 or above";
+  const int warps = attn_threads() / 32;
+  const int64_t need = std::max({tc_forward_layout(warps, tc_pad(hs), 2).bytes,
+                                 tc_backward_layout(true, warps, tc_pad(hs), 2).bytes,
+                                 tc_backward_layout(false, warps, tc_pad(hs), 2).bytes});
+  if (static_cast<size_t>(need) > shared_optin_limit()) return "more shared memory per block than this GPU has";
+  return nullptr;
+}
+
 void attention_forward(Stream s, Arr out, Arr lse, Arr qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, int64_t KVH, const int32_t* doc_start) {
+                       int64_t NH, int64_t KVH, const int32_t* doc_start, AttentionKernel kernel) {
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   const int threads = attn_threads(), warps = threads / 32, rows = warps * kRowsPerWarp;
+  if (use_tensor_cores(kernel, {qkv, out}, lse, sh.hs, "attention_forward")) {
+    by_half(qkv.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      auto& k = flash_forward_tc_kernel<S>;
+      const SharedFit fit =
+          fit_shared(k, static_cast<size_t>(tc_forward_layout(warps, tc_pad(sh.hs), sizeof(S)).bytes),
+                     "attention_forward", sh);
+      opt_in_shared(k, fit);
+      const int tc_rows = warps * kTcRowsPerWarp;
+      const dim3 grid(static_cast<unsigned>((T + tc_rows - 1) / tc_rows), static_cast<unsigned>(NH),
+                      static_cast<unsigned>(B));
+      FERRY_LAUNCH(k, grid, threads, fit.dynamic, as_stream(s), out, Operand<float, float>(lse),
+                   static_cast<const S*>(qkv.p), sh, doc_start);
+    });
+    FERRY_CUDA_CHECK_LAUNCH();
+    return;
+  }
   by_acc(wide(out, lse, qkv), [&](auto a) {
     using A = decltype(a);
     by_storage<A>({qkv}, {lse}, [&](auto x, auto y) {
@@ -1379,10 +1448,43 @@ void attention_forward(Stream s, Arr out, Arr lse, Arr qkv, int64_t B, int64_t T
 }
 
 void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse, int64_t B, int64_t T,
-                        int64_t C, int64_t NH, int64_t KVH, const int32_t* doc_start, void* rowdot) {
+                        int64_t C, int64_t NH, int64_t KVH, const int32_t* doc_start, void* rowdot,
+                        AttentionKernel kernel) {
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   const int threads = attn_threads(), warps = threads / 32, rows = warps * kRowsPerWarp;
+  if (use_tensor_cores(kernel, {qkv, dout, out}, lse, sh.hs, "attention_backward")) {
+    by_half(qkv.dtype, [&](auto tag) {
+      using S = decltype(tag);
+      using X = Operand<float, S>;
+      auto& kv_kernel = flash_backward_kv_tc_kernel<S>;
+      auto& q_kernel = flash_backward_q_tc_kernel<S>;
+      const int64_t hp = tc_pad(sh.hs);
+      // Both checked before the first launch: a failure leaves dqkv untouched.
+      const SharedFit fit_kv = fit_shared(
+          kv_kernel, static_cast<size_t>(tc_backward_layout(true, warps, hp, sizeof(S)).bytes), "attention_backward", sh);
+      const SharedFit fit_q = fit_shared(
+          q_kernel, static_cast<size_t>(tc_backward_layout(false, warps, hp, sizeof(S)).bytes), "attention_backward", sh);
+      opt_in_shared(kv_kernel, fit_kv);
+      opt_in_shared(q_kernel, fit_q);
+      float* D = static_cast<float*>(rowdot);
+      auto& rowdot_kernel = flash_rowdot_kernel<float, X>;
+      FERRY_LAUNCH(rowdot_kernel, grid_for(B * T * NH), block_threads(), 0, as_stream(s), D, X(dout), X(out), sh, B);
+      FERRY_CUDA_CHECK_LAUNCH();
+      const int tc_rows = warps * kTcRowsPerWarp;
+      const unsigned tiles = static_cast<unsigned>((T + tc_rows - 1) / tc_rows);
+      const S* q = static_cast<const S*>(qkv.p);
+      const S* g = static_cast<const S*>(dout.p);
+      const float* L = static_cast<const float*>(lse.p);
+      FERRY_LAUNCH(kv_kernel, dim3(tiles, static_cast<unsigned>(KVH), static_cast<unsigned>(B)), threads,
+                   fit_kv.dynamic, as_stream(s), dqkv, g, q, L, static_cast<const float*>(D), sh, doc_start);
+      FERRY_CUDA_CHECK_LAUNCH();
+      FERRY_LAUNCH(q_kernel, dim3(tiles, static_cast<unsigned>(NH), static_cast<unsigned>(B)), threads,
+                   fit_q.dynamic, as_stream(s), dqkv, g, q, L, static_cast<const float*>(D), sh, doc_start);
+    });
+    FERRY_CUDA_CHECK_LAUNCH();
+    return;
+  }
   by_acc(wide(dqkv, dout, qkv, out, lse), [&](auto a) {
     using A = decltype(a);
     by_storage<A>({qkv, dout, out}, {lse}, [&](auto x, auto y) {

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "nn/adamw_formula.h"
+#include "nn/attention_kernel.h"
 #include "nn/rope.h"
 #include "nn/cuda_abi.h"
 #include "nn/dtype.h"
@@ -59,16 +60,25 @@ void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, A
 void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int64_t C, double eps);
 void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr rstd, int64_t N,
                       int64_t C);
+// Why AttentionKernel::tensor_cores (nn/attention_kernel.h) cannot run attention with
+// activations of `act`, statistics of `stats` and head size hs on the current GPU ("needs
+// ..." text), or null when they can.
+const char* tensor_core_attention_obstacle(DType act, DType stats, int64_t hs);
+
 // Attention in memory linear in T (Device::attention_forward/backward): shared memory per
 // block depends on the head size only (at most 256: std::invalid_argument above it, or when
 // the GPU's opt-in limit is smaller than the block needs), checked before anything is
-// enqueued. lse: [B,NH,T] statistics. doc_start: null, or i32 [B*T] on the device.
+// enqueued; so is `kernel` (tensor_cores asked where they cannot run: std::invalid_argument
+// naming the op and the obstacle). lse: [B,NH,T] statistics. doc_start: null, or i32 [B*T]
+// on the device.
 void attention_forward(Stream s, Arr out, Arr lse, Arr qkv, int64_t B, int64_t T, int64_t C,
-                       int64_t NH, int64_t KVH, const int32_t* doc_start);
+                       int64_t NH, int64_t KVH, const int32_t* doc_start,
+                       AttentionKernel kernel = AttentionKernel::automatic);
 // dqkv += the gradient; rowdot: device scratch of B*NH*T elements of the accumulation type
 // (f64 if any operand is), for D = rowsum(dout * out).
 void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse, int64_t B, int64_t T,
-                        int64_t C, int64_t NH, int64_t KVH, const int32_t* doc_start, void* rowdot);
+                        int64_t C, int64_t NH, int64_t KVH, const int32_t* doc_start, void* rowdot,
+                        AttentionKernel kernel = AttentionKernel::automatic);
 void swiglu_forward(Stream s, Arr out, Arr gate_up, int64_t N, int64_t H);
 void swiglu_backward(Stream s, Arr dgate_up, Arr gate_up, Arr dout, int64_t N, int64_t H);
 void rope(Stream s, Arr out, Arr inp, int64_t N, int64_t T, int64_t heads, int64_t hd,

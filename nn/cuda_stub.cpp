@@ -12,7 +12,13 @@ CudaStatus cuda_status() {
   return s;
 }
 
-std::unique_ptr<Device> make_cuda_device(size_t, int) { throw std::runtime_error(cuda_status().reason); }
+std::unique_ptr<Device> make_cuda_device(size_t, int, AttentionKernel) {
+  throw std::runtime_error(cuda_status().reason);
+}
+
+std::string cuda_attention_kernel(Device&, DType, int64_t, std::string*) {
+  throw std::invalid_argument("cuda_attention_kernel: not a cuda device");
+}
 
 size_t cuda_budget_that_fits(int) { throw std::runtime_error(cuda_status().reason); }
 

@@ -28,6 +28,7 @@ enum cudaDeviceAttr {
   cudaDevAttrMaxThreadsPerBlock = 1,
   cudaDevAttrMaxSharedMemoryPerBlock = 8,
   cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrComputeCapabilityMajor = 75,
   cudaDevAttrMaxSharedMemoryPerBlockOptin = 97
 };
 struct cudaDeviceProp {
@@ -56,6 +57,10 @@ using cudaMemPool_t = struct ferry_emu_pool*;
 enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
 
 namespace ferry_emu {
+
+// The compute capability's major number every emulated GPU reports (an H100's, 9): tests
+// set a smaller one to see what needs a newer GPU refuse or step aside.
+inline int compute_major = 9;
 
 inline Emulator& emu() { return Emulator::get(); }
 inline int& current_device() {
@@ -136,7 +141,7 @@ inline cudaError_t cudaGetDevice(int* d) {
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   if (d < 0 || d >= ferry_emu::device_count()) return cudaErrorInvalidDevice;
   std::snprintf(p->name, sizeof p->name, "emulated on CPU threads");
-  p->major = 9;
+  p->major = ferry_emu::compute_major;
   p->minor = 0;
   p->totalGlobalMem = ferry_emu::emu().device_bytes();
   p->sharedMemPerBlock = ferry_emu::Emulator::kSharedDefault;
@@ -151,6 +156,7 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
     case cudaDevAttrMaxSharedMemoryPerBlock: *v = static_cast<int>(ferry_emu::Emulator::kSharedDefault); return cudaSuccess;
     case cudaDevAttrMultiProcessorCount: *v = 132; return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = static_cast<int>(ferry_emu::Emulator::kSharedOptin); return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *v = ferry_emu::compute_major; return cudaSuccess;
   }
   return cudaErrorInvalidValue;
 }

@@ -32,6 +32,7 @@
 #include "nn/cuda_device.h"
 #ifdef FERRY_CUDA_EMULATION
 #include "nn/cuda_kernels.h"
+#include "testing/emu_cuda_api.h"  // ferry_emu::compute_major
 #endif
 #include "nn/gpt.h"
 #include "nn/rng.h"
@@ -688,6 +689,37 @@ BOOST_AUTO_TEST_CASE(out_of_vocabulary_ids_are_reported) {
   }
 }
 
+namespace {
+
+// The log-sum-exp of each row's scaled scores, f64: lse[b, h, i] over the keys row i sees
+// (causal, from its document's start when starts is not null).
+std::vector<double> reference_lse(const std::vector<double>& qkv, const int32_t* starts, int64_t B, int64_t T,
+                                  int64_t NH, int64_t KVH, int64_t hs) {
+  const int64_t W = (NH + 2 * KVH) * hs;
+  std::vector<double> lse(static_cast<size_t>(B * NH * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t kv = h / (NH / KVH), j0 = starts ? starts[b * T + i] : 0;
+        double mx = -INFINITY;
+        std::vector<double> sc;
+        for (int64_t j = j0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < hs; ++d)
+            dot += qkv[static_cast<size_t>((b * T + i) * W + h * hs + d)] *
+                   qkv[static_cast<size_t>((b * T + j) * W + (NH + kv) * hs + d)];
+          sc.push_back(dot / std::sqrt(static_cast<double>(hs)));
+          mx = std::max(mx, sc.back());
+        }
+        double sum = 0;
+        for (double x : sc) sum += std::exp(x - mx);
+        lse[static_cast<size_t>((b * NH + h) * T + i)] = mx + std::log(sum);
+      }
+  return lse;
+}
+
+}  // namespace
+
 // The flash kernels of every device against the quadratic kernels ferry ran before them
 // (testing/reference_attention.h, in f64): outputs, log-sum-exps and gradients (added into
 // random dqkv), causal, grouped-query heads, odd head sizes, T of one position, T not a
@@ -730,24 +762,7 @@ BOOST_AUTO_TEST_CASE(flash_attention_matches_the_reference_kernels) {
     testing::reference::attention_forward<double>(want_out.data(), att.data(), qkv.data(), B, T, C, NH, KVH, ds_host);
     testing::reference::attention_backward<double>(want_dq.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH,
                                                    KVH);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < NH; ++h)
-        for (int64_t i = 0; i < T; ++i) {
-          const int64_t kv = h / (NH / KVH), j0 = sh.docs ? starts[static_cast<size_t>(b * T + i)] : 0;
-          double mx = -INFINITY;
-          std::vector<double> sc;
-          for (int64_t j = j0; j <= i; ++j) {
-            double dot = 0;
-            for (int64_t d = 0; d < hs; ++d)
-              dot += qkv[static_cast<size_t>((b * T + i) * W + h * hs + d)] *
-                     qkv[static_cast<size_t>((b * T + j) * W + (NH + kv) * hs + d)];
-            sc.push_back(dot / std::sqrt(static_cast<double>(hs)));
-            mx = std::max(mx, sc.back());
-          }
-          double sum = 0;
-          for (double x : sc) sum += std::exp(x - mx);
-          want_lse[static_cast<size_t>((b * NH + h) * T + i)] = mx + std::log(sum);
-        }
+    want_lse = reference_lse(qkv, ds_host, B, T, NH, KVH, hs);
     for (auto& d : devs) {
       BOOST_TEST_CONTEXT(d->name() << " B=" << B << " T=" << T << " NH=" << NH << " KVH=" << KVH << " hs=" << hs
                                    << (sh.docs ? " documents" : "")) {
@@ -849,6 +864,174 @@ BOOST_AUTO_TEST_CASE(packed_documents_attend_only_within_themselves) {
   }
   for (size_t k = 1; k < grads.size(); ++k)
     for (size_t i = 0; i < grads[0].size(); ++i) BOOST_TEST(std::abs(grads[k][i] - grads[0][i]) < 1e-4);
+}
+
+namespace {
+
+float round_bf16(double v) {
+  return nn::bf16_to_f32(nn::f32_to_bf16(static_cast<float>(v)));
+}
+
+}  // namespace
+
+// Both attention kernels of the cuda device in bf16 (bf16 q, k, v, dO, outputs and dqkv;
+// f32 log-sum-exps), each chosen explicitly so that neither can stand in for the other,
+// against the f64 reference computed from the same rounded inputs: outputs, lse and
+// gradients added into random dqkv within 1e-2 of (|want| + max|want|), the bf16
+// tolerance of every op here. Head sizes 5 to 128 (the tensor cores' padding to 16 and
+// their largest head), T not a multiple of a tile, grouped-query heads, documents. Under
+// the emulation the tensor-core case also runs at the GPU's 4 warps per block.
+BOOST_AUTO_TEST_CASE(both_cuda_attention_kernels_match_the_reference_in_bf16,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
+  struct Shape {
+    int64_t B, T, NH, KVH, hs;
+    bool docs;
+  };
+  const Shape shapes[] = {{1, 1, 1, 1, 16, false},  {2, 37, 3, 1, 5, false}, {2, 150, 4, 2, 16, true},
+                          {1, 70, 2, 2, 72, true},  {1, 33, 2, 1, 33, true}, {1, 130, 2, 1, 128, false}};
+  for (const nn::AttentionKernel kernel : {nn::AttentionKernel::simt, nn::AttentionKernel::tensor_cores}) {
+    auto d = nn::make_cuda_device(size_t{1} << 28, 0, kernel);
+    for (const Shape& sh : shapes) {
+      const int64_t B = sh.B, T = sh.T, NH = sh.NH, KVH = sh.KVH, hs = sh.hs, W = (NH + 2 * KVH) * hs, C = NH * hs;
+      nn::Rng rng(static_cast<uint64_t>(T * 7 + hs));
+      std::vector<double> qkv(static_cast<size_t>(B * T * W)), dout(static_cast<size_t>(B * T * C)),
+          dq0(static_cast<size_t>(B * T * W));
+      for (double& v : qkv) v = round_bf16(2 * rng.normal());
+      for (double& v : dout) v = round_bf16(rng.normal());
+      for (double& v : dq0) v = round_bf16(rng.normal());
+      std::vector<int32_t> starts(static_cast<size_t>(B * T), 0);
+      for (int64_t b = 0; sh.docs && b < B; ++b) {
+        int32_t cur = 0;
+        for (int64_t t = 0; t < T; ++t) {
+          if (t > 0 && (rng.below(19) == 0 || t == 64 || t == 65)) cur = static_cast<int32_t>(t);
+          starts[static_cast<size_t>(b * T + t)] = cur;
+        }
+      }
+      const int32_t* ds_host = sh.docs ? starts.data() : nullptr;
+      std::vector<double> att(static_cast<size_t>(B * NH * T * T)), want_out(static_cast<size_t>(B * T * C));
+      std::vector<double> want_dq = dq0;
+      testing::reference::attention_forward<double>(want_out.data(), att.data(), qkv.data(), B, T, C, NH, KVH,
+                                                    ds_host);
+      testing::reference::attention_backward<double>(want_dq.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                                                     NH, KVH);
+      const std::vector<double> want_lse = reference_lse(qkv, ds_host, B, T, NH, KVH, hs);
+      auto up16 = [&](const std::vector<double>& v, nn::Shape shape) {
+        const Tensor t = Tensor::empty(*d, DType::bf16, shape);
+        std::vector<uint16_t> bits(v.size());
+        for (size_t i = 0; i < v.size(); ++i) bits[i] = nn::f32_to_bf16(static_cast<float>(v[i]));
+        d->copy_from_host(t, bits.data());
+        return t;
+      };
+      auto run = [&](int block_threads) {
+#ifdef FERRY_CUDA_EMULATION
+        nn::cuda::set_emulated_block_threads(64, block_threads);
+#else
+        (void)block_threads;
+#endif
+        BOOST_TEST_CONTEXT(nn::attention_kernel_name(kernel) << " " << block_threads << " threads B=" << B << " T="
+                                                             << T << " NH=" << NH << " KVH=" << KVH << " hs=" << hs
+                                                             << (sh.docs ? " documents" : "")) {
+          const Tensor q = up16(qkv, {B, T, W}), g = up16(dout, {B, T, C}), dq = up16(dq0, {B, T, W});
+          const Tensor o = Tensor::empty(*d, DType::bf16, {B, T, C}), lse = Tensor::empty(*d, DType::f32, {B, NH, T});
+          Tensor docs;
+          if (sh.docs) {
+            docs = Tensor::empty(*d, DType::i32, {B * T});
+            d->copy_from_host(docs, starts.data());
+          }
+          d->attention_forward(o, lse, q, NH, KVH, docs);
+          d->attention_backward(dq, g, q, o, lse, NH, KVH, docs);
+          auto compare = [&](const char* what, const Tensor& t, const std::vector<double>& want) {
+            std::vector<float> got(want.size());
+            if (t.dtype() == DType::bf16) {
+              std::vector<uint16_t> bits(want.size());
+              d->copy_to_host(bits.data(), t);
+              for (size_t i = 0; i < got.size(); ++i) got[i] = nn::bf16_to_f32(bits[i]);
+            } else {
+              d->copy_to_host(got.data(), t);
+            }
+            double scale = 0, worst = 0;
+            for (double w : want) scale = std::max(scale, std::abs(w));
+            for (size_t i = 0; i < want.size(); ++i) {
+              BOOST_TEST_REQUIRE(std::isfinite(got[i]), what << "[" << i << "] is " << got[i]);
+              worst = std::max(worst, std::abs(got[i] - want[i]) / (std::abs(want[i]) + scale));
+            }
+            BOOST_TEST_MESSAGE(nn::attention_kernel_name(kernel) << " T=" << T << " hs=" << hs << " " << what
+                                                                 << ": worst relative error " << worst);
+            BOOST_TEST(worst < 1e-2, what << ": worst relative error " << worst);
+          };
+          compare("out", o, want_out);
+          compare("lse", lse, want_lse);
+          compare("dqkv", dq, want_dq);
+        }
+      };
+      run(64);
+#ifdef FERRY_CUDA_EMULATION
+      if (kernel == nn::AttentionKernel::tensor_cores && T > 64) run(128);
+      nn::cuda::set_emulated_block_threads(64, 64);
+#endif
+    }
+  }
+}
+
+// Tensor cores asked where they cannot run are refused naming what is missing, before
+// anything is launched; automatic steps aside to the SIMT kernels there.
+BOOST_AUTO_TEST_CASE(tensor_core_attention_is_refused_where_it_cannot_run,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
+  constexpr int64_t B = 1, T = 5, NH = 1, KVH = 1;
+  auto refused = [](const std::string& needs) {
+    return [needs](const std::invalid_argument& e) {
+      BOOST_TEST_MESSAGE(e.what());
+      const std::string m = e.what();
+      return m.find("tensor_cores") != std::string::npos && m.find(needs) != std::string::npos;
+    };
+  };
+  auto tc = nn::make_cuda_device(size_t{1} << 26, 0, nn::AttentionKernel::tensor_cores);
+  auto automatic = nn::make_cuda_device(size_t{1} << 26, 0, nn::AttentionKernel::automatic);
+  struct Case {
+    DType act;
+    int64_t hs;
+    std::string needs;
+  };
+  const Case cases[] = {{DType::f32, 16, "bf16 or f16 activations"}, {DType::bf16, 136, "a head size of at most 128"}};
+  for (const Case& c : cases) {
+    const int64_t W = (NH + 2 * KVH) * c.hs, C = NH * c.hs;
+    for (auto* d : {tc.get(), automatic.get()}) {
+      const Tensor q = Tensor::empty(*d, c.act, {B, T, W}), o = Tensor::empty(*d, c.act, {B, T, C});
+      const Tensor lse = Tensor::empty(*d, DType::f32, {B, NH, T}), g = Tensor::empty(*d, c.act, {B, T, C});
+      const Tensor dq = Tensor::empty(*d, c.act, {B, T, W});
+      d->fill(q, 0.5);
+      d->fill(g, 1.0);
+      d->fill(dq, 0.0);
+      std::string why;
+      BOOST_TEST(nn::cuda_attention_kernel(*d, c.act, c.hs, &why) == "simt");
+      BOOST_TEST(why == "tensor cores need " + c.needs);
+      if (d == tc.get()) {
+        BOOST_CHECK_EXCEPTION(d->attention_forward(o, lse, q, NH, KVH), std::invalid_argument, refused(c.needs));
+        d->fill(o, 0.5);
+        d->fill(lse, 0.0);
+        BOOST_CHECK_EXCEPTION(d->attention_backward(dq, g, q, o, lse, NH, KVH), std::invalid_argument,
+                              refused(c.needs));
+      } else {
+        d->attention_forward(o, lse, q, NH, KVH);  // the SIMT kernels: equal keys, the mean of equal values
+        std::vector<float> got(static_cast<size_t>(B * T * C));
+        if (c.act == DType::f32) {
+          d->copy_to_host(got.data(), o);
+          for (float v : got) BOOST_TEST(v == 0.5f);
+        }
+      }
+    }
+  }
+  BOOST_TEST(nn::cuda_attention_kernel(*automatic, DType::bf16, 128) == "tensor_cores");
+#ifdef FERRY_CUDA_EMULATION
+  struct Restore {
+    ~Restore() { ferry_emu::compute_major = 9; }
+  } restore;
+  ferry_emu::compute_major = 7;  // a V100: no bf16 tensor cores
+  auto old_gpu = nn::make_cuda_device(size_t{1} << 26, 0, nn::AttentionKernel::automatic);
+  std::string why;
+  BOOST_TEST(nn::cuda_attention_kernel(*old_gpu, DType::bf16, 64, &why) == "simt");
+  BOOST_TEST(why == "tensor cores need a GPU of compute capability 8.0 or above");
+#endif
 }
 
 // The ops composed: a GPT's forward, backward and device AdamW steps on the cuda device

@@ -59,6 +59,7 @@ struct Config {
     std::string type = "cpu";
     size_t memory = size_t{4} << 30;
     int threads = 0;
+    std::string attention_kernel = "auto";  // auto | simt | tensor_cores (nn/attention_kernel.h)
   } device;
   struct {
     int64_t steps = 500, eval_every = 100, eval_batches = 8, sample_tokens = 200;

@@ -61,7 +61,18 @@ std::unique_ptr<nn::Device> make_gpu(const Config& c, comm::Communicator& comm) 
   }
   const comm::GpuChoice choice = comm::choose_gpu(s.gpus, comm.local_rank(), comm.local_size());
   if (choice.ordinal < 0) throw std::invalid_argument("key 'device.type': cuda with " + choice.problem);
-  auto gpu = nn::make_cuda_device(c.device.memory, choice.ordinal);
+  const nn::AttentionKernel attention = nn::parse_attention_kernel(c.device.attention_kernel).value();
+  auto gpu = nn::make_cuda_device(c.device.memory, choice.ordinal, attention);
+  if (attention == nn::AttentionKernel::tensor_cores) {  // refused now, not at the first forward
+    const int64_t head = c.model.n_embd / c.model.n_head;
+    std::string why;
+    nn::cuda_attention_kernel(*gpu, c.zero.compute, head, &why);
+    if (!why.empty()) {
+      throw std::invalid_argument("key 'device.attention_kernel': tensor_cores, but " + why + " (this model: " +
+                                  std::string(nn::dtype_name(c.zero.compute)) + " activations, head size " +
+                                  std::to_string(head) + ")");
+    }
+  }
   if (comm.size() > 1) {
     if (const std::string p = comm::shared_gpu_problem(comm, nn::cuda_pci_bus_id(*gpu)); !p.empty())
       throw std::invalid_argument("key 'device.type': cuda, but " + p);

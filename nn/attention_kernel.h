@@ -1,0 +1,39 @@
+// Which kernels the cuda device runs attention with (the config key device.attention_kernel;
+// nn/cuda_kernels.h has what each needs). The CPU device has one kernel and ignores it.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+namespace ferry::nn {
+
+// - simt: FlashAttention-2 with SIMT arithmetic; every dtype, head sizes up to 256;
+// - tensor_cores: the same algorithm with its tile products on tensor cores (wmma 16x16x16,
+//   f32 accumulation); bf16 or f16 activations with f32 statistics, head sizes up to 128,
+//   compute capability 8.0 or above, and the shared memory its passes need (about 190 KB
+//   at head size 128: an H100 has 227 KB per block, an A100 163 KB);
+// - automatic: tensor_cores where they can run, else simt. The choice depends only on the
+//   dtypes, the head size and the GPU, so every rank and every step makes the same one.
+enum class AttentionKernel : int { automatic = 0, simt = 1, tensor_cores = 2 };
+
+constexpr std::string_view attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::simt:
+      return "simt";
+    case AttentionKernel::tensor_cores:
+      return "tensor_cores";
+    case AttentionKernel::automatic:
+      break;
+  }
+  return "auto";
+}
+
+// "auto", "simt" or "tensor_cores"; nullopt for anything else.
+constexpr std::optional<AttentionKernel> parse_attention_kernel(std::string_view s) {
+  for (AttentionKernel k : {AttentionKernel::automatic, AttentionKernel::simt, AttentionKernel::tensor_cores}) {
+    if (s == attention_kernel_name(k)) return k;
+  }
+  return std::nullopt;
+}
+
+}  // namespace ferry::nn
