@@ -5,6 +5,10 @@
 // With --python PY (a Python with torch), PyTorch's scaled_dot_product_attention on the same
 // device, shapes and dtype (is_causal; on a GPU its flash kernel) is measured in the same
 // run and the ratio printed per context: the peer is a column, never a constant.
+// On the cuda device each of its attention kernels that can run (nn/attention_kernel.h:
+// simt always, tensor_cores with bf16 on compute capability 8.0+) is a row of its own,
+// their repetitions alternated, and the headline compares them (or ferry's fastest with
+// SDPA when --python is given).
 #pragma once
 
 #include <string>

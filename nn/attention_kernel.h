@@ -10,8 +10,9 @@ namespace ferry::nn {
 // - simt: FlashAttention-2 with SIMT arithmetic; every dtype, head sizes up to 256;
 // - tensor_cores: the same algorithm with its tile products on tensor cores (wmma 16x16x16,
 //   f32 accumulation); bf16 or f16 activations with f32 statistics, head sizes up to 128,
-//   compute capability 8.0 or above, and the shared memory its passes need (about 190 KB
-//   at head size 128: an H100 has 227 KB per block, an A100 163 KB);
+//   compute capability 8.0 or above; a pass whose shared memory does not fit the GPU at
+//   4 warps per block runs with fewer (at head size 128 the dK/dV pass needs 187 KiB at 4
+//   warps: an H100 has 227 KiB per block, an A100 163 KiB, which takes it at 2 warps);
 // - automatic: tensor_cores where they can run, else simt. The choice depends only on the
 //   dtypes, the head size and the GPU, so every rank and every step makes the same one.
 enum class AttentionKernel : int { automatic = 0, simt = 1, tensor_cores = 2 };

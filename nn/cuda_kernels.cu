@@ -1392,16 +1392,37 @@ void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr 
   });
 }
 
+namespace {
+
+enum class TcPass { forward, kv, q };
+
+int64_t tc_shared_bytes(TcPass pass, int warps, int64_t hs) {
+  const int64_t hp = tc_pad(hs), elem = 2;  // bf16 and f16 alike
+  return pass == TcPass::forward ? tc_forward_layout(warps, hp, elem).bytes
+                                 : tc_backward_layout(pass == TcPass::kv, warps, hp, elem).bytes;
+}
+
+// Warps per block of a tensor-core pass: the attention kernels' block size, halved until
+// its shared memory fits the GPU (an A100's 163 KB takes the dK/dV pass at head size 128
+// with 2 warps); 0 when not even one warp fits.
+int tc_warps(TcPass pass, int64_t hs) {
+  const size_t limit = shared_optin_limit();
+  for (int w = attn_threads() / 32; w >= 1; w /= 2) {
+    if (static_cast<size_t>(tc_shared_bytes(pass, w, hs)) <= limit) return w;
+  }
+  return 0;
+}
+
+}  // namespace
+
 const char* tensor_core_attention_obstacle(DType act, DType stats, int64_t hs) {
   if (act != DType::bf16 && act != DType::f16) return "bf16 or f16 activations";
   if (stats != DType::f32) return "f32 statistics";
   if (tc_pad(hs) > kTcMaxHead) return "a head size of at most 128";
   if (compute_major() < 8) return "a GPU of compute capability 8.0 or above";
-  const int warps = attn_threads() / 32;
-  const int64_t need = std::max({tc_forward_layout(warps, tc_pad(hs), 2).bytes,
-                                 tc_backward_layout(true, warps, tc_pad(hs), 2).bytes,
-                                 tc_backward_layout(false, warps, tc_pad(hs), 2).bytes});
-  if (static_cast<size_t>(need) > shared_optin_limit()) return "more shared memory per block than this GPU has";
+  for (TcPass p : {TcPass::forward, TcPass::kv, TcPass::q}) {
+    if (tc_warps(p, hs) == 0) return "more shared memory per block than this GPU has";
+  }
   return nullptr;
 }
 
@@ -1414,14 +1435,13 @@ void attention_forward(Stream s, Arr out, Arr lse, Arr qkv, int64_t B, int64_t T
     by_half(qkv.dtype, [&](auto tag) {
       using S = decltype(tag);
       auto& k = flash_forward_tc_kernel<S>;
+      const int w = tc_warps(TcPass::forward, sh.hs), tc_rows = w * kTcRowsPerWarp;
       const SharedFit fit =
-          fit_shared(k, static_cast<size_t>(tc_forward_layout(warps, tc_pad(sh.hs), sizeof(S)).bytes),
-                     "attention_forward", sh);
+          fit_shared(k, static_cast<size_t>(tc_shared_bytes(TcPass::forward, w, sh.hs)), "attention_forward", sh);
       opt_in_shared(k, fit);
-      const int tc_rows = warps * kTcRowsPerWarp;
       const dim3 grid(static_cast<unsigned>((T + tc_rows - 1) / tc_rows), static_cast<unsigned>(NH),
                       static_cast<unsigned>(B));
-      FERRY_LAUNCH(k, grid, threads, fit.dynamic, as_stream(s), out, Operand<float, float>(lse),
+      FERRY_LAUNCH(k, grid, w * 32, fit.dynamic, as_stream(s), out, Operand<float, float>(lse),
                    static_cast<const S*>(qkv.p), sh, doc_start);
     });
     FERRY_CUDA_CHECK_LAUNCH();
@@ -1459,27 +1479,26 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse,
       using X = Operand<float, S>;
       auto& kv_kernel = flash_backward_kv_tc_kernel<S>;
       auto& q_kernel = flash_backward_q_tc_kernel<S>;
-      const int64_t hp = tc_pad(sh.hs);
+      const int w_kv = tc_warps(TcPass::kv, sh.hs), w_q = tc_warps(TcPass::q, sh.hs);
       // Both checked before the first launch: a failure leaves dqkv untouched.
-      const SharedFit fit_kv = fit_shared(
-          kv_kernel, static_cast<size_t>(tc_backward_layout(true, warps, hp, sizeof(S)).bytes), "attention_backward", sh);
-      const SharedFit fit_q = fit_shared(
-          q_kernel, static_cast<size_t>(tc_backward_layout(false, warps, hp, sizeof(S)).bytes), "attention_backward", sh);
+      const SharedFit fit_kv = fit_shared(kv_kernel, static_cast<size_t>(tc_shared_bytes(TcPass::kv, w_kv, sh.hs)),
+                                          "attention_backward", sh);
+      const SharedFit fit_q = fit_shared(q_kernel, static_cast<size_t>(tc_shared_bytes(TcPass::q, w_q, sh.hs)),
+                                         "attention_backward", sh);
       opt_in_shared(kv_kernel, fit_kv);
       opt_in_shared(q_kernel, fit_q);
       float* D = static_cast<float*>(rowdot);
       auto& rowdot_kernel = flash_rowdot_kernel<float, X>;
       FERRY_LAUNCH(rowdot_kernel, grid_for(B * T * NH), block_threads(), 0, as_stream(s), D, X(dout), X(out), sh, B);
       FERRY_CUDA_CHECK_LAUNCH();
-      const int tc_rows = warps * kTcRowsPerWarp;
-      const unsigned tiles = static_cast<unsigned>((T + tc_rows - 1) / tc_rows);
+      auto tiles = [T](int w) { return static_cast<unsigned>((T + w * kTcRowsPerWarp - 1) / (w * kTcRowsPerWarp)); };
       const S* q = static_cast<const S*>(qkv.p);
       const S* g = static_cast<const S*>(dout.p);
       const float* L = static_cast<const float*>(lse.p);
-      FERRY_LAUNCH(kv_kernel, dim3(tiles, static_cast<unsigned>(KVH), static_cast<unsigned>(B)), threads,
+      FERRY_LAUNCH(kv_kernel, dim3(tiles(w_kv), static_cast<unsigned>(KVH), static_cast<unsigned>(B)), w_kv * 32,
                    fit_kv.dynamic, as_stream(s), dqkv, g, q, L, static_cast<const float*>(D), sh, doc_start);
       FERRY_CUDA_CHECK_LAUNCH();
-      FERRY_LAUNCH(q_kernel, dim3(tiles, static_cast<unsigned>(NH), static_cast<unsigned>(B)), threads,
+      FERRY_LAUNCH(q_kernel, dim3(tiles(w_q), static_cast<unsigned>(NH), static_cast<unsigned>(B)), w_q * 32,
                    fit_q.dynamic, as_stream(s), dqkv, g, q, L, static_cast<const float*>(D), sh, doc_start);
     });
     FERRY_CUDA_CHECK_LAUNCH();

@@ -234,10 +234,32 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
   const Run inf16 = train(doc(kShortSteps), {"bf16.enabled=true", "device.type=cuda", "zero_optimization.stage=3",
                                              "zero_optimization.offload_optimizer.device=cpu",
                                              "zero_optimization.offload_param.device=cpu"});
+  // Each attention kernel named (the default, auto, takes the tensor cores here: bf16,
+  // head size 16, the emulated H100).
+  const Run simt16 = train(doc(kShortSteps), {"bf16.enabled=true", "device.type=cuda", "device.attention_kernel=simt"});
+  const Run tc16 =
+      train(doc(kShortSteps), {"bf16.enabled=true", "device.type=cuda", "device.attention_kernel=tensor_cores"});
   for (size_t i = 0; i < static_cast<size_t>(kShortSteps); ++i) {
     BOOST_TEST(std::abs(gpu16.losses[i] - cpu16.losses[i]) < 1e-2 * cpu16.losses[i]);
     BOOST_TEST(std::abs(inf16.losses[i] - cpu16.losses[i]) < 1e-2 * cpu16.losses[i]);
+    BOOST_TEST(std::abs(simt16.losses[i] - cpu16.losses[i]) < 1e-2 * cpu16.losses[i]);
+    BOOST_TEST(std::abs(tc16.losses[i] - cpu16.losses[i]) < 1e-2 * cpu16.losses[i]);
+    BOOST_TEST(tc16.losses[i] == gpu16.losses[i]);  // auto chose the tensor cores
   }
+}
+
+// device.attention_kernel=tensor_cores where they cannot run (an fp32 model) stops the
+// run before its first step, naming the key and what is missing.
+BOOST_AUTO_TEST_CASE(tensor_cores_for_an_fp32_model_are_refused_naming_the_key,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
+  BOOST_CHECK_EXCEPTION(train(doc(1), {"device.type=cuda", "device.attention_kernel=tensor_cores"}),
+                        std::invalid_argument, [](const std::invalid_argument& e) {
+                          BOOST_TEST_MESSAGE(e.what());
+                          const std::string m = e.what();
+                          return m.find("key 'device.attention_kernel'") != std::string::npos &&
+                                 m.find("bf16 or f16 activations") != std::string::npos &&
+                                 m.find("head size 16") != std::string::npos;
+                        });
 }
 
 // Only shards cross PCIe (docs/design.md, "Bytes over PCIe"): at stage 3 with parameters
