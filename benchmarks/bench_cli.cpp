@@ -93,6 +93,9 @@ std::function<int()> bench_command(CLI::App& cmd) {
   model->add_option("--only", a->opt.only, "one configuration by name (e.g. tiny)");
   model->add_option("--device", a->opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   model->add_flag("--bf16", a->opt.bf16, "bf16 weights and activations (fp32 accumulation)");
+  model->add_option("--attention-kernel", a->opt.attention_kernel,
+                    "cuda: attention's kernels, as device.attention_kernel (auto: tensor cores where they can run)")
+      ->check(CLI::IsMember({"auto", "simt", "tensor_cores"}));
   model->add_option("--contexts", a->opt.contexts,
                     "the whole step at these contexts (e.g. 256,1024,4096,8192): the largest config's shape at the "
                     "same tokens per step")

@@ -254,7 +254,10 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
   nn::CpuDevice* cpu = nullptr;
   if (gpu) {
     // The GPT-2 shapes below need more than the CPU's 8 GiB: the GPU's free memory is the cap.
-    owned = nn::make_cuda_device(opt.device_memory != 0 ? opt.device_memory : nn::cuda_budget_that_fits());
+    const auto attention = nn::parse_attention_kernel(opt.attention_kernel);
+    if (!attention) throw std::invalid_argument("--attention-kernel must be auto, simt or tensor_cores");
+    owned = nn::make_cuda_device(opt.device_memory != 0 ? opt.device_memory : nn::cuda_budget_that_fits(), 0,
+                                 *attention);
   } else {
     auto c = std::make_unique<nn::CpuDevice>(opt.device_memory, opt.threads);
     cpu = c.get();
@@ -385,6 +388,7 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
       jrow["ferry_over_pytorch"] = f.median / p.median;
       jrow["repetitions"] = reps;
     }
+    if (gpu) jrow["attention_kernel"] = nn::cuda_attention_kernel(dev, dtype, k.cfg.n_embd / k.cfg.n_head);
     report.table.push_back(row);
     report.rows.push_back(jrow);
     report.headline = {"model_gflops (" + k.name + ")", gflops,

@@ -28,6 +28,9 @@ struct ModelBenchOptions {
   // `threads` each, all cores split among them by default), against FSDP2 over gloo at as
   // many processes when `peers` is given. Ranks share the machine: one rank per core at most is the fair case.
   int ranks = 1;
+  // cuda: which attention kernels the device runs (auto | simt | tensor_cores,
+  // nn/attention_kernel.h), so a run can set the tensor cores against the SIMT kernels.
+  std::string attention_kernel = "auto";
 };
 
 // Fills `report` (the headline is the last, largest config). Returns the exit status.

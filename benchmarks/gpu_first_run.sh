@@ -74,8 +74,11 @@ fi
 # the PCIe bytes per parameter, to set against docs/design.md's formula (bf16: 2 x 2/N up,
 # 4/N down per micro-batch, plus a third upload of the tied embedding).
 step bench_model_bf16 "$ferry" bench model --device cuda --bf16
-# Issue 25: the attention kernels alone at contexts 256-8192, against PyTorch's SDPA where the
-# machine's python3 has torch with CUDA (the ratio column), else alone.
+# Issue 25: the same with the SIMT attention kernels, against the tensor cores auto picks above.
+step bench_model_bf16_simt "$ferry" bench model --device cuda --bf16 --attention-kernel simt
+step bench_contexts_bf16 "$ferry" bench model --device cuda --bf16 --contexts 256,1024,4096,8192
+# Issue 25: the attention kernels alone at contexts 256-8192, SIMT and tensor cores alternated,
+# against PyTorch's SDPA where the machine's python3 has torch with CUDA (the ratio column).
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   step bench_attention "$ferry" bench attention --device cuda --bf16 --python python3
 else
@@ -98,7 +101,10 @@ step zero3_offload_nvme "$ferry" train "${gpt2[@]}" --set zero_optimization.offl
 {
   echo "--- issue 17: bf16 model bench and ZeRO-3 offloaded runs (last step lines)"
   tail -3 "$out/bench_model_bf16.log"
-  tail -6 "$out/bench_attention.log"
+  echo "--- issue 25: SIMT attention (bench model), contexts, attention alone (simt and tensor_cores rows)"
+  tail -3 "$out/bench_model_bf16_simt.log"
+  tail -6 "$out/bench_contexts_bf16.log"
+  tail -11 "$out/bench_attention.log"
   grep -E 'overlapped|sequential|alone|bytes/param' "$out/bench_step_cuda.log"
   grep -h '^step ' "$out/zero3_offload_cpu.log" | tail -2
   grep -h '^step ' "$out/zero3_offload_nvme.log" | tail -2

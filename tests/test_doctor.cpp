@@ -104,6 +104,9 @@ BOOST_AUTO_TEST_CASE(gpu_check_pieces) {
   BOOST_TEST(attention_max_head(166912, 4) == 256);  // A100: 163 KiB
   BOOST_TEST(attention_max_head(49152, 4) == 116);   // 48 KiB without the opt-in
   BOOST_TEST(attention_max_head(512, 4) == 0);
+  BOOST_TEST(tensor_core_attention_line(9).find("on tensor cores") != std::string::npos);   // H100
+  BOOST_TEST(tensor_core_attention_line(8).find("on tensor cores") != std::string::npos);   // A100
+  BOOST_TEST(tensor_core_attention_line(7).find("SIMT kernels only") != std::string::npos); // V100
 
   for (const char* yes : {"libcuda.so.1", "libcudart.so.13", "libcublasLt.so.13", "libnccl.so.2", "libnvidia-ml.so.1",
                           "libuct_cuda.so.0", "libnvrtc.so.13"})

@@ -134,7 +134,8 @@ DoctorCheck describe_gpu(const Driver& d, int ordinal) {
     os << bytes(free) << " free of " << bytes(total);
   }
   os << "; opt-in shared memory per block " << optin << " bytes: attention takes head sizes up to "
-     << attention_max_head(optin, 4) << " at any sequence length (f32 accumulation)";
+     << attention_max_head(optin, 4) << " at any sequence length (f32 accumulation); "
+     << tensor_core_attention_line(major);
   if (rc != 0) return make(DoctorCheck::fail, name, os.str(), "another process may hold the GPU (nvidia-smi)");
   // This process's own context takes well under 1 GiB; more in use is someone else's.
   const bool busy = total - free > (3ull << 29);
@@ -206,6 +207,11 @@ DoctorCheck check_tf32(const char* value) {
                   ": a site setting that may let cuBLAS run fp32 GEMMs in TF32 (10-bit mantissa): fp32 results "
                   "change and the 1e-5 tests (test_backend_ops, test_cuda_training) may fail",
               "unset it (or set 0) for the tests and for fp32 runs that must match the CPU device");
+}
+
+std::string tensor_core_attention_line(int major) {
+  return major >= 8 ? "bf16/f16 attention on tensor cores (heads up to 128; device.attention_kernel auto)"
+                    : "attention on the SIMT kernels only (tensor cores need compute capability 8.0)";
 }
 
 long attention_max_head(long optin_bytes, int accumulator_bytes) {

@@ -4,7 +4,8 @@
 //             or "no GPU: ..." with the reason (no libcuda.so.1, cuInit failed, 0 devices)
 //   gpu N     per visible GPU: name, compute capability, free/total memory (cuMemGetInfo
 //             in the device's primary context), the opt-in shared memory per block and the
-//             largest head size the attention kernels fit in it, at any length (review F5)
+//             largest head size the attention kernels fit in it, at any length (review F5),
+//             and whether bf16/f16 attention runs on tensor cores there
 //   tf32      NVIDIA_TF32_OVERRIDE: 1 turns ferry's fp32 GEMMs into TF32 (review Q5)
 //   mpi+cuda  whether MPI_Init creates CUDA contexts or loads CUDA libraries (review Q1):
 //             a 1-rank probe under mpiexec reads each GPU's primary-context state
@@ -47,6 +48,10 @@ DoctorCheck check_tf32(const char* value);
 // takes 96 hs + 1088 accumulator elements (nn/cuda_kernels.cu, backward_kv_shared). The
 // sequence length does not enter: the kernels are tiled.
 long attention_max_head(long optin_bytes, int accumulator_bytes);
+
+// Which kernels device.attention_kernel auto gives bf16/f16 models on a GPU of compute
+// capability `major`.x: tensor cores from 8.0 (nn/attention_kernel.h), SIMT below.
+std::string tensor_core_attention_line(int major);
 // Whether a mapped library's file name is CUDA's or NVIDIA's (libcuda*, libcublas*, libnccl*,
 // libnvidia-*, ...) or another library's CUDA module (UCX's libuct_cuda, Open MPI's
 // *_cuda): what the mpi+cuda probe reports MPI_Init as having loaded. Not a name that merely
