@@ -107,6 +107,29 @@ __host__ __device__ inline TcBackwardLayout tc_backward_layout(bool kv, int warp
   return L;
 }
 
+// A backward pass's shared memory as pointers: the block's own rows and the other side's
+// tile (storage type), and this warp's slices (wrow = its first row in the block).
+template <class S>
+struct TcBackwardSmem {
+  S *own0, *own1, *oth0, *oth1;
+  float* rowstats;  // dK/dV pass only
+  float *s, *dp;    // the warp's scores and dO V^T products, f32
+  S *p, *ds;        // rounded for the next products (p: dK/dV pass only)
+  float *acc0, *acc1;  // the warp's gradient rows (acc1: dK/dV pass only)
+  __device__ TcBackwardSmem(unsigned char* smem, const TcBackwardLayout& L, const TcPitch& P, int wrow)
+      : own0(reinterpret_cast<S*>(smem + L.own0)),
+        own1(reinterpret_cast<S*>(smem + L.own1)),
+        oth0(reinterpret_cast<S*>(smem + L.oth0)),
+        oth1(reinterpret_cast<S*>(smem + L.oth1)),
+        rowstats(reinterpret_cast<float*>(smem + L.rowstats)),
+        s(reinterpret_cast<float*>(smem + L.s) + wrow * P.lds),
+        dp(reinterpret_cast<float*>(smem + L.dp) + wrow * P.lds),
+        p(reinterpret_cast<S*>(smem + L.p) + wrow * P.ldp),
+        ds(reinterpret_cast<S*>(smem + L.ds) + wrow * P.ldp),
+        acc0(reinterpret_cast<float*>(smem + L.acc0) + wrow * P.ldf),
+        acc1(reinterpret_cast<float*>(smem + L.acc1) + wrow * P.ldf) {}
+};
+
 template <class S>
 __device__ S tc_zero() {
   return Narrow<S>::to(0.0f);
@@ -308,21 +331,13 @@ __global__ void flash_backward_kv_tc_kernel(Arr dqkv, const S* dout, const S* qk
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rows = warps * kTcRowsPerWarp, hs = static_cast<int>(s.hs), hp = static_cast<int>(tc_pad(s.hs));
   const TcPitch P = tc_pitch(hp);
-  const TcBackwardLayout L = tc_backward_layout(true, warps, hp, sizeof(S));
-  S* kb = reinterpret_cast<S*>(smem + L.own0);
-  S* vb = reinterpret_cast<S*>(smem + L.own1);
-  S* qs = reinterpret_cast<S*>(smem + L.oth0);
-  S* gs = reinterpret_cast<S*>(smem + L.oth1);
-  float* Ls = reinterpret_cast<float*>(smem + L.rowstats);
+  const int wrow = warp * kTcRowsPerWarp;
+  const TcBackwardSmem<S> m(smem, tc_backward_layout(true, warps, hp, sizeof(S)), P, wrow);
+  S *kb = m.own0, *vb = m.own1, *qs = m.oth0, *gs = m.oth1, *pw = m.p, *dsw = m.ds;
+  float *sw = m.s, *dpw = m.dp, *dkw = m.acc0, *dvw = m.acc1;
+  float* Ls = m.rowstats;
   float* Ds = Ls + kTcTile;
   int64_t* starts = reinterpret_cast<int64_t*>(Ds + kTcTile);
-  const int wrow = warp * kTcRowsPerWarp;
-  float* sw = reinterpret_cast<float*>(smem + L.s) + wrow * P.lds;
-  float* dpw = reinterpret_cast<float*>(smem + L.dp) + wrow * P.lds;
-  S* pw = reinterpret_cast<S*>(smem + L.p) + wrow * P.ldp;
-  S* dsw = reinterpret_cast<S*>(smem + L.ds) + wrow * P.ldp;
-  float* dkw = reinterpret_cast<float*>(smem + L.acc0) + wrow * P.ldf;
-  float* dvw = reinterpret_cast<float*>(smem + L.acc1) + wrow * P.ldf;
   const int64_t j0 = blockIdx.x * int64_t{rows}, kv = blockIdx.y, b = blockIdx.z, jw = j0 + wrow;
   const float scale = 1.0f / sqrt(static_cast<float>(s.hs));
   tc_load_rows(kb, P.ld, qkv, b * s.T, j0, rows, s.T, s.W, (s.NH + kv) * s.hs, hs, hp);
@@ -377,16 +392,10 @@ __global__ void flash_backward_q_tc_kernel(Arr dqkv, const S* dout, const S* qkv
   const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int rows = warps * kTcRowsPerWarp, hs = static_cast<int>(s.hs), hp = static_cast<int>(tc_pad(s.hs));
   const TcPitch P = tc_pitch(hp);
-  const TcBackwardLayout L = tc_backward_layout(false, warps, hp, sizeof(S));
-  S* qt = reinterpret_cast<S*>(smem + L.own0);
-  S* gt = reinterpret_cast<S*>(smem + L.own1);
-  S* ks = reinterpret_cast<S*>(smem + L.oth0);
-  S* vs = reinterpret_cast<S*>(smem + L.oth1);
   const int wrow = warp * kTcRowsPerWarp;
-  float* sw = reinterpret_cast<float*>(smem + L.s) + wrow * P.lds;
-  float* dpw = reinterpret_cast<float*>(smem + L.dp) + wrow * P.lds;
-  S* dsw = reinterpret_cast<S*>(smem + L.ds) + wrow * P.ldp;
-  float* dqw = reinterpret_cast<float*>(smem + L.acc0) + wrow * P.ldf;
+  const TcBackwardSmem<S> m(smem, tc_backward_layout(false, warps, hp, sizeof(S)), P, wrow);
+  S *qt = m.own0, *gt = m.own1, *ks = m.oth0, *vs = m.oth1, *dsw = m.ds;
+  float *sw = m.s, *dpw = m.dp, *dqw = m.acc0;
   const int64_t i0 = (gridDim.x - 1 - blockIdx.x) * int64_t{rows}, h = blockIdx.y, b = blockIdx.z;
   const int64_t kv = h / s.group, iw = i0 + wrow;
   const float scale = 1.0f / sqrt(static_cast<float>(s.hs));
