@@ -96,13 +96,13 @@ __host__ __device__ inline TcBackwardLayout tc_backward_layout(bool kv, int warp
   L.own1 = c.take(rows * P.ld * elem);
   L.oth0 = c.take(kTcTile * P.ld * elem);
   L.oth1 = c.take(kTcTile * P.ld * elem);
-  L.rowstats = kv ? c.take(kTcTile * (4 + 4 + 8)) : 0;
+  L.rowstats = kv ? c.take(kTcTile * (4 + 4 + 8)) : -1;  // -1: the pass has none
   L.s = c.take(rows * P.lds * 4);
   L.dp = c.take(rows * P.lds * 4);
-  L.p = kv ? c.take(rows * P.ldp * elem) : 0;
+  L.p = kv ? c.take(rows * P.ldp * elem) : -1;
   L.ds = c.take(rows * P.ldp * elem);
   L.acc0 = c.take(rows * P.ldf * 4);
-  L.acc1 = kv ? c.take(rows * P.ldf * 4) : 0;
+  L.acc1 = kv ? c.take(rows * P.ldf * 4) : -1;
   L.bytes = c.at;
   return L;
 }
@@ -117,17 +117,22 @@ struct TcBackwardSmem {
   S *p, *ds;        // rounded for the next products (p: dK/dV pass only)
   float *acc0, *acc1;  // the warp's gradient rows (acc1: dK/dV pass only)
   __device__ TcBackwardSmem(unsigned char* smem, const TcBackwardLayout& L, const TcPitch& P, int wrow)
-      : own0(reinterpret_cast<S*>(smem + L.own0)),
-        own1(reinterpret_cast<S*>(smem + L.own1)),
-        oth0(reinterpret_cast<S*>(smem + L.oth0)),
-        oth1(reinterpret_cast<S*>(smem + L.oth1)),
-        rowstats(reinterpret_cast<float*>(smem + L.rowstats)),
-        s(reinterpret_cast<float*>(smem + L.s) + wrow * P.lds),
-        dp(reinterpret_cast<float*>(smem + L.dp) + wrow * P.lds),
-        p(reinterpret_cast<S*>(smem + L.p) + wrow * P.ldp),
-        ds(reinterpret_cast<S*>(smem + L.ds) + wrow * P.ldp),
-        acc0(reinterpret_cast<float*>(smem + L.acc0) + wrow * P.ldf),
-        acc1(reinterpret_cast<float*>(smem + L.acc1) + wrow * P.ldf) {}
+      : own0(at<S>(smem, L.own0, 0)),
+        own1(at<S>(smem, L.own1, 0)),
+        oth0(at<S>(smem, L.oth0, 0)),
+        oth1(at<S>(smem, L.oth1, 0)),
+        rowstats(at<float>(smem, L.rowstats, 0)),
+        s(at<float>(smem, L.s, wrow * P.lds)),
+        dp(at<float>(smem, L.dp, wrow * P.lds)),
+        p(at<S>(smem, L.p, wrow * P.ldp)),
+        ds(at<S>(smem, L.ds, wrow * P.ldp)),
+        acc0(at<float>(smem, L.acc0, wrow * P.ldf)),
+        acc1(at<float>(smem, L.acc1, wrow * P.ldf)) {}
+  // The piece at byte `offset`, `skip` elements in; null for a piece the pass lacks (-1).
+  template <class T>
+  __device__ static T* at(unsigned char* smem, int64_t offset, int skip) {
+    return offset < 0 ? nullptr : reinterpret_cast<T*>(smem + offset) + skip;
+  }
 };
 
 template <class S>
@@ -142,6 +147,9 @@ struct alignas(16) Chunk16 {
 
 __device__ __forceinline__ void copy16(void* dst, const void* src) {
 #ifdef FERRY_CUDA_EMULATION
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 != 0) {
+    throw std::logic_error("cuda emulation: a 16-byte copy at an address not 16-byte aligned (a GPU faults)");
+  }
   std::memcpy(dst, src, 16);  // g++: no type punning through Chunk16
 #else
   *static_cast<Chunk16*>(dst) = *static_cast<const Chunk16*>(src);
@@ -317,6 +325,8 @@ __global__ void flash_forward_tc_kernel(Arr out, Operand<float, float> lse, cons
     for (int d = lane; d < hs; d += 32) st<float>(out, (b * s.T + iw + rr) * s.C + h * s.hs + d, ow[rr * P.ldf + d] / l);
     if (lane == 0) lse.set((b * s.NH + h) * s.T + iw + rr, mw[rr] + log(l));
   }
+#else
+  __trap();
 #endif
 }
 
@@ -379,6 +389,8 @@ __global__ void flash_backward_kv_tc_kernel(Arr dqkv, const S* dout, const S* qk
   __syncwarp();
   tc_add_rows(dqkv, dkw, P.ldf, jw, s.T, b * s.T, s.W, (s.NH + kv) * s.hs, hs);
   tc_add_rows(dqkv, dvw, P.ldf, jw, s.T, b * s.T, s.W, (s.NH + s.KVH + kv) * s.hs, hs);
+#else
+  __trap();
 #endif
 }
 
@@ -433,5 +445,7 @@ __global__ void flash_backward_q_tc_kernel(Arr dqkv, const S* dout, const S* qkv
   }
   __syncwarp();
   tc_add_rows(dqkv, dqw, P.ldf, iw, s.T, b * s.T, s.W, h * s.hs, hs);
+#else
+  __trap();  // unreachable: the launcher asks for 8.0 code (tensor_core_attention_obstacle)
 #endif
 }

@@ -961,6 +961,12 @@ constexpr size_t kDefaultSharedBytes = 48 * 1024;
 
 // The current device's cudaDevAttrMaxSharedMemoryPerBlockOptin, queried once per device.
 size_t shared_optin_limit() {
+#ifdef FERRY_CUDA_EMULATION  // tests change the emulated GPU's limit between launches
+  int current = 0, limit = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&current));
+  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, current));
+  return static_cast<size_t>(limit);
+#else
   constexpr int kDevices = 64;
   static std::atomic<int> limits[kDevices];  // 0: not queried yet
   int device = 0;
@@ -972,6 +978,7 @@ size_t shared_optin_limit() {
     if (slot != nullptr) slot->store(v, std::memory_order_relaxed);
   }
   return static_cast<size_t>(v);
+#endif
 }
 
 struct SharedFit {
@@ -1422,6 +1429,11 @@ const char* tensor_core_attention_obstacle(DType act, DType stats, int64_t hs) {
   if (stats != DType::f32) return "f32 statistics";
   if (tc_pad(hs) > kTcMaxHead) return "a head size of at most 128";
   if (compute_major() < 8) return "a GPU of compute capability 8.0 or above";
+  // A build for older GPUs (CMAKE_CUDA_ARCHITECTURES below 80) compiles the kernels' bodies
+  // out; run through the PTX JIT on a newer GPU they would trap: what runs here must be 8.0 code.
+  cudaFuncAttributes attr{};
+  FERRY_CUDA_CHECK(cudaFuncGetAttributes(&attr, flash_forward_tc_kernel<__nv_bfloat16>));
+  if (attr.ptxVersion < 80) return "a build with kernels for compute capability 8.0 or above (CMAKE_CUDA_ARCHITECTURES)";
   for (TcPass p : {TcPass::forward, TcPass::kv, TcPass::q}) {
     if (tc_warps(p, hs) == 0) return "more shared memory per block than this GPU has";
   }

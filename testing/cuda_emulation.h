@@ -158,6 +158,9 @@ inline void launch(dim3 grid, dim3 block, size_t shared_bytes,
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         block_index = dim3(x, y, z);
+        // A GPU's shared memory holds what earlier blocks left, NaN patterns included: a
+        // kernel that reads before it writes meets NaN here rather than zeros.
+        std::memset(dynamic_shared_memory, 0xFF, shared_bytes);
         run_block(block.x);
       }
 }

@@ -40,6 +40,7 @@ struct cudaDeviceProp {
 struct cudaFuncAttributes {
   size_t sharedSizeBytes;
   int maxDynamicSharedSizeBytes, maxThreadsPerBlock;
+  int ptxVersion, binaryVersion;  // the emulated code is built for the emulated GPU
 };
 enum cudaMemoryType {
   cudaMemoryTypeUnregistered,
@@ -58,9 +59,12 @@ enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
 
 namespace ferry_emu {
 
-// The compute capability's major number every emulated GPU reports (an H100's, 9): tests
-// set a smaller one to see what needs a newer GPU refuse or step aside.
+// The compute capability's major number every emulated GPU reports (an H100's, 9), and its
+// opt-in shared memory per block (an H100's): tests set smaller ones to see what needs a
+// newer or larger GPU refuse, step aside or shrink its blocks (an A100: 166912 bytes; an
+// RTX 4090, sm_89: 101376).
 inline int compute_major = 9;
+inline size_t shared_optin = Emulator::kSharedOptin;
 
 inline Emulator& emu() { return Emulator::get(); }
 inline int& current_device() {
@@ -145,7 +149,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   p->minor = 0;
   p->totalGlobalMem = ferry_emu::emu().device_bytes();
   p->sharedMemPerBlock = ferry_emu::Emulator::kSharedDefault;
-  p->sharedMemPerBlockOptin = ferry_emu::Emulator::kSharedOptin;
+  p->sharedMemPerBlockOptin = ferry_emu::shared_optin;
   p->multiProcessorCount = 132;
   return cudaSuccess;
 }
@@ -155,7 +159,7 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
     case cudaDevAttrMaxThreadsPerBlock: *v = 1024; return cudaSuccess;
     case cudaDevAttrMaxSharedMemoryPerBlock: *v = static_cast<int>(ferry_emu::Emulator::kSharedDefault); return cudaSuccess;
     case cudaDevAttrMultiProcessorCount: *v = 132; return cudaSuccess;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = static_cast<int>(ferry_emu::Emulator::kSharedOptin); return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = static_cast<int>(ferry_emu::shared_optin); return cudaSuccess;
     case cudaDevAttrComputeCapabilityMajor: *v = ferry_emu::compute_major; return cudaSuccess;
   }
   return cudaErrorInvalidValue;
@@ -411,7 +415,7 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b)
 template <class K>
 cudaError_t cudaFuncSetAttribute(K kernel, cudaFuncAttribute a, int value) {
   if (a != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-      static_cast<size_t>(value) > ferry_emu::Emulator::kSharedOptin)
+      static_cast<size_t>(value) > ferry_emu::shared_optin)
     return cudaErrorInvalidValue;
   std::lock_guard<std::mutex> lock(ferry_emu::emu().mu);
   ferry_emu::emu().max_dynamic_shared[reinterpret_cast<const void*>(kernel)] = value;
@@ -428,5 +432,6 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, K kernel) {
   attr->maxDynamicSharedSizeBytes =
       it == m.end() ? static_cast<int>(ferry_emu::Emulator::kSharedDefault) : it->second;
   attr->maxThreadsPerBlock = 1024;
+  attr->ptxVersion = attr->binaryVersion = ferry_emu::compute_major * 10;
   return cudaSuccess;
 }

@@ -37,6 +37,11 @@ enum layout_t { mem_row_major, mem_col_major };
 template <class Use, int M, int N, int K, class T, class Layout = void>
 struct fragment {
   static_assert(M == 16 && N == 16 && K == 16, "cuda emulation: 16x16x16 fragments only");
+  static_assert(std::is_same_v<Use, accumulator> ? std::is_same_v<T, float> && std::is_void_v<Layout>
+                                                 : (std::is_same_v<Layout, row_major> || std::is_same_v<Layout, col_major>) &&
+                                                       (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>),
+                "cuda emulation: a multiplicand fragment is bf16 or f16 with row_major or col_major, an accumulator "
+                "float without a layout (as nvcc requires at 16x16x16)");
   static constexpr int rows = std::is_same_v<Use, matrix_b> ? K : M;
   static constexpr int cols = std::is_same_v<Use, matrix_a> ? K : N;
   float tile[rows * cols];  // the whole tile, row-major, in every lane
