@@ -76,6 +76,37 @@ inline const std::function<void()>* kernel_body = nullptr;
 inline Warp* warps = nullptr;
 inline unsigned char* dynamic_shared_memory = nullptr;
 
+// Warp matrix functions (testing/emu_wmma.h) must be called by all 32 lanes of a warp with
+// the same arguments. Each lane's calls since the warp last met are logged here and
+// compared whenever its lanes meet (a warp barrier, __syncthreads, the block's end).
+struct WmmaCall {
+  int op;
+  const void* p;
+  unsigned ldm;
+  int layout;
+  bool operator==(const WmmaCall&) const = default;
+};
+inline std::vector<std::vector<WmmaCall>> wmma_calls;  // per thread of the block
+
+inline void wmma_called(WmmaCall c) {
+  const unsigned t = thread_index.x;
+  if (wmma_calls.size() <= t) wmma_calls.resize(t + 1);
+  wmma_calls[t].push_back(c);
+}
+
+inline void check_wmma_calls(unsigned warp) {
+  if (wmma_calls.size() < (warp + 1) * 32) wmma_calls.resize((warp + 1) * 32);
+  for (unsigned l = 1; l < 32; ++l) {
+    if (!(wmma_calls[warp * 32 + l] == wmma_calls[warp * 32])) {
+      throw std::logic_error("cuda emulation: lanes 0 and " + std::to_string(l) + " of warp " + std::to_string(warp) +
+                             " in block (" + std::to_string(block_index.x) + ", " + std::to_string(block_index.y) +
+                             ", " + std::to_string(block_index.z) +
+                             ") made different warp matrix calls (a *_sync call every lane must make alike)");
+    }
+  }
+  for (unsigned l = 0; l < 32; ++l) wmma_calls[warp * 32 + l].clear();
+}
+
 inline unsigned char* dynamic_shared() {
   return dynamic_shared_memory;
 }
@@ -115,6 +146,7 @@ inline void run_block(unsigned n) {
       unsigned waiting = 0;
       for (unsigned l = 0; l < 32; ++l) waiting += fibers[w * 32 + l].state == Fiber::at_warp;
       if (waiting == 32) {
+        check_wmma_calls(w);
         for (unsigned l = 0; l < 32; ++l) fibers[w * 32 + l].state = Fiber::ready;
         opened = true;
       }
@@ -123,6 +155,9 @@ inline void run_block(unsigned n) {
     for (unsigned t = 0; t < n; ++t) {
       done += fibers[t].state == Fiber::done;
       at_block += fibers[t].state == Fiber::at_block;
+    }
+    if (done == n || at_block == n) {
+      for (unsigned w = 0; w < n / 32; ++w) check_wmma_calls(w);
     }
     if (done == n) return;
     if (at_block == n) {
@@ -145,6 +180,7 @@ inline void launch(dim3 grid, dim3 block, size_t shared_bytes,
   block_dim = block;
   grid_dim = grid;
   kernel_body = &kernel;
+  wmma_calls.clear();  // a kernel that threw may have left calls behind
   std::vector<unsigned char> shared(shared_bytes + 64);
   dynamic_shared_memory =
       shared.data() + (64 - reinterpret_cast<uintptr_t>(shared.data()) % 64) % 64;

@@ -10,7 +10,11 @@
 //   of the row-major tile (so a warp's mma does the GPU's 4096 multiply-adds, not 32 times
 //   that);
 // - loads need a 256-bit aligned pointer and ldm a multiple of 16 bytes: anything else is
-//   std::logic_error naming the function (a GPU's result is undefined there);
+//   std::logic_error naming the function (a GPU's result is undefined there), thrown on the
+//   lane's fiber, so the process ends with that message;
+// - every lane of the warp must make the same calls with the same pointer, ldm and layout
+//   (the *_sync functions are warp-wide): the lanes' calls are compared whenever they
+//   meet, and a difference is std::logic_error naming the warp and block;
 // - a warp's lanes share nothing through these calls: a lane's load reads the whole tile
 //   itself, and a store writes only that lane's 1/32 of the elements. So a kernel that
 //   reads a stored tile, or loads one that other lanes wrote, without __syncwarp between,
@@ -87,6 +91,7 @@ inline unsigned lane() {
 
 template <class Use, int M, int N, int K, class T, class L>
 void fill_fragment(fragment<Use, M, N, K, T, L>& f, float v) {
+  ::ferry_emu::wmma_called({1, nullptr, 0, 0});
   const float held = emu::as_held(v, static_cast<T*>(nullptr));
   for (float& x : f.tile) x = held;  // an accumulator's other lanes' elements are never read
 }
@@ -96,6 +101,7 @@ template <class Use, int M, int N, int K, class T, class L>
 void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
   static_assert(!std::is_same_v<Use, accumulator>, "accumulators load with a layout_t");
   emu::check(p, ldm, sizeof(T), "load_matrix_sync");
+  ::ferry_emu::wmma_called({2, p, ldm, std::is_same_v<L, row_major> ? 0 : 1});
   using F = fragment<Use, M, N, K, T, L>;
   for (int r = 0; r < F::rows; ++r)
     for (int c = 0; c < F::cols; ++c)
@@ -106,6 +112,7 @@ void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm)
 template <int M, int N, int K>
 void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm, layout_t layout) {
   emu::check(p, ldm, sizeof(float), "load_matrix_sync");
+  ::ferry_emu::wmma_called({3, p, ldm, static_cast<int>(layout)});
   for (int e = static_cast<int>(emu::lane()); e < M * N; e += 32) {
     const int r = e / N, c = e % N;
     f.tile[e] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
@@ -115,6 +122,7 @@ void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, 
 template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm, layout_t layout) {
   emu::check(p, ldm, sizeof(float), "store_matrix_sync");
+  ::ferry_emu::wmma_called({4, p, ldm, static_cast<int>(layout)});
   for (int e = static_cast<int>(emu::lane()); e < M * N; e += 32) {
     const int r = e / N, c = e % N;
     (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.tile[e];
@@ -124,6 +132,7 @@ void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f,
 template <int M, int N, int K, class T, class LA, class LB>
 void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, T, LA>& a,
               const fragment<matrix_b, M, N, K, T, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
+  ::ferry_emu::wmma_called({5, nullptr, 0, 0});
   for (int e = static_cast<int>(emu::lane()); e < M * N; e += 32) {
     const int m = e / N, n = e % N;
     float acc = c.tile[e];

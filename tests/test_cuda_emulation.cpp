@@ -2,18 +2,22 @@
 // defects it exists for: each test plants one (a missing event wait, a host read of
 // device memory, a host read before a synchronisation, an oversized shared-memory
 // launch, a zero leading dimension, a reduced-precision reduction, a consumer waiting for
-// unrelated collectives) and shows that the emulation turns it into a wrong value or an
+// unrelated collectives, warp matrix calls made by some lanes only, a read of a stored
+// fragment without __syncwarp, a misaligned fragment load) and shows that the emulation turns it into a wrong value or an
 // error, and that the code as written in nn/ and comm/ passes. Emulated build only.
 #define BOOST_TEST_MODULE cuda_emulation
 #include <sys/wait.h>
 
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
+#include <mma.h>
 #include <nccl.h>
 
 #include "comm/mpi_communicator.h"
@@ -58,6 +62,24 @@ float copy_across_streams(uint64_t seed, bool wait) {
   cudaFree(dst);
   cudaEventDestroy(written);
   return host[0];
+}
+
+namespace wmma = nvcuda::wmma;
+
+// A warp stores a fragment of ones into out[16][16]; `divergent`: only lanes 0-15 make the
+// store (a *_sync call every lane must make). Each lane then reads one element of its own
+// 8 (`synced`: after __syncwarp) into seen[lane].
+__global__ void store_ones(float* out, float* seen, bool divergent, bool synced) {
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+  wmma::fill_fragment(acc, 1.0f);
+  if (!divergent || threadIdx.x % 32 < 16) wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
+  if (synced) __syncwarp();
+  seen[threadIdx.x] = out[(threadIdx.x * 8 + 7) % 256];
+}
+
+__global__ void load_from(const __nv_bfloat16* p, unsigned ldm) {
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+  wmma::load_matrix_sync(a, p, ldm);
 }
 
 }  // namespace
@@ -273,4 +295,38 @@ BOOST_AUTO_TEST_CASE(a_consumer_waits_only_for_its_own_collective) {
   std::vector<float> got(static_cast<size_t>(8 * W));
   dev->copy_to_host(got.data(), b);
   for (float x : got) BOOST_TEST(x == 1.0f);
+}
+
+// Warp matrix functions (testing/emu_wmma.h): a store only half the warp makes is reported
+// when the lanes meet; lanes reading a stored tile without __syncwarp read stale values
+// (each lane holds and writes only its share of an accumulator), with it the whole tile;
+// a load from an address that is not 256-bit aligned ends the kernel's process.
+BOOST_AUTO_TEST_CASE(warp_matrix_defects_are_caught) {
+  alignas(64) float out[256];
+  float seen[32];
+  auto run = [&](bool divergent, bool synced) {
+    std::fill(std::begin(out), std::end(out), -1.0f);
+    std::fill(std::begin(seen), std::end(seen), 0.0f);
+    ferry_emu::launch(dim3(1), dim3(32), 0, [&] { store_ones(out, seen, divergent, synced); });
+  };
+  BOOST_CHECK_EXCEPTION(run(true, true), std::logic_error, [](const std::logic_error& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return std::string(e.what()).find("different warp matrix calls") != std::string::npos;
+  });
+  run(false, false);  // the planted defect: no __syncwarp between the store and the reads
+  BOOST_TEST(std::count(std::begin(seen), std::end(seen), -1.0f) > 0);
+  run(false, true);
+  BOOST_TEST(std::count(std::begin(seen), std::end(seen), 1.0f) == 32);
+  alignas(64) __nv_bfloat16 tile[16 * 24] = {};
+  ferry_emu::launch(dim3(1), dim3(32), 0, [&] { load_from(tile, 24); });  // aligned, ldm 48 bytes
+  std::fflush(nullptr);
+  const pid_t child = fork();
+  if (child == 0) {
+    std::signal(SIGABRT, SIG_DFL);  // not Boost.Test's handler: the child is to die of it
+    ferry_emu::launch(dim3(1), dim3(32), 0, [&] { load_from(tile + 8, 24); });  // 16 bytes off
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  BOOST_TEST((WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT));  // thrown on a fiber: terminate
 }
