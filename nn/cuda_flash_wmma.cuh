@@ -36,7 +36,7 @@
 namespace wmma = nvcuda::wmma;
 
 constexpr int kTcTile = 64;       // positions of the other side per tile
-constexpr int kTcMaxHead = 128;   // hp at most: shared memory (the dK/dV pass needs ~190 KB there)
+constexpr int kTcMaxHead = 128;   // hp at most: shared memory (the dK/dV pass needs 187 KiB there at 4 warps)
 constexpr int kTcRowsPerWarp = 16;
 
 __host__ __device__ constexpr int64_t tc_pad(int64_t hs) {
