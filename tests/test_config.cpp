@@ -3,6 +3,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -74,8 +75,10 @@ BOOST_AUTO_TEST_CASE(wrong_types_and_ranges_name_the_key) {
   BOOST_TEST(has(e, "key 'model.n_head' must be an integer, got \"4\""), e);
   e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"model", {{"n_layer", 0}}}}); });
   BOOST_TEST(has(e, "key 'model.n_layer' must be >= 1, got 0"), e);
-  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"lr", 0}}}}}}); });
-  BOOST_TEST(has(e, "'optimizer.params.lr' must be > 0"), e);
+  // lr 0 is taken (PyTorch and DeepSpeed take it; people check a pipeline with it); below 0 is not.
+  BOOST_TEST(from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"lr", 0}}}}}}).optimizer.lr == 0.0);
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"lr", -1e-5}}}}}}); });
+  BOOST_TEST(has(e, "'optimizer.params.lr' must be >= 0"), e);
   e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"optimizer", {{"params", {{"betas", {0.9, 1.0}}}}}}}); });
   BOOST_TEST(has(e, "betas in [0, 1)"), e);
   e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}, {"format", "csv"}}}}); });
@@ -394,4 +397,110 @@ BOOST_AUTO_TEST_CASE(llama_keys) {
   BOOST_TEST(q.llama.tie_embeddings);
   e = error_of<ConfigError>([] { from(kMinimal, {"model.preset=llama-8b", "data.format=uint16"}); });
   BOOST_TEST(has(e, "data.format 'uint16' holds token ids below 65536 but model.vocab_size is 128256"), e);
+}
+
+// Hugging Face Trainer names: the common ones are ferry's keys under another spelling, the
+// schedule words become the DeepSpeed scheduler with the Trainer's curve, the rest say what
+// to set instead.
+BOOST_AUTO_TEST_CASE(trainer_names_are_taken_as_ferrys_keys) {
+  Config c = from({{"data", {{"path", "x"}}},
+                   {"learning_rate", 2e-5},
+                   {"gradient_checkpointing", true},
+                   {"per_device_train_batch_size", 4},
+                   {"gradient_accumulation_steps", 2},
+                   {"max_steps", 40},
+                   {"save_steps", 10},
+                   {"save_total_limit", 3},
+                   {"logging_steps", 5},
+                   {"weight_decay", 0.01},
+                   {"max_grad_norm", 0.5},
+                   {"adam_beta2", 0.95},
+                   {"seed", 7},
+                   {"bf16", true},
+                   {"resume_from_checkpoint", true},
+                   {"checkpoint", {{"dir", "ck"}}}});
+  BOOST_TEST(c.optimizer.lr == 2e-5);
+  BOOST_TEST(c.activation_checkpointing);
+  BOOST_TEST(c.micro_batch == 4);
+  BOOST_TEST(c.grad_accum == 2);
+  BOOST_TEST(c.train.steps == 40);
+  BOOST_TEST(c.checkpoint.every_steps == 10);
+  BOOST_TEST(c.checkpoint.keep_last == 3);
+  BOOST_TEST(c.log.every == 5);
+  BOOST_TEST(c.optimizer.weight_decay == 0.01);
+  BOOST_TEST(c.grad_clip == 0.5);
+  BOOST_TEST(c.optimizer.beta1 == 0.9);
+  BOOST_TEST(c.optimizer.beta2 == 0.95);
+  BOOST_TEST(c.model_seed == 7u);
+  BOOST_TEST(c.data.seed == 7u);
+  BOOST_TEST(c.bf16);
+  BOOST_TEST(c.checkpoint.resume == "auto");
+  const auto said = [&](const std::string& line) {
+    return std::find(c.trainer_keys.begin(), c.trainer_keys.end(), line) != c.trainer_keys.end();
+  };
+  BOOST_TEST(said("learning_rate = 2e-05 -> optimizer.params.lr"));
+  BOOST_TEST(said("resume_from_checkpoint = true -> checkpoint.resume = \"auto\""));
+  // --set takes them too; ferry's own section `bf16` stays an object.
+  c = from(kMinimal, {"learning_rate=3e-4", "gradient_checkpointing=true"});
+  BOOST_TEST(c.optimizer.lr == 3e-4);
+  BOOST_TEST(c.activation_checkpointing);
+  BOOST_TEST(from({{"data", {{"path", "x"}}}, {"bf16", {{"enabled", true}}}}).bf16);
+  // The same setting twice with two values is an error naming both spellings.
+  std::string e = error_of<ConfigError>(
+      [] { from({{"data", {{"path", "x"}}}, {"learning_rate", 1e-4}, {"optimizer", {{"params", {{"lr", 1e-3}}}}}}); });
+  BOOST_TEST(has(e, "key 'learning_rate' is 0.0001 but 'optimizer.params.lr' is 0.001"), e);
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"optim", "adamw_bnb_8bit"}}); });
+  BOOST_TEST(has(e, "key 'optim' is \"adamw_bnb_8bit\""), e);
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"max_steps", -1}}); });
+  BOOST_TEST(has(e, "ferry counts optimizer steps"), e);
+}
+
+BOOST_AUTO_TEST_CASE(trainer_schedule_words_give_the_trainers_curve) {
+  // linear with warmup_ratio 0.1 of 50 steps: 5 warmup steps from 0 to the lr, then linear to 0.
+  Config c = from({{"data", {{"path", "x"}}}, {"learning_rate", 1e-4}, {"lr_scheduler_type", "linear"},
+                   {"warmup_ratio", 0.1}, {"max_steps", 50}});
+  BOOST_TEST(c.scheduler.type == "WarmupDecayLR");
+  BOOST_TEST(c.scheduler.warmup_num_steps == 5);
+  BOOST_TEST(c.scheduler.warmup_type == "linear");
+  BOOST_TEST(c.scheduler.warmup_max_lr == 1e-4);
+  BOOST_TEST(c.scheduler.total_num_steps == 50);
+  // transformers' get_linear_schedule_with_warmup at steps 0, 2, 5, 30, 50.
+  const auto hf_linear = [](int64_t s) { return s < 5 ? 1e-4 * s / 5.0 : 1e-4 * std::max(0.0, (50.0 - s) / 45.0); };
+  for (int64_t s : {2, 5, 30, 50}) {
+    BOOST_TEST(std::abs(learning_rate(c.scheduler, c.optimizer.lr, s) - hf_linear(s)) <= 1e-12, "step " << s);
+  }
+  // cosine: to 0 at the end (cos_min_ratio 0), ceil of the ratio as the Trainer rounds.
+  c = from({{"data", {{"path", "x"}}}, {"lr_scheduler_type", "cosine"}, {"warmup_ratio", 0.03}, {"max_steps", 100}});
+  BOOST_TEST(c.scheduler.type == "WarmupCosineLR");
+  BOOST_TEST(c.scheduler.warmup_num_steps == 3);
+  BOOST_TEST(c.scheduler.cos_min_ratio == 0.0);
+  // DeepSpeed's WarmupCosineLR counts the first decay step as done: transformers'
+  // get_cosine_schedule_with_warmup one step later (docs/finetune.md says so).
+  const auto hf_cosine = [&](int64_t s) {
+    return c.optimizer.lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(s - 3) / 97.0));
+  };
+  for (int64_t s : {3, 50, 99}) {
+    BOOST_TEST(std::abs(learning_rate(c.scheduler, c.optimizer.lr, s) - hf_cosine(s + 1)) <= 1e-15, "step " << s);
+  }
+  // warmup_steps alone: the Trainer's default schedule, linear.
+  c = from(kMinimal, {"warmup_steps=20", "max_steps=200"});
+  BOOST_TEST(c.scheduler.type == "WarmupDecayLR");
+  BOOST_TEST(c.scheduler.warmup_num_steps == 20);
+  c = from({{"data", {{"path", "x"}}}, {"lr_scheduler_type", "constant"}});
+  BOOST_TEST(c.scheduler.type.empty());
+  std::string e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"lr_scheduler_type", "polynomial"}}); });
+  BOOST_TEST(has(e, "ferry runs linear, cosine, constant and constant_with_warmup"), e);
+  e = error_of<ConfigError>([] {
+    from({{"data", {{"path", "x"}}}, {"lr_scheduler_type", "cosine"}, {"scheduler", {{"type", "WarmupLR"}}}});
+  });
+  BOOST_TEST(has(e, "both set the schedule"), e);
+}
+
+BOOST_AUTO_TEST_CASE(other_trainer_names_say_what_to_set) {
+  std::string e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"num_train_epochs", 3}}); });
+  BOOST_TEST(has(e, "unknown key 'num_train_epochs': ferry counts optimizer steps: set train.steps"), e);
+  e = error_of<ConfigError>([] { from({{"data", {{"path", "x"}}}, {"output_dir", "out"}}); });
+  BOOST_TEST(has(e, "checkpoint.dir"), e);
+  e = error_of<ConfigError>([] { from(kMinimal, {"max_seq_length=2048"}); });
+  BOOST_TEST(has(e, "--set max_seq_length=2048: unknown key 'max_seq_length': the sequence length is model.block_size"), e);
 }

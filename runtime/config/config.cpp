@@ -11,6 +11,7 @@
 #include "runtime/config/hf_config.h"
 #include "runtime/config/deepspeed_config.h"
 #include "runtime/config/fsdp_config.h"
+#include "runtime/config/trainer_keys.h"
 
 namespace ferry::runtime {
 
@@ -24,6 +25,7 @@ namespace {
 
 std::string unknown_key_message(const std::string& path) {
   std::string msg = "unknown key '" + path + "'";
+  if (const std::string hint = trainer_key_hint(path); !hint.empty()) return msg + ": " + hint;
   const std::string near = closest_key(path);
   if (!near.empty()) msg += " (did you mean '" + near + "'?)";
   return msg;
@@ -291,9 +293,13 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
                         const std::vector<std::string>& overrides, int world_size) {
   if (!doc.is_object()) fail(source, "the configuration must be a JSON object");
   // Defaults, then a preset's shape, then what the file and --set give (checked first).
+  // Hugging Face Trainer names move to ferry's keys first (runtime/config/trainer_keys.h).
+  TrainerKeys trainer;
   json user = json::object();
-  merge_document(user, doc, "", source, base_dir);
-  for (const std::string& o : overrides) apply_override(user, o);
+  merge_document(user, translate_trainer_keys(doc, source, trainer), "", source, base_dir);
+  for (const std::string& o : overrides)
+    for (const std::string& arg : translate_trainer_override(o, trainer)) apply_override(user, arg);
+  apply_trainer_schedule(user, trainer);
   json resolved = json::object();
   for (const Knob& k : config_knobs()) set_path(resolved, k.path, k.default_value);
   if (const json* preset = get_path(user, "model.preset"); preset && preset->is_string()) {
@@ -309,6 +315,7 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   // rules then check the keys against each other and derive what several keys decide.
   Config c;
   c.world_size = world_size;
+  c.trainer_keys = trainer.applied;
   for (const Knob& k : config_knobs()) {
     const json& v = *get_path(resolved, k.path);
     if (!k.bind || v.is_null()) continue;  // null: absent, the field's initialiser stands for it

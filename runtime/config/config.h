@@ -107,6 +107,9 @@ struct Config {
     std::vector<std::string> ignored;    // its keys that do not change what is computed (runtime/config/fsdp_config.h)
     std::vector<std::string> warnings;   // sentences for the log (accelerate's num_processes not the world size)
   } fsdp;
+  // Hugging Face Trainer names taken as ferry's keys: "learning_rate = 2e-05 ->
+  // optimizer.params.lr" (runtime/config/trainer_keys.h), for the run's header.
+  std::vector<std::string> trainer_keys;
   nlohmann::json resolved;  // every effective value, for printing and for the metrics header
 
   int64_t global_batch() const { return micro_batch * grad_accum * world_size; }
