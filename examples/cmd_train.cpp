@@ -77,6 +77,7 @@ int train(const TrainArgs& a) {
   runtime::Config config;
   try {
     config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path, fsdp_path);
+    runtime::create_nvme_folders(config);  // as DeepSpeed does; an error names the file and key
   } catch (const runtime::ConfigError& e) {
     // Every rank reads the same file and finds the same error: rank 0 reports it.
     if (rank == 0) std::cerr << "ferry train: config error: " << e.what() << "\n";

@@ -257,3 +257,196 @@ BOOST_AUTO_TEST_CASE(tensorboard_and_csv_monitor_sections) {
   const std::string e = error_of<ConfigError>([&] { load_config(kModel, {}, 1, bad); });
   BOOST_TEST(has(e, bad + ": key 'tensorboard.enabled': must be true or false"), e);
 }
+
+// Issue 37: the files users already have (tests/data/user_files/configs, sources in its README).
+namespace {
+const std::string kUser = kSource + "/tests/data/user_files/configs/";
+}  // namespace
+
+// Axolotl's ZeRO-3 files: max_live_parameters 0 is DeepSpeed's "nothing gathered ahead"
+// (its schema takes ge=0); a bad value is named as the file writes it; --set replaces a
+// file's value before the value is checked.
+BOOST_AUTO_TEST_CASE(axolotl_zero3_max_live_parameters_zero) {
+  const Config c = load_config(kModel, {}, 1, kUser + "axolotl_zero3_bf16.json");
+  BOOST_TEST(c.zero.stage == 3);
+  BOOST_TEST(c.zero.max_live_parameters == 0);
+  BOOST_TEST(c.zero.prefetch_bucket_size == 14745);  // "auto": floor(0.9 x 128^2)
+  BOOST_TEST(c.bf16);
+  for (const char* k : {"zero_optimization.max_reuse_distance", "zero_optimization.param_persistence_threshold",
+                        "zero_optimization.sub_group_size", "zero_optimization.gather_16bit_weights_on_model_save"}) {
+    BOOST_TEST(contains(c.deepspeed.ignored, k), k);
+  }
+  ferry::test::TempDir dir("ds_live");
+  const std::string bad = write(dir.path / "bad.json", {{"zero_optimization", {{"stage", 3}, {"max_live_parameters", -1}}}});
+  const std::string e = error_of<ConfigError>([&] { load_config(kModel, {}, 1, bad); });
+  BOOST_TEST(has(e, bad + ": key 'zero_optimization.max_live_parameters' must be >= 0, got -1"), e);
+  const Config o = load_config(kModel, {"zero_optimization.stage3_max_live_parameters=5000"}, 1, bad);
+  BOOST_TEST(o.zero.max_live_parameters == 5000);
+  // A key both files set differently names the DeepSpeed spelling and ferry's.
+  const std::string ferry = write(dir.path / "ferry.json", [] {
+    json d = model_doc();
+    d["zero_optimization"]["stage3_max_live_parameters"] = 10;
+    return d;
+  }());
+  const std::string zero = write(dir.path / "zero.json", {{"zero_optimization", {{"max_live_parameters", 0}}}});
+  const std::string m = error_of<ConfigError>([&] { load_config(ferry, {}, 1, zero); });
+  BOOST_TEST(has(m, "key 'zero_optimization.max_live_parameters' ('zero_optimization.stage3_max_live_parameters') is 0 here but 10"), m);
+}
+
+// Keys that would change the run are refused, their harmless values listed: tensor and
+// sequence parallelism of one rank, bf16 master weights off, LoCo (ZeRO++ only).
+BOOST_AUTO_TEST_CASE(parallelism_and_precision_keys) {
+  const std::string e = error_of<ConfigError>([&] { load_config(kModel, {}, 2, kUser + "ds_autotp_size2.json"); });
+  BOOST_TEST(has(e, "ds_autotp_size2.json: key 'tensor_parallel.autotp_size': tensor parallelism (AutoTP) over 2 ranks"), e);
+  BOOST_TEST(has(e, "the global batch and the run would change"), e);
+  ferry::test::TempDir dir("ds_parallel");
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"sequence_parallel_size", 4}}, "key 'sequence_parallel_size': sequence parallelism (Ulysses) over 4 ranks"},
+      {{{"tensor_parallel", {{"tp", {{"tp_size", 2}}}}}}, "key 'tensor_parallel.tp.tp_size'"},
+      {{{"tensor_parallel", {{"autotp_size", "2"}}}}, "key 'tensor_parallel.autotp_size': must be a whole number"},
+      {{{"bf16", {{"enabled", true}, {"bf16_master_weights_and_grads", true}}}}, "key 'bf16.bf16_master_weights_and_grads'"},
+      {{{"torch_autocast", {{"enabled", true}}}}, "key 'torch_autocast'"},
+      {{{"scheduler", {{"type", "WarmupLR"}, {"params", {{"last_batch_iteration", 99}}}}}}, "key 'scheduler.params.last_batch_iteration'"},
+  };
+  int n = 0;
+  for (const auto& [doc, part] : refused) {
+    const std::string ds = write(dir.path / (std::to_string(n++) + "r.json"), doc);
+    const std::string r = error_of<ConfigError>([&] { load_config(kModel, {}, 1, ds); });
+    BOOST_TEST(has(r, ds + ": " + part), r);
+  }
+  const std::string ok = write(dir.path / "ok.json", {{"tensor_parallel", {{"autotp_size", 1}}},
+                                                      {"sequence_parallel_size", 1},
+                                                      {"zero_optimization", {{"stage", 2}, {"zeropp_loco_param", {{"err_beta", 0.8}}}}},
+                                                      {"torch_autocast", {{"enabled", false}}}});
+  const Config c = load_config(kModel, {}, 1, ok);
+  for (const char* k : {"tensor_parallel.autotp_size", "sequence_parallel_size", "zero_optimization.zeropp_loco_param.err_beta",
+                        "torch_autocast.enabled"}) {
+    BOOST_TEST(contains(c.deepspeed.ignored, k), k);
+  }
+}
+
+// train_batch_size from the DeepSpeed file: the error names that file, and ferry's file for
+// the micro batch it gave.
+BOOST_AUTO_TEST_CASE(batch_error_names_the_file_of_the_value) {
+  const std::string ds = kUser + "ds_batch_mismatch.json";
+  const std::string e = error_of<ConfigError>([&] { load_config(kModel, {}, 1, ds); });
+  BOOST_TEST(has(e, ds + ": train_batch_size (64) must equal train_micro_batch_size_per_gpu (4) x "
+                         "gradient_accumulation_steps (1) x world size (1) = 4"), e);
+  ferry::test::TempDir dir("ds_batch");
+  const std::string ferry = write(dir.path / "ferry.json", [] {
+    json d = model_doc();
+    d["train_micro_batch_size_per_gpu"] = 3;
+    return d;
+  }());
+  const std::string only = write(dir.path / "tbs.json", {{"train_batch_size", 64}, {"gradient_accumulation_steps", 2}});
+  const std::string m = error_of<ConfigError>([&] { load_config(ferry, {}, 2, only); });
+  BOOST_TEST(has(m, only + ": train_batch_size (64) must equal train_micro_batch_size_per_gpu (3, from " + ferry + ")"), m);
+}
+
+// accelerate YAMLs of the DeepSpeed kind, inline keys or deepspeed_config_file, through
+// --deepspeed and --fsdp; the other kinds go where they belong or are refused.
+BOOST_AUTO_TEST_CASE(accelerate_deepspeed_yaml) {
+  const Config t = load_config(kModel, {}, 2, kUser + "trl_deepspeed_zero3.yaml");
+  BOOST_TEST(t.zero.stage == 3);
+  BOOST_TEST(t.fp16);
+  BOOST_TEST(!t.bf16);
+  BOOST_TEST(t.grad_accum == 1);
+  BOOST_TEST(t.offload.optimizer_device == "none");
+  BOOST_TEST(t.grad_clip == 1.0);  // accelerate's "auto": ferry's default, as the Trainer's max_grad_norm
+  BOOST_TEST(contains(t.deepspeed.resolved, "deepspeed_config.zero_stage = 3 -> zero_optimization.stage = 3"));
+  BOOST_TEST(contains(t.deepspeed.resolved, "mixed_precision = fp16 -> bf16.enabled = false, fp16.enabled = true"));
+  for (const char* k : {"deepspeed_config.zero3_init_flag", "deepspeed_config.deepspeed_multinode_launcher", "machine_rank",
+                        "tpu_env", "rdzv_backend"}) {
+    BOOST_TEST(contains(t.deepspeed.ignored, k), k);
+  }
+  BOOST_TEST(t.deepspeed.warnings.size() == 1u);
+  BOOST_TEST(has(t.deepspeed.warnings.at(0), "num_processes is 8 but the run has 2 rank(s)"));
+
+  const Config h = load_config(kModel, {}, 1, "", kUser + "handbook_deepspeed_zero3.yaml");  // --fsdp
+  BOOST_TEST(h.zero.stage == 3);
+  BOOST_TEST(h.bf16);
+  BOOST_TEST(h.offload.optimizer_device == "cpu");
+  BOOST_TEST(h.offload.param_device == "cpu");
+  BOOST_TEST(h.deepspeed.path == kUser + "handbook_deepspeed_zero3.yaml");
+  BOOST_TEST(has(h.deepspeed.warnings.at(0), "distributed_type DEEPSPEED, read as --deepspeed reads it"));
+
+  const Config f = load_config(kModel, {}, 2, kUser + "accelerate_ds_file.yaml");
+  BOOST_TEST(f.zero.stage == 2);
+  BOOST_TEST(f.offload.optimizer_device == "cpu");
+  BOOST_TEST(f.zero.reduce_bucket_size == 200'000'000);
+  BOOST_TEST(contains(f.deepspeed.ignored, "zero_optimization.reduce_scatter"));
+  BOOST_TEST(contains(f.deepspeed.resolved, "deepspeed_config.deepspeed_config_file = ds_config_zero2.json -> the DeepSpeed "
+                                            "keys of " + kUser + "ds_config_zero2.json"));
+
+  ferry::test::TempDir dir("accelerate_ds");
+  const auto yaml = [&](const std::string& name, const std::string& text) {
+    const fs::path p = dir.path / name;
+    std::ofstream(p) << text;
+    return p.string();
+  };
+  const std::string head = "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n";
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {head + "deepspeed_config:\n  zero_stage: 7\n", "key 'deepspeed_config.zero_stage' must be in [0, 3], got 7"},
+      {head + "deepspeed_config:\n  zero_stag: 3\n", "key 'deepspeed_config.zero_stag': is not a key of accelerate's "
+                                                     "deepspeed_config; did you mean 'zero_stage'?"},
+      {head + "deepspeed_config:\n  offload_optimizer_device: disk\n  zero_stage: 2\n",
+       "key 'deepspeed_config.offload_optimizer_device' must be one of none, cpu, nvme, got \"disk\""},
+      {head + "deepspeed_config:\n  deepspeed_config_file: ds.json\n  zero_stage: 3\n",
+       "key 'deepspeed_config.zero_stage': is set beside deepspeed_config_file, which accelerate refuses"},
+      {head + "deepspeed_config:\n  deepspeed_config_file: missing.json\n", "key 'deepspeed_config.deepspeed_config_file': names missing.json"},
+      {head + "mixed_precision: fp8\n", "key 'mixed_precision': fp8 training is not implemented"},
+      {head + "num_procesess: 2\n", "key 'num_procesess': is not an accelerate key ferry knows"},
+      {head + "parallelism_config:\n  parallelism_config_tp_size: 2\n", "key 'parallelism_config.parallelism_config_tp_size'"},
+      {"compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\n", "key 'distributed_type': is MULTI_GPU, not DEEPSPEED or FSDP"},
+  };
+  int n = 0;
+  for (const auto& [text, part] : refused) {
+    const std::string p = yaml(std::to_string(n++) + "r.yaml", text);
+    const std::string e = error_of<ConfigError>([&] { load_config(kModel, {}, 1, p); });
+    BOOST_TEST(has(e, p + ": " + part), e);
+  }
+  // The file's explicit precision against the YAML's: refused; "auto" takes the YAML's.
+  write(dir.path / "ds.json", {{"fp16", {{"enabled", true}}}, {"zero_optimization", {{"stage", 1}}}});
+  const std::string clash = yaml("clash.yaml", head + "deepspeed_config:\n  deepspeed_config_file: ds.json\nmixed_precision: bf16\n");
+  const std::string ce = error_of<ConfigError>([&] { load_config(kModel, {}, 1, clash); });
+  BOOST_TEST(has(ce, clash + ": key 'mixed_precision': is bf16 but " + (dir.path / "ds.json").string() + " enables fp16"), ce);
+  write(dir.path / "auto.json", {{"bf16", {{"enabled", "auto"}}}, {"zero_optimization", {{"stage", 1}}}});
+  const Config a = load_config(kModel, {}, 1, yaml("auto.yaml", head + "deepspeed_config:\n  deepspeed_config_file: auto.json\nmixed_precision: bf16\n"));
+  BOOST_TEST(a.bf16);
+  BOOST_TEST(a.zero.stage == 1);
+  // An inline key accelerate does not read is listed as such; accelerate's defaults apply.
+  const Config d = load_config(kModel, {}, 1, yaml("d.yaml", head + "deepspeed_config:\n  stage3_max_live_parameters: 1e9\n"));
+  BOOST_TEST(d.zero.stage == 2);
+  BOOST_TEST(contains(d.deepspeed.ignored, "deepspeed_config.stage3_max_live_parameters (accelerate does not pass it to DeepSpeed)"));
+  // JSON with a leading comment is JSON; YAML with one is YAML.
+  const std::string commented = yaml("c.conf", "// ZeRO-1\n{\"zero_optimization\": {\"stage\": 1}}\n");
+  BOOST_TEST(load_config(kModel, {}, 1, commented).zero.stage == 1);
+  const Config y = load_config(kModel, {}, 1, yaml("plain.yaml", "# a DeepSpeed file in YAML\nzero_optimization:\n  stage: 1\n"));
+  BOOST_TEST(y.zero.stage == 1);
+  // An FSDP accelerate file given to --deepspeed is read as --fsdp reads it.
+  const Config s = load_config(kSource + "/examples/configs/llama-tiny.json", {}, 2, kSource + "/examples/fsdp/accelerate_fsdp.yaml");
+  BOOST_TEST(s.zero.stage == 3);
+  BOOST_TEST(has(s.fsdp.warnings.at(0), "distributed_type FSDP, read as --fsdp reads it"));
+}
+
+// nvme_path folders that do not exist yet are created, as DeepSpeed does; where one cannot
+// be, the error names the folder, the file, the key and the OS error.
+BOOST_AUTO_TEST_CASE(nvme_folders_created) {
+  ferry::test::TempDir dir("ds_nvme_new");
+  fs::copy_file(kUser + "ds_nvme_new_folder.json", dir.path / "ds.json");
+  const Config c = load_config(kModel, {}, 1, (dir.path / "ds.json").string());
+  BOOST_TEST(c.nvme_folders.size() == 2u);
+  BOOST_TEST(!fs::exists(dir.path / "nvme-swap"));  // loading alone creates nothing
+  create_nvme_folders(c);
+  BOOST_TEST(fs::is_directory(dir.path / "nvme-swap/optimizer"));
+  BOOST_TEST(fs::is_directory(dir.path / "nvme-swap/params"));
+  create_nvme_folders(c);  // existing: nothing to do
+  std::ofstream(dir.path / "file") << "x";
+  const std::string ds = write(dir.path / "under_file.json",
+                               {{"zero_optimization", {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "file/swap"}}}}}});
+  const Config u = load_config(kModel, {}, 1, ds);
+  const std::string e = error_of<ConfigError>([&] { create_nvme_folders(u); });
+  BOOST_TEST(has(e, ds + ": key 'zero_optimization.offload_optimizer.nvme_path': cannot create the nvme_path folder " +
+                        (dir.path / "file/swap").string() + ": "), e);
+  BOOST_TEST(has(e, "Not a directory"), e);
+}

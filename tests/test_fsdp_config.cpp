@@ -333,3 +333,43 @@ BOOST_AUTO_TEST_CASE(trainer_string_form) {
   // Not the Trainer's words and not a file: a missing file.
   BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", "full_shard turbo"); }), "cannot open"));
 }
+
+// Issue 37: a Trainer fsdp_config of 2025 (FSDP2 keys, fsdp_cuda_graphs) runs; every key is
+// applied (with what it did), listed as ignored, or refused.
+BOOST_AUTO_TEST_CASE(trainer_fsdp2_file_every_key_accounted) {
+  const std::string file = kSource + "/tests/data/user_files/configs/trainer_fsdp_config.json";
+  const Config c = load_config(kGpt, {}, 2, "", file);
+  BOOST_TEST(c.zero.stage == 3);
+  BOOST_TEST(c.zero.overlap_comm);
+  for (const char* k : {"fsdp_cuda_graphs", "fsdp_version", "fsdp_use_orig_params", "fsdp_sync_module_states"}) {
+    BOOST_TEST(contains(c.fsdp.ignored, k), k);
+  }
+  BOOST_TEST(c.fsdp.ignored.size() == 4u);
+  const json doc = json::parse(std::ifstream(file));
+  for (const auto& [key, value] : doc.items()) {
+    const bool listed = contains(c.fsdp.ignored, key) ||
+                        std::any_of(c.fsdp.resolved.begin(), c.fsdp.resolved.end(),
+                                    [&](const std::string& line) { return line.starts_with(key + " = "); });
+    BOOST_TEST(listed, key);
+  }
+  BOOST_TEST(contains(c.fsdp.resolved, "fsdp_reshard_after_forward = true -> zero_optimization.stage = 3 (parameters "
+                                       "freed after forward, gathered again in backward)"));
+  ferry::test::TempDir dir("fsdp_issue37");
+  // CUDA graphs replay the same kernels on the same data: true is ignored too.
+  BOOST_TEST(contains(load_config(kGpt, {}, 2, "", write(dir.path / "g.json", json{{"fsdp_cuda_graphs", true}})).fsdp.ignored,
+                      "fsdp_cuda_graphs"));
+  const Config r = load_config(kGpt, {}, 2, "", write(dir.path / "r.json", json{{"fsdp_reshard_after_forward", false}}));
+  BOOST_TEST(contains(r.fsdp.resolved, "fsdp_reshard_after_forward = false -> zero_optimization.stage = 2 (parameters "
+                                       "stay gathered from forward to backward, as SHARD_GRAD_OP)"));
+  const std::string both = write(dir.path / "b.json", json{{"fsdp_reshard_after_forward", true}, {"fsdp_sharding_strategy", "SHARD_GRAD_OP"}});
+  const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", both); });
+  BOOST_TEST(has(e, both + ": key 'fsdp_reshard_after_forward': true frees parameters after forward (FULL_SHARD), but "
+                           "fsdp_sharding_strategy keeps them (stage 2)"), e);
+  // FSDP2's MixedPrecisionPolicy: the parameters' dtype computes; reductions stay fp32.
+  const Config m = load_config(kGpt, {}, 2, "", write(dir.path / "m.json", json{{"mixed_precision_policy",
+                                                                                 {{"param_dtype", "bfloat16"}, {"reduce_dtype", "float32"}}}}));
+  BOOST_TEST(m.bf16);
+  const std::string low = write(dir.path / "low.json", json{{"mixed_precision_policy", {{"param_dtype", "bfloat16"}, {"reduce_dtype", "bfloat16"}}}});
+  BOOST_TEST(has(error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", low); }),
+                 low + ": key 'mixed_precision_policy.reduce_dtype': ferry reduces gradients and returns outputs in fp32 only"));
+}

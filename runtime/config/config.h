@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -100,6 +101,8 @@ struct Config {
     std::string path;                          // "" = no --deepspeed file
     std::vector<std::string> autos_resolved;   // "key = value" for each "auto" in it
     std::vector<std::string> ignored;          // its keys ferry ignores (runtime/config/deepspeed_config.h)
+    std::vector<std::string> resolved;         // an accelerate YAML's keys: "key = value -> ferry key = value"
+    std::vector<std::string> warnings;         // sentences for the log (num_processes, a file read by the other flag)
   } deepspeed;
   struct {
     std::string path;                    // "" = no --fsdp (a file, or the Trainer's string form)
@@ -110,6 +113,9 @@ struct Config {
   // Hugging Face Trainer names taken as ferry's keys: "learning_rate = 2e-05 ->
   // optimizer.params.lr" (runtime/config/trainer_keys.h), for the run's header.
   std::vector<std::string> trainer_keys;
+  // Each nvme_path folder of an offload on nvme and where it was set ("FILE: key 'k'", or
+  // the --set argument), for create_nvme_folders.
+  std::vector<std::pair<std::string, std::string>> nvme_folders;
   nlohmann::json resolved;  // every effective value, for printing and for the metrics header
 
   int64_t global_batch() const { return micro_batch * grad_accum * world_size; }
@@ -131,10 +137,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                    int world_size = 1, const std::string& deepspeed_path = "",
                    const std::string& fsdp_path = "");
 // The same from an in-memory document; `source` names it in errors, `base_dir` resolves
-// relative paths.
+// relative paths. `origins`: key path -> the file that gave the value where it is not
+// `source` (a --deepspeed file's keys), for the cross-key errors to name.
 Config config_from_json(const nlohmann::json& doc, const std::string& source,
                         const std::string& base_dir, const std::vector<std::string>& overrides,
-                        int world_size = 1);
+                        int world_size = 1, const std::map<std::string, std::string>& origins = {});
+
+// Creates every nvme_path folder the run offloads to that does not exist yet, as DeepSpeed
+// does (its parents too); run by each rank before training (a node-local folder on each
+// node). Throws ConfigError naming the folder, the file and key that set it, and the OS
+// error, where one cannot be created or is not a folder.
+void create_nvme_folders(const Config& c);
 
 // "512MiB", "2GiB", "1.5GB", "1000" -> bytes. Throws ConfigError naming `what`.
 // The model the configuration describes (nn::GPT or nn::Llama), on `device`, computing in

@@ -2,6 +2,7 @@
 // the error every check throws. Pure functions; no state.
 #pragma once
 
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -26,8 +27,9 @@ nlohmann::json model_preset(const std::string& name);
 // The cross-key rules, after every knob is stored in `c`: consistency checks (throw
 // ConfigError naming `source` and the keys), values derived from several keys (compute
 // dtype, Llama's shape, DeepSpeed's batch arithmetic and scheduler defaults) and the
-// matching edits of `resolved`. `user` holds only what the file and --set gave.
+// matching edits of `resolved`. `user` holds only what the file and --set gave; `origins`
+// names the file of a key that did not come from `source` (a --deepspeed file's batch keys).
 void apply_rules(nlohmann::json& resolved, const nlohmann::json& user, Config& c,
-                 const std::string& source);
+                 const std::string& source, const std::map<std::string, std::string>& origins = {});
 
 }  // namespace ferry::runtime::detail

@@ -199,8 +199,18 @@ void hpz_rules(Config& c, const std::string& source) {
 // DeepSpeed's _set_batch_related_parameters: with train_batch_size given, a micro batch
 // or accumulation count the configuration leaves out is derived from it (accumulation 1
 // when both are out); then the three must multiply out exactly.
-void batch_rules(json& resolved, const json& user, Config& c, const std::string& source) {
+void batch_rules(json& resolved, const json& user, Config& c, const std::string& default_source,
+                 const std::map<std::string, std::string>& origins) {
   const json& tbs = *get_path(resolved, "train_batch_size");
+  // The message names the file train_batch_size came from, and the others' where they differ.
+  const auto origin = [&](const std::string& key) {
+    const auto it = origins.find(key);
+    return it == origins.end() ? default_source : it->second;
+  };
+  const std::string source = origin("train_batch_size");
+  const auto from = [&](const std::string& key) {
+    return origin(key) == source || !given(user, key) ? std::string() : ", from " + origin(key);
+  };
   if (!tbs.is_null()) {
     const int64_t total = tbs.get<int64_t>(), world = c.world_size;
     const bool micro = given(user, "train_micro_batch_size_per_gpu"),
@@ -212,9 +222,11 @@ void batch_rules(json& resolved, const json& user, Config& c, const std::string&
       fail(source,
            "train_batch_size (" + tbs.dump() + ") is too small for world size " +
                std::to_string(world) +
-               (micro ? " and train_micro_batch_size_per_gpu " + std::to_string(c.micro_batch)
+               (micro ? " and train_micro_batch_size_per_gpu " + std::to_string(c.micro_batch) +
+                            from("train_micro_batch_size_per_gpu")
                       : std::string()) +
-               (accum ? " and gradient_accumulation_steps " + std::to_string(c.grad_accum)
+               (accum ? " and gradient_accumulation_steps " + std::to_string(c.grad_accum) +
+                            from("gradient_accumulation_steps")
                       : std::string()));
     }
     resolved["train_micro_batch_size_per_gpu"] = c.micro_batch;
@@ -222,8 +234,9 @@ void batch_rules(json& resolved, const json& user, Config& c, const std::string&
     if (total != c.global_batch()) {
       fail(source, "train_batch_size (" + tbs.dump() +
                        ") must equal train_micro_batch_size_per_gpu (" +
-                       std::to_string(c.micro_batch) + ") x gradient_accumulation_steps (" +
-                       std::to_string(c.grad_accum) + ") x world size (" + std::to_string(world) +
+                       std::to_string(c.micro_batch) + from("train_micro_batch_size_per_gpu") +
+                       ") x gradient_accumulation_steps (" + std::to_string(c.grad_accum) +
+                       from("gradient_accumulation_steps") + ") x world size (" + std::to_string(world) +
                        ") = " + std::to_string(c.global_batch()));
     }
   }
@@ -275,11 +288,12 @@ void scheduler_rules(json& resolved, const json& user, Config& c, const std::str
 
 }  // namespace
 
-void apply_rules(json& resolved, const json& user, Config& c, const std::string& source) {
+void apply_rules(json& resolved, const json& user, Config& c, const std::string& source,
+                 const std::map<std::string, std::string>& origins) {
   model_rules(resolved, c, source);
   checkpoint_rules(c, source);
   offload_rules(c, source);
-  batch_rules(resolved, user, c, source);
+  batch_rules(resolved, user, c, source, origins);
   shard_group_rules(resolved, c, source);
   hpz_rules(c, source);
   scheduler_rules(resolved, user, c, source);

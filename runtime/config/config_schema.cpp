@@ -127,7 +127,8 @@ const std::vector<Knob>& config_knobs() {
       {"zero_optimization.stage3_prefetch_bucket_size", F(zero.prefetch_bucket_size), KnobType::number, 5e7,
        "stage 3: elements of parameters all-gathered ahead of use, at most", 0, {}},
       {"zero_optimization.stage3_max_live_parameters", F(zero.max_live_parameters), KnobType::number, 1e9,
-       "stage 3: elements of gathered parameters alive at once (in use and prefetched), at most", 1, {}},
+       "stage 3: elements of gathered parameters alive at once (in use and prefetched), at most; 0 (as DeepSpeed "
+       "takes it): nothing gathered ahead, each unit gathered when it is used", 0, {}},
       {"zero_optimization.shard_group_size", F(zero.shard_group_size), KnobType::integer, 0,
        "hybrid sharding (DeepSpeed's mics_shard_size, FSDP's HYBRID_SHARD): shard within groups of this many "
        "consecutive ranks (a node: ranks per node) and replicate across groups, so gathers and reduce-scatters "

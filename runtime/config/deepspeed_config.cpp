@@ -68,6 +68,15 @@ const std::vector<std::string>& ignorable_keys() {
       "data_types.grad_accum_dtype", "communication_data_type", "zero_optimization.zero_quantized_weights",
       "zero_optimization.zero_quantized_gradients", "zero_optimization.zero_quantized_nontrainable_weights",
       "seq_parallel_communication_data_type", "compile",
+      // LoCo's error feedback acts only on ZeRO++'s quantized gradients, refused above;
+      // hierarchical MiCS gathers and the legacy pinning switch change how, not what.
+      "zero_optimization.zeropp_loco_param", "zero_optimization.mics_hierarchical_params_gather",
+      "zero_optimization.cpu_offload_use_pin_memory", "zero_optimization.stage3_use_all_reduce_for_fetch_params",
+      "zero_optimization.log_trace_cache_warnings", "zero_optimization.override_module_apply",
+      // Checked in check_refused: tensor and sequence parallelism of one rank, fp32 gradient
+      // accumulation, bf16 master weights off, autocast off, a schedule from its start.
+      "tensor_parallel", "sequence_parallel_size", "data_types", "bf16.bf16_master_weights_and_grads",
+      "bf16.bf16_optimizer_states", "torch_autocast", "scheduler.params.last_batch_iteration",
       // fp16 inputs are cast where the first layer reads them anyway; bf16's fused-update and
       // overflow-check switches only change when DeepSpeed does the same arithmetic.
       "fp16.auto_cast", "bf16.immediate_grad_update", "bf16.check_grad_overflow"};
@@ -87,7 +96,8 @@ std::string lower(std::string s) {
 
 class Translator {
  public:
-  Translator(const std::string& source, const std::string& base_dir) : source_(source), base_dir_(base_dir) {}
+  Translator(const std::string& source, const std::string& base_dir, const std::map<std::string, std::string>& names)
+      : source_(source), base_dir_(base_dir), names_(names) {}
 
   DeepSpeedImport run(const json& ds) {
     if (!ds.is_object()) fail("", "a DeepSpeed configuration must be a JSON object");
@@ -98,7 +108,13 @@ class Translator {
 
  private:
   [[noreturn]] void fail(const std::string& key, const std::string& why) const {
-    throw ConfigError(source_ + ": " + (key.empty() ? "" : "key '" + key + "': ") + why);
+    throw ConfigError(source_ + ": " + (key.empty() ? "" : "key '" + name_of(key) + "': ") + why);
+  }
+
+  // The key as the user's file writes it (an accelerate YAML's inline names).
+  std::string name_of(const std::string& path) const {
+    const auto it = names_.find(path);
+    return it == names_.end() ? path : it->second;
   }
 
   static const json* at(const json& doc, const std::string& path) {
@@ -169,6 +185,45 @@ class Translator {
     if (const json* gc = at(ds, "gradient_predivide_factor"); gc && gc->is_number() && gc->get<double>() <= 0) {
       fail("gradient_predivide_factor", "must be positive");
     }
+    check_parallelism(ds);
+    for (const char* bf : {"bf16.bf16_master_weights_and_grads", "bf16.bf16_optimizer_states"}) {
+      if (truthy(at(ds, bf))) fail(bf, "ferry keeps master weights, gradients and Adam state in fp32 under bf16");
+    }
+    if (const json* a = at(ds, "torch_autocast"); a && !a->is_null() && !(a->is_object() && !truthy(at(*a, "enabled")))) {
+      fail("torch_autocast", "torch.autocast's per-op precision is not implemented by ferry (bf16.enabled computes every "
+                             "layer in bf16); leave it disabled");
+    }
+    if (const json* z = at(ds, "zero_optimization.zenflow"); z && !z->is_null()) {
+      fail("zero_optimization.zenflow", "ZenFlow's deferred updates of less important gradients are not implemented "
+                                        "by ferry and change the training run");
+    }
+    if (const json* it = at(ds, "scheduler.params.last_batch_iteration");
+        it && !(it->is_number_integer() && it->get<int64_t>() == -1)) {
+      fail("scheduler.params.last_batch_iteration", "ferry's schedule starts at step 0 (-1, DeepSpeed's default); to "
+                                                    "continue a run resume its checkpoint, got " + it->dump());
+    }
+  }
+
+  // A DeepSpeed size of 0 or 1 (or absent) is one rank; more would split each layer (tensor
+  // parallelism) or each sequence (Ulysses) over ranks, which ferry does not do: it would run
+  // those ranks as data parallelism instead, with a larger global batch.
+  void check_parallelism(const json& ds) {
+    for (const char* key : {"tensor_parallel.autotp_size", "tensor_parallel.tp_size", "tensor_parallel.tp.tp_size",
+                            "sequence_parallel_size"}) {
+      const json* v = at(ds, key);
+      if (!v || v->is_null()) continue;
+      if (!v->is_number_integer() || v->get<int64_t>() < 0) fail(key, "must be a whole number >= 0, got " + v->dump());
+      if (v->get<int64_t>() > 1) {
+        const bool tp = std::string(key).starts_with("tensor_parallel");
+        fail(key, std::string(tp ? "tensor parallelism (AutoTP)" : "sequence parallelism (Ulysses)") + " over " +
+                      v->dump() + " ranks is not implemented by ferry: its ranks would train as data parallelism, " +
+                      "each with its own batch, so the global batch and the run would change; shard with " +
+                      "zero_optimization.stage 3 instead (size 1 or absent)");
+      }
+    }
+    if (const json* tp = at(ds, "tensor_parallel"); tp && !tp->is_null() && !tp->is_object()) {
+      fail("tensor_parallel", "must be an object like {\"autotp_size\": 1}, got " + tp->dump());
+    }
   }
 
   void walk(const json& node, const std::string& prefix) {
@@ -184,8 +239,15 @@ class Translator {
         monitor(value, path, path == "tensorboard" ? "log.tensorboard" : "log.csv");
         continue;
       }
-      if (path == "zero_optimization.cpu_offload") {  // DeepSpeed's legacy spelling
-        if (truthy(&value)) set("zero_optimization.offload_optimizer.device", "cpu");
+      if (path == "zero_optimization.cpu_offload" || path == "zero_optimization.cpu_offload_param") {
+        // DeepSpeed's legacy spellings of offload_optimizer / offload_param on cpu.
+        if (!value.is_boolean()) fail(path, "must be true or false, got " + value.dump());
+        const std::string target = path == "zero_optimization.cpu_offload" ? "zero_optimization.offload_optimizer.device"
+                                                                           : "zero_optimization.offload_param.device";
+        if (value.get<bool>()) {
+          set(target, "cpu");
+          out_.written[target] = name_of(path);
+        }
         continue;
       }
       if (const auto it = mapped_keys().find(path); it != mapped_keys().end()) {
@@ -194,10 +256,11 @@ class Translator {
         } else {
           set(it->second, value);
         }
+        out_.written[it->second] = name_of(path);
         continue;
       }
       if (ignorable(path)) {
-        if (!(value.is_object() && !value.empty())) out_.ignored.push_back(path);
+        if (!(value.is_object() && !value.empty())) out_.ignored.push_back(name_of(path));
         else walk_ignored(value, path);
         continue;
       }
@@ -213,7 +276,7 @@ class Translator {
         // without a word (DeepSpeed itself ignores unknown top-level keys).
         fail(path, "is not a DeepSpeed key; did you mean '" + near + "'?");
       }
-      out_.ignored.push_back(path + " (unknown to ferry)");
+      out_.ignored.push_back(name_of(path) + " (unknown to ferry)");
     }
   }
 
@@ -232,7 +295,7 @@ class Translator {
       if (key == "enabled") {
         if (!value.is_boolean()) fail(path + ".enabled", "must be true or false, got " + value.dump());
       } else if (key != "output_path" && key != "job_name") {
-        out_.ignored.push_back(path + "." + key);
+        out_.ignored.push_back(name_of(path + "." + key));
       }
     }
     if (!truthy(at(section, "enabled"))) return;
@@ -248,7 +311,7 @@ class Translator {
       if (value.is_object() && !value.empty()) {
         walk_ignored(value, path);
       } else {
-        out_.ignored.push_back(path);
+        out_.ignored.push_back(name_of(path));
       }
     }
   }
@@ -259,7 +322,8 @@ class Translator {
     if (path.size() < 6) return "";
     std::vector<std::string> known;
     for (const auto& [ds, ferry] : mapped_keys()) known.push_back(ds);
-    for (const char* k : {"optimizer.type", "scheduler.type", "zero_optimization.cpu_offload", "amp", "tensorboard", "csv_monitor"})
+    for (const char* k : {"optimizer.type", "scheduler.type", "zero_optimization.cpu_offload",
+                          "zero_optimization.cpu_offload_param", "amp", "tensorboard", "csv_monitor"})
       known.push_back(k);
     for (const std::string& k : ignorable_keys()) known.push_back(k);
     for (const std::string& k : known)
@@ -302,13 +366,15 @@ class Translator {
   }
 
   std::string source_, base_dir_;
+  const std::map<std::string, std::string>& names_;
   DeepSpeedImport out_;
 };
 
 }  // namespace
 
-DeepSpeedImport translate_deepspeed(const json& ds, const std::string& source, const std::string& base_dir) {
-  return Translator(source, base_dir).run(ds);
+DeepSpeedImport translate_deepspeed(const json& ds, const std::string& source, const std::string& base_dir,
+                                    const std::map<std::string, std::string>& names) {
+  return Translator(source, base_dir, names).run(ds);
 }
 
 }  // namespace ferry::runtime

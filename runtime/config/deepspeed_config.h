@@ -16,11 +16,17 @@
 //             warning;
 //   refused   keys whose effect ferry does not implement and whose absence would change
 //             the result (fp16/bf16/amp enabled, other optimizers and schedules,
-//             quantized or low-precision communication, pipeline, sparse attention, ...):
-//             a ConfigError naming the file and the key.
+//             quantized or low-precision communication, pipeline, sparse attention,
+//             tensor or sequence parallelism of more than one rank, ...): a ConfigError
+//             naming the file and the key.
+// Keys are named as the file writes them (`max_live_parameters`, not ferry's
+// `stage3_max_live_parameters`; an accelerate YAML's `deepspeed_config.zero_stage`):
+// `names` maps a DeepSpeed key path to the name to use, and DeepSpeedImport::written keeps
+// it for each ferry key, so later checks of the value can say it too.
 // Pure functions of their inputs; errors are ConfigError with "FILE: key '...': why".
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,10 +38,13 @@ struct DeepSpeedImport {
   nlohmann::json runtime = nlohmann::json::object();  // ferry key paths, nested; "auto" keys absent
   std::vector<std::string> autos;    // ferry key paths whose DeepSpeed value was "auto"
   std::vector<std::string> ignored;  // DeepSpeed key paths ferry ignores (do not change results)
+  std::map<std::string, std::string> written;  // ferry key path -> the key as the file wrote it
 };
 
 // Translates a DeepSpeed document read from `source`; relative nvme paths are resolved
-// against `base_dir` (the file's folder).
-DeepSpeedImport translate_deepspeed(const nlohmann::json& ds, const std::string& source, const std::string& base_dir);
+// against `base_dir` (the file's folder). `names`: DeepSpeed key path -> the name messages
+// use for it (empty: the path itself).
+DeepSpeedImport translate_deepspeed(const nlohmann::json& ds, const std::string& source, const std::string& base_dir,
+                                    const std::map<std::string, std::string>& names = {});
 
 }  // namespace ferry::runtime

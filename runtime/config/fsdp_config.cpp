@@ -12,6 +12,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "runtime/config/accelerate_config.h"
 #include "runtime/config/config.h"
 
 namespace ferry::runtime {
@@ -82,36 +83,25 @@ Strategy strategy_of(const json& v, const std::string& source, const std::string
              " (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD or _HYBRID_SHARD_ZERO2)");
 }
 
-// Mixed-precision names of accelerate (no, fp16, bf16, fp8) and of FSDP's policies.
 std::string precision_of(const json& v, const std::string& source, const std::string& key) {
-  if (v.is_boolean() && !v.get<bool>()) return "no";  // PyYAML reads an unquoted `no` as false
-  if (v.is_null()) return "no";
-  if (!v.is_string()) refuse(source, key, "must be no, fp16 or bf16, got " + v.dump());
-  const std::string s = lower(v.get<std::string>());
-  if (s == "bf16" || s == "bfloat16") return "bf16";
-  if (s == "fp16" || s == "float16" || s == "half") return "fp16";
-  if (s == "no" || s == "fp32" || s == "float32" || s == "none") return "no";
-  if (s == "fp8") refuse(source, key, "fp8 training is not implemented by ferry (bf16 or fp16 are)");
-  refuse(source, key, "unknown mixed precision " + v.dump() + " (no, fp16 or bf16)");
+  return mixed_precision_name(v, source, key);
 }
 
-// Keys of fsdp_config (after the optional fsdp_ prefix) that do not change what is computed.
+// Keys of fsdp_config (after the optional fsdp_ prefix) that do not change what is computed,
+// whatever their value: which parameters the optimizer sees by name (use_orig_params),
+// broadcasting rank 0's weights (ferry's ranks start identical), wrapping granularity
+// (min_num_params, auto_wrap_policy other than by block: memory and traffic, same losses),
+// the caching allocator's throttle, TPU (xla*), activation offload (memory only), CUDA graphs
+// (a recorded launch replays the same kernels on the same data: the same numbers, only
+// launch overhead differs; ferry launches its kernels directly), pinning of offloaded
+// parameters, and how state dicts are gathered at save (state_dict_config: ferry's
+// checkpoints stay sharded).
 const std::set<std::string>& fsdp_ignorable() {
   static const std::set<std::string> k = {
-      "use_orig_params",  "sync_module_states", "version",          "min_num_params",  "limit_all_gathers",
-      "xla",              "xla_fsdp_settings",  "xla_fsdp_grad_ckpt", "xla_fsdp_v2",   "activation_cpu_offload",
-      "ignored_modules",  "auto_wrap_policy"};
-  return k;
-}
-
-// accelerate's top-level keys that do not change what is computed.
-const std::set<std::string>& accelerate_ignorable() {
-  static const std::set<std::string> k = {
-      "compute_environment", "debug",           "downcast_bf16",      "enable_cpu_affinity", "machine_rank",
-      "main_process_ip",     "main_process_port", "main_training_function", "rdzv_backend",  "same_network",
-      "tpu_env",             "tpu_use_cluster", "tpu_use_sudo",       "use_cpu",             "gpu_ids",
-      "tpu_name",            "tpu_zone",        "commands",           "command_file",        "dynamo_config",
-      "deepspeed_config",    "megatron_lm_config", "ipex_config",     "mpirun_config",       "num_machines"};
+      "use_orig_params",    "sync_module_states",      "version",          "min_num_params", "limit_all_gathers",
+      "xla",                "xla_fsdp_settings",       "xla_fsdp_grad_ckpt", "xla_fsdp_v2",  "activation_cpu_offload",
+      "ignored_modules",    "auto_wrap_policy",        "cuda_graphs",      "cpu_offload_pin_memory",
+      "state_dict_config",  "optim_state_dict_config", "sharded_state_dict_config"};
   return k;
 }
 
@@ -148,6 +138,7 @@ void translate_block(const json& block, const std::string& source, const std::st
     st = strategy_of(keys.at("sharding_strategy").second, source, name_of("sharding_strategy"));
     stage_from = name_of("sharding_strategy");
   }
+  std::string reshard_line;  // what reshard_after_forward did, for the resolved list
   if (keys.contains("reshard_after_forward")) {
     const json& v = keys.at("reshard_after_forward").second;
     const std::string key = name_of("reshard_after_forward");
@@ -159,9 +150,21 @@ void translate_block(const json& block, const std::string& source, const std::st
       }
       st = s2;
       stage_from = key;
-    } else if (!as_bool(v, source, key) && st.stage == 3) {
+      reshard_line = "the sharding strategy (accelerate's FSDP1 spelling): zero_optimization.stage = " +
+                     std::to_string(st.stage);
+    } else if (as_bool(v, source, key)) {
+      // FSDP2's FULL_SHARD: parameters freed after forward and gathered again in backward.
+      if (st.stage != 3) {
+        refuse(source, key, "true frees parameters after forward (FULL_SHARD), but " + name_of("sharding_strategy") +
+                                " keeps them (stage " + std::to_string(st.stage) + "); set one of the two");
+      }
+      reshard_line = "zero_optimization.stage = 3 (parameters freed after forward, gathered again in backward)";
+    } else if (st.stage == 3) {
       st.stage = 2;  // parameters stay gathered from forward to backward: SHARD_GRAD_OP
       stage_from = key + " = false";
+      reshard_line = "zero_optimization.stage = 2 (parameters stay gathered from forward to backward, as SHARD_GRAD_OP)";
+    } else {
+      reshard_line = "nothing: stage " + std::to_string(st.stage) + " already keeps parameters from forward to backward";
     }
   }
   out.runtime["zero_optimization"]["stage"] = st.stage;
@@ -171,6 +174,7 @@ void translate_block(const json& block, const std::string& source, const std::st
                                                               : std::string("(no sharding strategy)")) +
                          " -> zero_optimization.stage = " + std::to_string(st.stage) + " (from " + stage_from + ")" +
                          (st.hybrid ? ", zero_optimization.shard_group_size = ranks per node" : ""));
+  if (!reshard_line.empty()) line("reshard_after_forward", reshard_line);
 
   for (const auto& [bare, entry] : keys) {
     const std::string& v_key = prefix + entry.first;
@@ -214,9 +218,27 @@ void translate_block(const json& block, const std::string& source, const std::st
       } else {
         line(bare, "nothing (ferry prefetches forward as backward: zero_optimization.overlap_comm)");
       }
-    } else if (bare == "mixed_precision") {
+    } else if (bare == "mixed_precision" || (bare == "mixed_precision_policy" && !v.is_object())) {
       precision = precision_of(v, source, v_key);
       precision_key = v_key;
+    } else if (bare == "mixed_precision_policy") {
+      // FSDP2's MixedPrecisionPolicy as a mapping: the parameters' dtype is the compute
+      // dtype; gradients are reduced (and outputs cast) in fp32 only.
+      for (const auto& [field, d] : v.items()) {
+        const std::string f_key = v_key + "." + field;
+        const std::string p = d.is_string() ? lower(d.get<std::string>()) : d.dump();
+        const std::string dtype = p.starts_with("torch.") ? p.substr(6) : p;
+        if (field == "param_dtype") {
+          precision = precision_of(json(dtype == "float32" ? "no" : dtype), source, f_key);
+          precision_key = f_key;
+        } else if ((field == "reduce_dtype" || field == "output_dtype") && !d.is_null() && dtype != "float32" &&
+                   dtype != "fp32") {
+          refuse(source, f_key, "ferry reduces gradients and returns outputs in fp32 only, got " + d.dump());
+        } else if (field != "reduce_dtype" && field != "output_dtype" && field != "cast_forward_inputs" &&
+                   field != "buffer_dtype") {
+          refuse(source, f_key, "is not a field of FSDP's MixedPrecisionPolicy ferry knows");
+        }
+      }
     } else if (bare == "activation_checkpointing") {
       const bool on = as_bool(v, source, v_key);
       out.runtime["activation_checkpointing"]["enabled"] = on;
@@ -437,7 +459,9 @@ FsdpImport translate_fsdp(const json& doc, const std::string& source) {
       } else if (key == "num_machines") {
         out.num_machines = as_count(v, source, key);
         out.ignored.push_back(key);
-      } else if (accelerate_ignorable().contains(key)) {
+      } else if (key == "deepspeed_config") {
+        out.ignored.push_back(key + " (distributed_type is FSDP)");
+      } else if (accelerate_ignorable_key(key)) {
         out.ignored.push_back(key);
       } else {
         refuse(source, key, "is not an accelerate key ferry knows (README \"Coming from FSDP or accelerate\")");
@@ -479,7 +503,7 @@ FsdpImport read_fsdp(const std::string& arg) {
   const size_t first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) throw ConfigError(arg + ": the FSDP configuration file is empty");
   json doc;
-  if (text[first] == '{' || text[first] == '[' || std::filesystem::path(arg).extension() == ".json") {
+  if (looks_like_json(text, arg)) {
     try {
       doc = json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
     } catch (const json::exception& e) {
