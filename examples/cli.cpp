@@ -85,10 +85,13 @@ CLI::Validator at_least(long min) {
 
 void add_run_options(CLI::App& cmd, RunOptions& o, bool with_ranks) {
   cmd.add_option("--config", o.config, "the run's configuration (JSON)");
-  cmd.add_option("--deepspeed", o.deepspeed, "a DeepSpeed config file, mapped onto ferry's keys");
+  cmd.add_option("--deepspeed", o.deepspeed,
+                 "a DeepSpeed config file (JSON), or an accelerate YAML of distributed_type DEEPSPEED, mapped onto "
+                 "ferry's keys");
   cmd.add_option("--fsdp", o.fsdp,
                  "an FSDP config (Hugging Face Trainer fsdp_config JSON, accelerate YAML, or the Trainer's "
-                 "words such as \"full_shard offload\"), mapped onto ferry's keys");
+                 "words such as \"full_shard offload\"), mapped onto ferry's keys; an accelerate YAML of "
+                 "distributed_type DEEPSPEED is read as --deepspeed reads it");
   // One value per --set: KEY=VALUE never swallows the next word.
   cmd.add_option("--set", o.sets, "override one configuration key (repeatable)")
       ->type_name("KEY=VALUE")
