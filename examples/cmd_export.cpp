@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "examples/commands.h"
 #include "nn/device.h"
@@ -20,6 +21,12 @@ namespace ferry::cli {
 
 namespace {
 
+std::string join(const std::vector<std::string>& names) {
+  std::string s;
+  for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
 struct ExportArgs {
   std::string checkpoint, out, hf, dtype = "fp32", max_shard = "5GB";
 };
@@ -31,8 +38,11 @@ int export_weights(const ExportArgs& a) {
       const runtime::HfExportReport r = runtime::export_hf(a.checkpoint, a.hf, a.dtype, limit);
       std::cout << "exported " << r.checkpoint << " (step " << r.step << ") as " << r.architecture << ": " << r.tensors
                 << " tensors, " << r.parameters << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes)
-                << " in " << r.files << " safetensors file" << (r.files == 1 ? "" : "s") << ", " << r.carried
-                << " tokenizer/generation file(s) carried -> " << a.hf
+                << " in " << r.files << " safetensors file" << (r.files == 1 ? "" : "s") << ", "
+                << (r.carried.empty() ? std::string("no tokenizer/generation files (the run did not start from a "
+                                                    "Hugging Face folder)")
+                                      : "carried from the source folder: " + join(r.carried))
+                << " -> " << a.hf
                 << " (largest unit buffered: " << nn::format_bytes(r.largest_unit_bytes) << ")\n";
       return 0;
     }

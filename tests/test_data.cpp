@@ -3,14 +3,19 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "nn/dtype.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/train/data.h"
+#include "runtime/train/trainer.h"
 
 using namespace ferry::runtime;
 namespace fs = std::filesystem;
@@ -229,12 +234,18 @@ BOOST_AUTO_TEST_CASE(text_through_a_tokenizer) {
   o.tokenizer = std::make_shared<ferry::text::Tokenizer>(
       ferry::text::Tokenizer::from_file(std::string(FERRY_SOURCE_DIR) + "/tests/data/tokenizers/llama3/tokenizer.json"));
   const TokenData d = TokenData::load(o);
-  const std::vector<int32_t> want = o.tokenizer->encode("In the beginning God created the heaven and the earth.\n", false);
+  // One document, encoded as tokenizer(text) encodes it: Llama 3's post-processor puts
+  // <|begin_of_text|> (1001) before it.
+  const std::vector<int32_t> want = o.tokenizer->encode("In the beginning God created the heaven and the earth.\n", true);
   BOOST_TEST(d.train().size() == want.size());
   BOOST_TEST(d.train().size() < 30u);  // merges, not bytes
   std::vector<uint32_t> ids(d.train().size());
   d.train().copy(0, ids.size(), ids.data());
-  BOOST_TEST(d.decode(ids) == "In the beginning God created the heaven and the earth.\n");
+  BOOST_TEST(ids.front() == 1001u);
+  BOOST_TEST(d.decode(ids) == "<|begin_of_text|>In the beginning God created the heaven and the earth.\n");
+  BOOST_TEST(d.describe().find("the file is one document, encoded as tokenizer(text) encodes it: the tokenizer's "
+                               "post-processor puts <|begin_of_text|> (id 1001) before it") != std::string::npos,
+             d.describe());
   o.vocab_size = 500;  // ids above it are refused
   BOOST_CHECK_THROW(TokenData::load(o), std::runtime_error);
 }
@@ -402,4 +413,123 @@ BOOST_AUTO_TEST_CASE(messages_records_are_rendered_by_the_chat_template) {
   BOOST_TEST(error(R"({"messages": [{"role": "user"}]})").find("line 1: each message needs") != std::string::npos);
   o.chat.reset();
   BOOST_TEST(error(R"({"messages": [{"role": "assistant", "content": "x"}]})").find("need a chat template") != std::string::npos);
+}
+
+// A Llama 3.x Instruct folder as transformers 5 saves it (tests/data/user_files/models/
+// llama3-instruct: config.json's eos_token_id a list whose first is <|end_of_text|>,
+// tokenizer_config.json's eos_token <|eot_id|>, the chat template in chat_template.jinja).
+// Every record's ids are those transformers gives (expected/records.ids, made by
+// scripts/user_fixtures/make_llama3_instruct.py): prompt/completion and text records end
+// with <|eot_id|> (1005), not 1002, and conversations go through chat_template.jinja.
+namespace {
+const std::string kUser = std::string(FERRY_SOURCE_DIR) + "/tests/data/user_files/models/";
+
+std::vector<std::vector<uint32_t>> id_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::vector<uint32_t>> out;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ss(line);
+    out.emplace_back();
+    for (uint32_t id; ss >> id;) out.back().push_back(id);
+  }
+  return out;
+}
+
+Config folder_config(const std::string& folder, const std::string& data, const std::string& format) {
+  Config c;
+  c.init_from = folder;
+  c.model.vocab_size = 1024;
+  c.model.block_size = 128;
+  c.data.path = data;
+  c.data.format = format;
+  c.data.tokenizer = "auto";
+  c.data.chat_template = "auto";
+  c.data.val_fraction = 0;
+  return c;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(llama3_instruct_records_are_tokenized_as_transformers_does) {
+  const Config c = folder_config(kUser + "llama3-instruct", kUser + "expected/records.jsonl", "jsonl");
+  const DataOptions o = data_options(c);
+  BOOST_TEST(o.eos == 1005);
+  BOOST_TEST(o.eos_token == "<|eot_id|>");
+  BOOST_TEST(o.eos_from == "tokenizer_config.json's eos_token");
+  BOOST_REQUIRE(o.chat);
+  BOOST_TEST(o.chat->where() == kUser + "llama3-instruct/chat_template.jinja");
+  const TokenData d = TokenData::load(o);
+  const auto want = id_lines(kUser + "expected/records.ids");
+  BOOST_REQUIRE(d.num_records(false) == want.size());
+  for (size_t r = 0; r < want.size(); ++r) {
+    BOOST_TEST_CONTEXT("record " << r) {
+      const auto got = d.record(false, r).tokens;
+      BOOST_TEST(std::vector<uint32_t>(got.begin(), got.end()) == want[r], boost::test_tools::per_element());
+    }
+  }
+  BOOST_TEST(d.describe().find("prompt/completion and text records end with <|eot_id|> (id 1005), "
+                               "tokenizer_config.json's eos_token") != std::string::npos, d.describe());
+  BOOST_TEST(d.describe().find("chat template of " + kUser + "llama3-instruct/chat_template.jinja") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(a_text_corpus_gets_the_tokens_tokenizer_text_gives) {
+  const Config c = folder_config(kUser + "llama3-instruct", kUser + "expected/corpus.txt", "text");
+  const TokenData d = TokenData::load(data_options(c));
+  const auto want = id_lines(kUser + "expected/corpus.ids");
+  BOOST_REQUIRE(want.size() == 1u);
+  std::vector<uint32_t> got(d.train().size());
+  d.train().copy(0, got.size(), got.data());
+  BOOST_TEST(got == want[0], boost::test_tools::per_element());
+}
+
+// transformers 5's precedence, folder by folder: chat_template.jinja over tokenizer_config's
+// chat_template; special_tokens_map.json over tokenizer_config.json only where the latter has no
+// added_tokens_decoder (an older save); config.json's eos_token_id (the first of a list) only
+// where the tokenizer names no eos_token; an eos_token the tokenizer lacks is refused by name.
+BOOST_AUTO_TEST_CASE(special_tokens_and_chat_template_follow_transformers_precedence) {
+  TempDir dir;
+  const fs::path src = kUser + "llama3-instruct";
+  fs::copy_file(src / "tokenizer.json", dir.path / "tokenizer.json");
+  fs::copy_file(src / "config.json", dir.path / "config.json");
+  const fs::path records = dir.path / "r.jsonl";
+  std::ofstream(records) << R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]})" << "\n";
+  auto write = [&](const char* name, const std::string& text) { std::ofstream(dir.path / name) << text; };
+  write("tokenizer_config.json", R"({"eos_token": "<|eot_id|>", "chat_template": "config:{{ messages[0].content }}"})");
+  Config c = folder_config(dir.path.string(), records.string(), "jsonl");
+  auto render = [&] {
+    const DataOptions o = data_options(c);
+    return o.chat ? o.chat->render(nlohmann::json::array({{{"role", "user"}, {"content", "x"}}}), false) : "none";
+  };
+  BOOST_TEST(render() == "config:x");
+  write("chat_template.jinja", "jinja:{{ messages[0].content }}");
+  BOOST_TEST(render() == "jinja:x");  // the file transformers 5 saves wins, as in from_pretrained
+  // An older save (no added_tokens_decoder): special_tokens_map.json's value wins.
+  write("special_tokens_map.json", R"({"eos_token": {"content": "<|end_of_text|>"}})");
+  BOOST_TEST(data_options(c).eos == 1002);
+  BOOST_TEST(data_options(c).eos_from == "special_tokens_map.json's eos_token");
+  write("tokenizer_config.json", R"({"eos_token": "<|eot_id|>", "added_tokens_decoder": {}})");
+  BOOST_TEST(data_options(c).eos == 1005);
+  // No eos_token anywhere: config.json's list, its first id, said so.
+  fs::remove(dir.path / "special_tokens_map.json");
+  write("tokenizer_config.json", R"({"bos_token": "<|begin_of_text|>"})");
+  DataOptions o = data_options(c);
+  BOOST_TEST(o.eos == 1002);
+  BOOST_TEST(o.eos_token == "<|end_of_text|>");
+  BOOST_TEST(o.eos_from == "the first of config.json's eos_token_id [1002,1006,1005] (the tokenizer names no eos_token)");
+  write("tokenizer_config.json", R"({"eos_token": "</s>"})");
+  const std::string err = error_of([&] { data_options(c); });
+  BOOST_TEST(err == (dir.path / "tokenizer_config.json").string() + ": eos_token '</s>' is not a token of " +
+                        (dir.path / "tokenizer.json").string(), err);
+  // A named chat template that is not there is refused by name.
+  write("tokenizer_config.json", R"({"eos_token": "<|eot_id|>"})");
+  c.data.chat_template = (dir.path / "missing.jinja").string();
+  BOOST_TEST(error_of([&] { data_options(c); }) == "data.chat_template: cannot open '" + c.data.chat_template + "'");
 }

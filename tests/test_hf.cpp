@@ -556,3 +556,24 @@ BOOST_AUTO_TEST_CASE(fine_tuning_starts_at_the_imported_loss_and_falls) {
     }
   }
 }
+
+// The files a run carries from its source folder into checkpoints and back out through
+// export --hf: config.json and every tokenizer, chat-template and generation file (those
+// transformers 5 writes included: chat_template.jinja, additional_chat_templates/*.jinja),
+// never the weights.
+BOOST_AUTO_TEST_CASE(side_files_are_every_tokenizer_chat_and_generation_file) {
+  const std::string folder = std::string(FERRY_SOURCE_DIR) + "/tests/data/user_files/models/llama3-instruct";
+  const std::vector<std::string> want = {"additional_chat_templates/tool_use.jinja", "chat_template.jinja", "config.json",
+                                         "generation_config.json", "tokenizer.json", "tokenizer_config.json"};
+  BOOST_TEST(runtime::hf_side_files(folder) == want, boost::test_tools::per_element());
+  test::TempDir dir("hf_side_files");
+  for (const char* f : {"vocab.json", "merges.txt", "tokenizer.model", "qwen.tiktoken", "added_tokens.json",
+                        "special_tokens_map.json", "chat_template.json", "model.safetensors", "pytorch_model.bin",
+                        "README.md"}) {
+    std::ofstream(dir.path / f) << "x";
+  }
+  const std::vector<std::string> carried = {"added_tokens.json", "chat_template.json", "merges.txt", "qwen.tiktoken",
+                                            "special_tokens_map.json", "tokenizer.model", "vocab.json"};
+  BOOST_TEST(runtime::hf_side_files(dir.path.string()) == carried, boost::test_tools::per_element());
+  BOOST_TEST(runtime::hf_side_files((dir.path / "missing").string()).empty());
+}

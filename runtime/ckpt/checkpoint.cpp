@@ -137,8 +137,10 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
                              {"units", layout_json(layout)}};
       for (const std::string& f : req.carry_files) {
         if (!fs::exists(f)) continue;
-        fs::create_directories(fs::path(tmp) / "hf");
-        copy_file_atomic(f, (fs::path(tmp) / "hf" / fs::path(f).filename()).string());
+        const fs::path to = fs::path(tmp) / "hf" /
+                            (req.carry_root.empty() ? fs::path(f).filename() : fs::path(f).lexically_relative(req.carry_root));
+        fs::create_directories(to.parent_path());
+        copy_file_atomic(f, to.string());
       }
       write_file_atomic((fs::path(tmp) / "manifest.json").string(), manifest.dump(1));
       if (fs::exists(final_dir)) {

@@ -126,8 +126,10 @@ struct SaveRequest {
   nlohmann::json model; // the model's shape, stored under "model"
   int stage = 0;
   // Files rank 0 copies into the checkpoint's hf/ folder (those that exist): a Hugging Face
-  // model's config and tokenizer files, which `ferry export --hf` carries along.
+  // model's config and tokenizer files, which `ferry export --hf` carries along. Each keeps
+  // its path relative to carry_root (its file name alone when carry_root is empty).
   std::vector<std::string> carry_files;
+  std::string carry_root;
   // Hybrid sharding: the ranks of one shard group (0 = every rank). Groups hold the same
   // state, so the first group (ranks 0 .. shard_world - 1) writes a checkpoint of
   // shard_world ranks and the others write nothing; any world size loads it.

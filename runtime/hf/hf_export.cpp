@@ -1,5 +1,6 @@
 #include "runtime/hf/hf_export.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -157,10 +158,19 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
     config["eos_token_id"] = nullptr;
   }
   write_file_atomic((fs::path(out) / "config.json").string(), config.dump(2) + "\n");
-  for (const char* f : kHfSideFiles) {
-    if (std::string(f) == "config.json" || !fs::exists(carried / f)) continue;
+  // Every file the run carried (hf_side_files: tokenizer, chat templates, generation), as it
+  // was: a fine-tuned chat model comes back with its chat format.
+  std::vector<fs::path> side;
+  if (fs::is_directory(carried)) {
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(carried)) {
+      if (e.is_regular_file() && e.path() != carried / "config.json") side.push_back(e.path().lexically_relative(carried));
+    }
+  }
+  std::sort(side.begin(), side.end());
+  for (const fs::path& f : side) {
+    fs::create_directories((fs::path(out) / f).parent_path());
     copy_file_atomic((carried / f).string(), (fs::path(out) / f).string());
-    ++rep.carried;
+    rep.carried.push_back(f.string());
   }
   for (auto& w : writers) w->finish();
   if (nfiles > 1) {

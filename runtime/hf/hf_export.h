@@ -3,8 +3,9 @@
 // architecture (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM),
 // Hugging Face's tensor names and layouts (q/k/v and gate/up split, GPT-2's Conv1D weights
 // transposed), model.safetensors or shards of at most max_shard_bytes with
-// model.safetensors.index.json, in fp32, bf16 or fp16, and the source folder's tokenizer
-// and generation files when the run started from one (the checkpoint's hf/ folder).
+// model.safetensors.index.json, in fp32, bf16 or fp16, and every tokenizer, chat-template
+// and generation file of the source folder when the run started from one (the checkpoint's
+// hf/ folder, see hf_side_files), byte for byte.
 // When the checkpoint carries the source config.json, its other keys (token ids, ...) are
 // kept and the shape keys are written over them.
 // Memory: one unit's master weights plus one tensor's converted copy, whatever the model.
@@ -13,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ferry::runtime {
 
@@ -23,7 +25,7 @@ struct HfExportReport {
   uint64_t largest_unit_bytes = 0;  // the buffer that bounded memory
   int64_t step = 0;
   std::string checkpoint, architecture;
-  int carried = 0;                  // side files copied from the checkpoint's hf/
+  std::vector<std::string> carried;  // side files copied from the checkpoint's hf/ (config.json aside)
 };
 
 // `checkpoint`: a step directory or a checkpoint.dir (its latest); dtype fp32|bf16|fp16;

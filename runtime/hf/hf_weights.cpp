@@ -14,8 +14,39 @@ namespace ferry::runtime {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const char* const kHfSideFiles[5] = {"config.json", "tokenizer.json", "tokenizer_config.json",
-                                     "special_tokens_map.json", "generation_config.json"};
+namespace {
+
+// Top-level names of what transformers' save_pretrained writes for a causal LM's tokenizer
+// (fast and slow), its chat templates and generation: the files to carry.
+bool side_file(const std::string& name) {
+  static const char* const kNames[] = {
+      "config.json",        "generation_config.json", "tokenizer.json",          "tokenizer_config.json",
+      "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",     "chat_template.json",
+      "vocab.json",         "vocab.txt",              "merges.txt",              "tokenizer.model",
+      "spiece.model",       "sentencepiece.bpe.model", "preprocessor_config.json", "processor_config.json"};
+  for (const char* n : kNames)
+    if (name == n) return true;
+  return name.ends_with(".tiktoken");
+}
+
+}  // namespace
+
+std::vector<std::string> hf_side_files(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file(ec) && side_file(name)) out.push_back(name);
+  }
+  // transformers 5 saves named templates other than the default one here.
+  for (const fs::directory_entry& e : fs::directory_iterator(fs::path(dir) / "additional_chat_templates", ec)) {
+    if (e.is_regular_file(ec) && e.path().extension() == ".jinja") {
+      out.push_back("additional_chat_templates/" + e.path().filename().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 namespace {
 

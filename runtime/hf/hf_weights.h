@@ -27,8 +27,13 @@
 
 namespace ferry::runtime {
 
-// The files besides the weights that an export carries along.
-extern const char* const kHfSideFiles[5];  // config.json, tokenizer.json, tokenizer_config.json, ...
+// The files besides the weights that a run started from `dir` carries into its checkpoints
+// (their hf/ folder) and `ferry export --hf` writes back: config.json and every tokenizer,
+// chat-template and generation file `dir` has (tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, added_tokens.json, chat_template.jinja, chat_template.json,
+// additional_chat_templates/*.jinja, generation_config.json, vocab.json, merges.txt,
+// tokenizer.model, *.tiktoken, ...). Paths relative to `dir`, sorted; those that exist only.
+std::vector<std::string> hf_side_files(const std::string& dir);
 
 class HfWeights {
  public:

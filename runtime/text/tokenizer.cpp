@@ -229,4 +229,7 @@ bool Tokenizer::is_special(int32_t id) const {
   return it != impl_->added_by_id.end() && impl_->added[it->second].special;
 }
 
+const std::vector<int32_t>& Tokenizer::special_before() const { return impl_->post.before; }
+const std::vector<int32_t>& Tokenizer::special_after() const { return impl_->post.after; }
+
 }  // namespace ferry::text

@@ -55,6 +55,10 @@ class Tokenizer {
   int32_t token_id(std::string_view token) const;
   const std::string& token(int32_t id) const;  // throws TokenizerError for an unknown id
   bool is_special(int32_t id) const;
+  // The ids encode(text, true) puts before and after every text (the post-processor's
+  // "single" template; Llama 3: <|begin_of_text|> before, nothing after; GPT-2: none).
+  const std::vector<int32_t>& special_before() const;
+  const std::vector<int32_t>& special_after() const;
 
   struct Impl;
 

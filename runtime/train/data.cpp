@@ -8,6 +8,7 @@
 
 #include "nn/dtype.h"
 #include "nn/rng.h"
+#include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
 
 namespace ferry::runtime {
@@ -43,6 +44,43 @@ std::string ByteTokenizer::decode(std::span<const uint32_t> tokens) {
 TokenData load_jsonl(const DataOptions& o, const std::string& bytes);
 TokenData load_token_files(const DataOptions& o);
 
+namespace {
+
+std::string token_list(const text::Tokenizer& t, const std::vector<int32_t>& ids) {
+  std::string s;
+  for (const int32_t id : ids) s += (s.empty() ? "" : " ") + t.token(id) + " (id " + std::to_string(id) + ")";
+  return s;
+}
+
+// What the tokenizer's post-processor adds to a text, in words.
+std::string post_processor_words(const text::Tokenizer& t) {
+  const std::vector<int32_t>& b = t.special_before();
+  const std::vector<int32_t>& a = t.special_after();
+  if (b.empty() && a.empty()) return "the tokenizer's post-processor adds no special tokens";
+  std::string s = "the tokenizer's post-processor puts ";
+  if (!b.empty()) s += token_list(t, b) + " before";
+  if (!b.empty() && !a.empty()) s += " and ";
+  if (!a.empty()) s += token_list(t, a) + " after";
+  return s + " it";
+}
+
+// For the run's header: which special tokens the data got, and from where.
+std::string special_tokens_words(const DataOptions& o) {
+  if (!o.tokenizer) return "";
+  const text::Tokenizer& t = *o.tokenizer;
+  if (o.format == "text") {
+    return "the file is one document, encoded as tokenizer(text) encodes it: " + post_processor_words(t);
+  }
+  if (o.format != "jsonl") return "";
+  std::string s = "each prompt and text record encoded as tokenizer(text) encodes it: " + post_processor_words(t);
+  s += o.eos >= 0 ? "; prompt/completion and text records end with " + token_list(t, {o.eos}) + ", " + o.eos_from
+                  : std::string("; no end token appended (the tokenizer names no eos_token, config.json no eos_token_id)");
+  if (o.chat) s += "; messages records rendered by the chat template of " + o.chat->where();
+  return s;
+}
+
+}  // namespace
+
 TokenData TokenData::load(const DataOptions& o) {
   if (o.format == "tokens") {
     TokenData d = load_token_files(o);
@@ -56,13 +94,15 @@ TokenData TokenData::load(const DataOptions& o) {
   if (o.format == "jsonl") {
     TokenData d = load_jsonl(o, bytes);
     d.tokenizer_ = o.tokenizer;
+    d.special_ = special_tokens_words(o);
     return d;
   }
   std::vector<uint32_t> tokens;
   if (o.format == "text") {
     if (o.tokenizer) {
       try {
-        const std::vector<int32_t> ids = o.tokenizer->encode(bytes, /*add_special_tokens=*/false);
+        // One document: the special tokens tokenizer(text) adds (Llama 3: <|begin_of_text|>).
+        const std::vector<int32_t> ids = o.tokenizer->encode(bytes, /*add_special_tokens=*/true);
         tokens.assign(ids.begin(), ids.end());
       } catch (const text::TokenizerError& e) {
         throw std::runtime_error("data.path '" + o.path + "': " + e.what());
@@ -91,6 +131,7 @@ TokenData TokenData::load(const DataOptions& o) {
   }
   TokenData d(std::move(tokens), o.val_fraction, o.path);
   d.tokenizer_ = o.tokenizer;
+  d.special_ = special_tokens_words(o);
   return d;
 }
 
@@ -134,6 +175,7 @@ std::string TokenData::describe() const {
     s << train().size() << " training and " << val().size() << " validation tokens";
   }
   s << (tokenizer_ ? " (the model's tokenizer)" : " (bytes as tokens)");
+  if (!special_.empty()) s << "; " << special_;
   return s.str();
 }
 

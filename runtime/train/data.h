@@ -3,12 +3,16 @@
 //
 // Two kinds of data:
 // - a stream (data.format text or uint16): one token sequence; sequence i of a step is a
-//   window of block_size + 1 tokens at an offset drawn from Rng::derive({seed, step, i});
+//   window of block_size + 1 tokens at an offset drawn from Rng::derive({seed, step, i}).
+//   A text file through a tokenizer is one document, encoded as the Hugging Face tokenizer
+//   encodes it (tokenizer(text), add_special_tokens=True): the post-processor's tokens
+//   (Llama 3's <|begin_of_text|>) come before and after it;
 // - records (data.format jsonl): one line per example, {"text": ...} or {"prompt": ...,
 //   "completion": ...} or {"messages": [{"role", "content"}, ...]} (a conversation, rendered
 //   by the chat template: the prompt is everything before the last turn, which must be the
 //   assistant's, plus the generation prompt; the completion is the rest of the rendering),
-//   each encoded to tokens (plus the tokenizer's EOS for the first two kinds)
+//   each encoded to tokens (the prompt and a text record as tokenizer(text) encodes them,
+//   with the post-processor's tokens; the completion without; then EOS for the first two kinds)
 //   with a per-token flag: does the loss count when this token is the target. With
 //   mask_prompt the prompt's tokens do not count (only the completion is learnt). A row of
 //   a batch holds one record, cut at block_size + 1 tokens and padded after its end; padding
@@ -58,7 +62,11 @@ struct DataOptions {
   double val_fraction = 0.05;
   std::shared_ptr<const text::Tokenizer> tokenizer;  // null: bytes are tokens
   bool mask_prompt = true;
-  int32_t eos = -1;  // appended to every prompt/completion and text record when >= 0
+  // Appended to every prompt/completion and text record when >= 0: the tokenizer's
+  // eos_token (data_options: tokenizer_config.json, as tokenizer.eos_token_id), else
+  // config.json's eos_token_id. eos_from says which, for the run's header.
+  int32_t eos = -1;
+  std::string eos_from;
   // {"messages": [...]} records: rendered by the model's chat template, with these tokens.
   std::shared_ptr<const text::ChatTemplate> chat;
   std::string bos_token, eos_token;
@@ -89,11 +97,14 @@ class TokenData {
   // The text of tokens, through the tokenizer or as bytes.
   std::string decode(std::span<const uint32_t> tokens) const;
   std::string describe() const;  // for the run's header
+  // The special tokens the data got and where each came from ("" with bytes as tokens).
+  const std::string& special_tokens() const { return special_; }
   // ferry tokenize: writes DIR/tokens.bin (uint32), for records DIR/counted.bin (uint8) and
   // DIR/starts.bin (uint64, records + 1), and DIR/meta.json; data.format tokens reads it
   // back memory-mapped. Throws std::runtime_error naming the file.
   void save(const std::string& dir) const;
   int64_t vocab_size() const { return vocab_; }
+  bool has_tokenizer() const { return tokenizer_ != nullptr; }  // false: ids are bytes, or token files' own
 
  private:
   friend class JsonlLoader;
@@ -108,7 +119,7 @@ class TokenData {
   std::vector<size_t> starts_;
   std::vector<std::shared_ptr<const void>> keep_;
   size_t n_train_ = 0, n_train_records_ = 0;
-  std::string source_;
+  std::string source_, special_;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   int64_t vocab_ = INT64_MAX;  // ids are checked below it as windows are read (mapped files)
 };

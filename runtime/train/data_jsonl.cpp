@@ -71,8 +71,9 @@ TokenData JsonlLoader::make(const DataOptions& o, const std::string& bytes) {
     } else if (rec.contains("messages")) {
       const std::string at = where + ": line " + std::to_string(line) + ": ";
       if (!o.chat) {
-        throw std::runtime_error(at + "\"messages\" records need a chat template: the tokenizer folder's "
-                                      "tokenizer_config.json has none (give data.chat_template)");
+        throw std::runtime_error(at + "\"messages\" records need a chat template: the tokenizer folder has no "
+                                      "chat_template.jinja and its tokenizer_config.json no chat_template (give "
+                                      "data.chat_template)");
       }
       const nlohmann::json& m = rec["messages"];
       if (!m.is_array() || m.empty()) throw std::runtime_error(at + "\"messages\" must be a non-empty list");

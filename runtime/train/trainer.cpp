@@ -663,7 +663,8 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
   req.stage = cfg_.zero.stage;
   req.model = model_shape();
   if (!cfg_.init_from.empty()) {
-    for (const char* f : kHfSideFiles) req.carry_files.push_back((std::filesystem::path(cfg_.init_from) / f).string());
+    req.carry_root = cfg_.init_from;
+    for (const std::string& f : hf_side_files(cfg_.init_from)) req.carry_files.push_back((std::filesystem::path(cfg_.init_from) / f).string());
   }
   // Everything else the run's future depends on is a function of these: batches of
   // (data.seed, step, global sequence), the learning rate of (scheduler, step), Adam's
