@@ -91,8 +91,9 @@ autotp)
   ;;
 nvme_new_folder)
   cp "$files/ds_nvme_new_folder.json" "$work/ds.json"
+  # Given as a relative path: its nvme_paths are relative to its folder, not ferry's file's.
   expect 0 "zero_optimization.stage3_prefetch_bucket_size = 921" -- \
-    "$ferry" train "${small[@]}" --deepspeed "$work/ds.json"
+    env -C "$work" "$ferry" train "${small[@]}" --deepspeed ds.json
   trained
   [ -d "$work/nvme-swap/optimizer" ] && [ -d "$work/nvme-swap/params" ] || fail "nvme folders not created under $work"
   touch "$work/plain-file"

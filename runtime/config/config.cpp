@@ -540,14 +540,16 @@ Config load_deepspeed_config(json doc, const std::string& path, const std::vecto
                              int world_size, const std::string& deepspeed_path, json ds,
                              std::vector<std::string> warnings) {
   std::string ds_source = deepspeed_path;
-  std::string ds_base = folder_of(deepspeed_path);
+  // Absolute: ferry's file's folder must not be put in front of the paths resolved here
+  // (a relative --deepspeed path's nvme_path landed beside ferry's file).
+  std::string ds_base = fs::absolute(folder_of(deepspeed_path)).lexically_normal().string();
   AccelerateDeepSpeed acc;
   if (!accelerate_distributed_type(ds).empty()) {
     acc = translate_accelerate_deepspeed(ds, deepspeed_path, ds_base);
     if (!acc.config_file.empty()) {
       use_deepspeed_file(acc, read_runtime_file(acc.config_file, "DeepSpeed configuration"), deepspeed_path);
       ds_source = acc.config_file;
-      ds_base = folder_of(acc.config_file);
+      ds_base = fs::absolute(folder_of(acc.config_file)).lexically_normal().string();
     }
     ds = std::move(acc.ds);
     if (acc.num_processes > 0 && acc.num_processes != world_size) {
