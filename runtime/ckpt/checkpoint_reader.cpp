@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "base/crc32c.h"
+#include "base/nesting_limit.h"
 #include "base/posix_file.h"
 #include "base/version.h"
 #include "runtime/ckpt/checkpoint.h"
@@ -67,7 +68,7 @@ namespace {
 json read_json(const std::string& path, const std::string& what) {
   if (!fs::exists(path)) throw CheckpointError(path + " is missing (" + what + ")");
   try {
-    return json::parse(read_text_file(path));
+    return base::parse_json<CheckpointError>(read_text_file(path), path);
   } catch (const json::exception& e) {
     throw CheckpointError(path + ": not valid JSON (" + e.what() + "); the file is damaged");
   }

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/nesting_limit.h"
+
 namespace ferry::runtime {
 
 using nlohmann::json;
@@ -111,7 +113,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path, File
   data_start_ = 8 + n;
   json header;
   try {
-    header = json::parse(text);
+    header = base::parse_json<std::runtime_error>(text, path);
     for (const auto& [name, v] : header.items()) {
       if (name == "__metadata__") {
         if (v.is_object()) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/nesting_limit.h"
 #include "runtime/config/accelerate_config.h"
 #include "runtime/config/config_json.h"
 #include "runtime/config/config_schema.h"
@@ -151,7 +152,7 @@ void apply_override(json& resolved, const std::string& arg) {
     if (is_section(path)) fail(source, "'" + path + "' is a section; set one of its keys");
     fail(source, unknown_key_message(path));
   }
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json value = base::parse_json<ConfigError>(text, source, /*allow_exceptions=*/false);
   if (value.is_discarded()) value = text;  // bare words are strings: device.memory=2GiB
   set_path(resolved, path, check_value(*k, value, source, fs::current_path().string()));
 }
@@ -341,7 +342,7 @@ namespace {
 json read_json_file(const std::string& path, const char* what) {
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open the " + std::string(what) + " file");
-  json doc = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  json doc = base::parse_json<ConfigError>(in, path, /*allow_exceptions=*/false, /*ignore_comments=*/true);
   if (doc.is_discarded()) {
     // Parse again with exceptions for the position of the error.
     in.clear();

@@ -12,6 +12,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "base/nesting_limit.h"
 #include "runtime/config/accelerate_config.h"
 #include "runtime/config/config.h"
 
@@ -404,6 +405,7 @@ json node_to_json(const YAML::Node& n, const std::string& source, int depth, Bud
 json yaml_to_json(const std::string& text, const std::string& source) {
   try {
     Budget budget;
+    base::refuse_deep_yaml<ConfigError>(text, source);  // yaml-cpp recurses per level
     return node_to_json(YAML::Load(text), source, 0, budget);
   } catch (const YAML::Exception& e) {
     throw ConfigError(source + ": not valid YAML: line " + std::to_string(e.mark.line + 1) + ", column " +
@@ -505,7 +507,7 @@ FsdpImport read_fsdp(const std::string& arg) {
   json doc;
   if (looks_like_json(text, arg)) {
     try {
-      doc = json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+      doc = base::parse_json<ConfigError>(text, arg, /*allow_exceptions=*/true, /*ignore_comments=*/true);
     } catch (const json::exception& e) {
       throw ConfigError(arg + ": not valid JSON: " + e.what());
     }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "base/nesting_limit.h"
 #include "runtime/config/config.h"
 
 namespace ferry::runtime {
@@ -169,7 +170,7 @@ HfModelConfig read_hf_model_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot open (model.init_from must be a Hugging Face model folder)");
-  const json hf = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const json hf = base::parse_json<ConfigError>(in, path, /*allow_exceptions=*/false);
   if (hf.is_discarded()) throw ConfigError(path + ": not valid JSON");
   return hf_model_config(hf, path);
 }

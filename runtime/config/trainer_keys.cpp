@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 
+#include "base/nesting_limit.h"
 #include "runtime/config/config_json.h"
 #include "runtime/config/config_schema.h"
 
@@ -174,7 +175,7 @@ std::vector<std::string> translate_trainer_override(const std::string& arg, Trai
   const size_t eq = arg.find('=');
   if (eq == std::string::npos || eq == 0) return {arg};
   const std::string key = arg.substr(0, eq), text = arg.substr(eq + 1);
-  json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  json value = base::parse_json<ConfigError>(text, "--set " + arg, /*allow_exceptions=*/false);
   if (value.is_discarded()) value = text;  // bare words are strings, as for any --set
   if (!is_trainer_key(key, value)) return {arg};
   json out = json::object();

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/nesting_limit.h"
 #include "base/posix_file.h"
 #include "base/version.h"
 #include "nn/dtype.h"
@@ -36,7 +37,7 @@ std::string torch_dtype(const std::string& d) { return d == "fp32" ? "float32" :
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  json j = base::parse_json<std::runtime_error>(in, p.string(), /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw std::runtime_error(p.string() + ": not a JSON object");
   return j;
 }

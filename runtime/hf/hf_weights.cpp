@@ -7,6 +7,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "base/nesting_limit.h"
 #include "nn/dtype.h"
 
 namespace ferry::runtime {
@@ -61,7 +62,7 @@ std::vector<std::string> weight_files(const std::string& dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
     std::ifstream in(index);
-    const json doc = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const json doc = base::parse_json<std::runtime_error>(in, index.string(), /*allow_exceptions=*/false);
     if (doc.is_discarded() || !doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object()) {
       throw std::runtime_error(index.string() + ": not a safetensors index (no weight_map object)");
     }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "base/nesting_limit.h"
 #include "runtime/text/chat_template_ast.h"
 #include "runtime/text/chat_template_value.h"
 
@@ -644,7 +645,9 @@ std::optional<ChatTemplate> ChatTemplate::from_tokenizer_config(const std::strin
   if (!in) throw ChatTemplateError(path + ": cannot read the tokenizer config");
   nlohmann::json config;
   try {
-    config = nlohmann::json::parse(in);
+    config = base::parse_json<ChatTemplateError>(in, path);
+  } catch (const ChatTemplateError&) {
+    throw;  // nested too deep: the message names the file already
   } catch (const std::exception& e) {
     throw ChatTemplateError(path + ": not JSON: " + e.what());
   }

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/nesting_limit.h"
 #include "runtime/text/pipeline.h"
 #include "runtime/text/unicode.h"
 
@@ -110,7 +111,7 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
 // than the one read (json's get() and value() throw type_error) is refused at the end, naming
 // the file (a function-try-block: the whole body is inside).
 Tokenizer Tokenizer::from_json(const std::string& text, const std::string& path) try {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json j = base::parse_json<TokenizerError>(text, path, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw TokenizerError(path + ": not a JSON object");
   auto impl = std::make_unique<Impl>();
   impl->path = path;

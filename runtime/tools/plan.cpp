@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "base/nesting_limit.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "runtime/zero/partition.h"
@@ -61,7 +62,7 @@ Rates rates_from_bench(const std::string& dir, Rates r) {
     const fs::path p = fs::path(dir) / file;
     if (!fs::exists(p)) return 0;
     std::ifstream in(p);
-    const json j = json::parse(in, nullptr, false);
+    const json j = base::parse_json<std::runtime_error>(in, p.string(), false);
     if (j.is_discarded()) throw std::runtime_error(p.string() + ": not valid JSON");
     const json h = j.value("headline", json::object());
     if (!h.value("metric", std::string()).starts_with(key) || !h.contains("value") || !h["value"].is_number()) {

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "base/nesting_limit.h"
+
 namespace ferry::runtime {
 
 using nlohmann::json;
@@ -23,8 +25,8 @@ MetricsSeries read_metrics(const std::string& path) {
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     if (line.empty()) continue;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::string where = path + ":" + std::to_string(n);
+    const json j = base::parse_json<std::runtime_error>(line, where, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) throw std::runtime_error(where + ": not a JSON object");
     if (!j.contains("step") || !j["step"].is_number()) throw std::runtime_error(where + ": no \"step\" number");
     const double step = j["step"].get<double>();

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/nesting_limit.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/train/data.h"
@@ -57,6 +58,7 @@ TokenData JsonlLoader::make(const DataOptions& o, const std::string& bytes) {
     at = nl == std::string::npos ? bytes.size() : nl + 1;
     ++line;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    base::refuse_deep_json<std::runtime_error>(text, where, line);  // a record nested past the bound
     const nlohmann::json rec = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (rec.is_discarded() || !rec.is_object()) {
       throw std::runtime_error(where + ": line " + std::to_string(line) + ": not a JSON object");

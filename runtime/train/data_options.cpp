@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/nesting_limit.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/tokenizer.h"
 #include "runtime/train/trainer.h"
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 
 nlohmann::json read_json_or_null(const fs::path& p) {
   std::ifstream in(p);
-  return in ? nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false) : nlohmann::json();
+  return in ? base::parse_json<std::runtime_error>(in, p.string(), /*allow_exceptions=*/false) : nlohmann::json();
 }
 
 // A token named in tokenizer_config.json or special_tokens_map.json: a string or

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/mapped_file.h"
+#include "base/nesting_limit.h"
 #include "base/posix_file.h"
 #include "runtime/train/data.h"
 
@@ -66,7 +67,7 @@ TokenData TokenFiles::load(const DataOptions& o) {
     return d;
   }
   std::ifstream in(path / "meta.json");
-  const nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json meta = base::parse_json<std::runtime_error>(in, (path / "meta.json").string(), /*allow_exceptions=*/false);
   // Compared as JSON values: value("format", "") would throw json's type_error for a number.
   if (meta.is_discarded() || !meta.is_object() || !meta.contains("format") || meta["format"] != "ferry-tokens") {
     throw std::runtime_error((path / "meta.json").string() + ": not a ferry tokenize folder (format \"ferry-tokens\")");
