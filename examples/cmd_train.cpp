@@ -3,6 +3,13 @@
 //   ferry train --help-config
 //   mpiexec -n N ferry train --config FILE ...      (data parallel, ZeRO stage from the config)
 //   ferry train --config FILE --resume auto|DIR    (= --set checkpoint.resume=...)
+//   ferry train --config FILE --verbose            (the resolved configuration printed in full)
+// Output: a short header (the files the configuration came from and where its full listing
+// is, the model, where each state lives, the data, the batch, the optimizer), then a line per
+// logged step. The model, data and tokenizer are loaded before the header is printed, so a
+// refused model folder or data file is the first thing a user reads. The full resolved
+// configuration goes to the run folder (runtime/train/run_config.h) and, with --verbose,
+// to stdout.
 // ferry-train is the same verb as a program of its own (ferry_train.cpp).
 // Exit status: 0 done; 1 the run failed (out of device memory, bad data, non-finite loss);
 // 2 the configuration or the command line is wrong. With several ranks a failure on one
@@ -28,6 +35,7 @@
 #include "nn/device.h"
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/config/config.h"
+#include "runtime/train/run_config.h"
 #include "runtime/train/trainer.h"
 
 namespace ferry::cli {
@@ -38,6 +46,7 @@ struct TrainArgs {
   RunOptions run;
   std::vector<std::string> resume;  // --resume values
   bool help_config = false;
+  bool verbose = false;  // --verbose: the resolved configuration in full on stdout
   CLI::App* cmd = nullptr;
 };
 
@@ -103,41 +112,30 @@ int train(const TrainArgs& a) {
   out << "ferry " << kVersion << " | allocator " << allocator_name() << " | " << comm->size()
       << " rank(s) over MPI, " << (comm->blocking() ? "blocking" : "polling") << " collectives | pids:";
   for (size_t r = 0; r < comm->ranks().size(); ++r) out << " r" << r << "=" << comm->ranks()[r].pid;
-  out << " | " << comm::describe_nodes(comm->ranks()) << "\n"
-      << "resolved config (" << config_path << (deepspeed_path.empty() ? "" : " + " + deepspeed_path)
-      << (fsdp_path.empty() ? "" : " + " + fsdp_path)
-      << (overrides.empty() ? "" : " + --set") << "):\n"
-      << config.resolved.dump(2) << "\n";
-  if (!config.deepspeed.autos_resolved.empty()) {
-    out << "deepspeed config " << deepspeed_path << ": \"auto\" resolved:";
-    for (const std::string& a : config.deepspeed.autos_resolved) out << "\n  " << a;
-    out << "\n";
-  }
-  if (!config.deepspeed.ignored.empty() && rank == 0) {
-    std::string keys;
-    for (const std::string& k : config.deepspeed.ignored) keys += (keys.empty() ? " " : ", ") + k;
-    log::warn(log::Subsys::config, deepspeed_path + ": " + std::to_string(config.deepspeed.ignored.size()) +
-                                       " key(s) ferry does not implement, ignored (none changes what is computed):" + keys);
-  }
-  if (!config.fsdp.resolved.empty()) {
-    out << "fsdp config " << fsdp_path << ": resolved:";
-    for (const std::string& line : config.fsdp.resolved) out << "\n  " << line;
-    out << "\n";
-  }
+  out << " | " << comm::describe_nodes(comm->ranks()) << "\n";
+  out.flush();
   if (rank == 0) {
+    for (const std::string& w : config.deepspeed.warnings) log::warn(log::Subsys::config, w);
     for (const std::string& w : config.fsdp.warnings) log::warn(log::Subsys::config, w);
   }
-  if (!config.fsdp.ignored.empty() && rank == 0) {
-    std::string keys;
-    for (const std::string& k : config.fsdp.ignored) keys += (keys.empty() ? " " : ", ") + k;
-    log::warn(log::Subsys::config, fsdp_path + ": " + std::to_string(config.fsdp.ignored.size()) +
-                                       " key(s) ignored (none changes what is computed):" + keys);
-  }
   if (!config.checkpoint.dir.empty()) install_stop_handlers();
+  const runtime::ConfigSources sources{config_path, overrides};
+  const std::string record_path = runtime::run_config_path(config);
   std::string failure;
   try {
+    // First: the model folder, the data and the tokenizer are read (and refused) here.
     runtime::Trainer trainer(config, *comm, out);
-    trainer.run();
+    if (a.verbose) out << runtime::describe_config_full(config, sources);
+    out << runtime::describe_config_header(config, sources, record_path);
+    trainer.run([&](int64_t resumed_from) {
+      if (rank != 0 || record_path.empty()) return;
+      try {
+        runtime::write_run_config(record_path, runtime::run_config_record(config, sources, resumed_from));
+      } catch (const std::exception& e) {
+        // The run itself does not need the file: say so and train.
+        log::warn(log::Subsys::config, std::string(e.what()) + "; --verbose prints the configuration");
+      }
+    });
   } catch (const runtime::CheckpointError& e) {
     // Every rank got here together (loading is collective): no abort needed.
     if (!e.reported_elsewhere) std::cerr << "ferry train: rank " << rank << ": checkpoint refused: " << e.what() << "\n";
@@ -165,6 +163,9 @@ Run train_command(CLI::App& cmd) {
   cmd.add_option("--resume", a->resume, "auto | none | CHECKPOINT_DIR (= --set checkpoint.resume=...)")
       ->allow_extra_args(false);
   cmd.add_flag("--help-config", a->help_config, "print every configuration key, its default and meaning");
+  cmd.add_flag("--verbose", a->verbose,
+               "print the resolved configuration in full (every key, and the --deepspeed/--fsdp lists); "
+               "without it the header says where the run folder keeps it");
   return [a] { return train(*a); };
 }
 

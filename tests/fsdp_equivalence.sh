@@ -32,7 +32,9 @@ run ferry --set zero_optimization.stage=3 --set zero_optimization.overlap_comm=t
 run accelerate --fsdp "$src/examples/fsdp/accelerate_fsdp.yaml"
 identical trainer ferry
 identical accelerate ferry
-grep -q "fsdp_sharding_strategy = FULL_SHARD -> zero_optimization.stage = 3" trainer.log || fail "no resolution printed"
+# The resolutions are listed in the run folder (beside log.metrics), the header counts them.
+grep -q "fsdp_sharding_strategy = FULL_SHARD -> zero_optimization.stage = 3" trainer.run-config.json || fail "no resolution listed"
+grep -q "^fsdp config .*fsdp_config.json: [0-9]* keys mapped onto ferry's" trainer.log || fail "no fsdp line on the header"
 grep -q "num_processes is 2 but the run has 1 rank" accelerate.log || fail "no num_processes warning"
 # The Trainer's words: stage 3 with parameters and optimizer state on the CPU.
 run words --fsdp "full_shard auto_wrap offload"

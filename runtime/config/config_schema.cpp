@@ -240,9 +240,12 @@ const std::vector<Knob>& config_knobs() {
       {"fp16.min_loss_scale", F(loss_scaling.min_scale), KnobType::number, 1.0, "fp16: the scale never goes below this; an overflow there stops the run", 0, {}, true},
       {"data.path", F(data.path), KnobType::path, nullptr, "training corpus (required)"},
       {"data.format", F(data.format), KnobType::string, "text",
-       "text: a corpus, through data.tokenizer; uint16: little-endian token ids, read whole; tokens: token files "
-       "memory-mapped (a file, a folder of *.bin as one stream, or a ferry tokenize folder); jsonl: fine-tuning records, "
-       "{\"text\"} or {\"prompt\", \"completion\"} per line, one record per row of a batch", {}, {}, false,
+       "text: a plain-text corpus, one document, through data.tokenizer; uint16: a file of little-endian uint16 token "
+       "ids, read whole; tokens: token ids memory-mapped (a file, a folder of *.bin as one stream, or a ferry tokenize "
+       "folder; width data.dtype); jsonl: fine-tuning records, one JSON object per line and one record per row of a "
+       "batch (data.packing): {\"text\"} (trained on whole), {\"prompt\", \"completion\"} (the loss on the completion, "
+       "data.mask_prompt) or {\"messages\": [{\"role\", \"content\"}, ...]} (a conversation rendered by "
+       "data.chat_template; the loss on the last turn, the assistant's)", {}, {}, false,
        {"text", "uint16", "tokens", "jsonl"}},
       {"data.dtype", F(data.dtype), KnobType::string, "auto",
        "tokens: the ids' width in the files: uint16, uint32, or auto (uint16 when model.vocab_size <= 65536; a "
@@ -254,8 +257,9 @@ const std::vector<Knob>& config_knobs() {
        "jsonl: padded: one record per row, padded after its end; packed: as many whole records per row as fit, "
        "each attending only within itself (llama family: rotary positions)", {}, {}, false, {"padded", "packed"}},
       {"data.chat_template", F(data.chat_template), KnobType::path, "auto",
-       "jsonl messages records: auto: the chat_template of the tokenizer's tokenizer_config.json; or a "
-       "tokenizer_config.json, or a file holding the Jinja template itself", {}, {}, false, {"auto"}},
+       "jsonl {\"messages\"} records: auto: the tokenizer folder's chat_template.jinja, else the chat_template of its "
+       "tokenizer_config.json; or the path of a tokenizer_config.json, or of a file holding the Jinja template "
+       "itself", {}, {}, false, {"auto"}},
       {"data.truncate", F(data.truncate), KnobType::boolean, true,
        "jsonl: a record longer than block_size + 1 tokens is cut to fit its row (the header counts them); false: "
        "it is an error naming the file and the line"},

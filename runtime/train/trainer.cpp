@@ -94,6 +94,17 @@ size_t peak_resident_bytes() {
   return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+std::string compare_to_baseline(double loss, double baseline) {
+  if (!(baseline > 0)) return loss == baseline ? "equal to it" : fmt("%.4f nats above", loss - baseline);
+  const double below = 100.0 * (baseline - loss) / baseline;
+  if (fmt("%.1f", std::abs(below)) == "0.0") return "equal to it";
+  return below > 0 ? fmt("%.1f%% below", below) : fmt("%.1f%% above", -below);
+}
+
+bool Trainer::byte_level() const {
+  return !data_.has_tokenizer() && (cfg_.data.format == "text" || cfg_.data.format == "jsonl");
+}
+
 std::string describe_breakdown(const StepBreakdown& b) {
   std::string line = fmt("%.3f s:", b.wall_s);
   bool first = true;
@@ -322,6 +333,41 @@ void Trainer::describe_memory() {
   out_.flush();
 }
 
+namespace {
+
+// The learning rate over the run, in DeepSpeed's terms (runtime/train/lr_schedule.h).
+std::string describe_schedule(const SchedulerConfig& s, double lr) {
+  const std::string warmup = fmt(" over %.0f steps", static_cast<double>(std::max<int64_t>(2, s.warmup_num_steps))) +
+                             " (" + s.warmup_type + ")";
+  if (s.type.empty()) return fmt("lr %g, constant", lr);
+  if (s.type == "WarmupLR") return fmt("WarmupLR: lr %g", s.warmup_min_lr) + fmt(" -> %g", s.warmup_max_lr) + warmup + ", then constant";
+  if (s.type == "WarmupDecayLR") {
+    return fmt("WarmupDecayLR: lr %g", s.warmup_min_lr) + fmt(" -> %g", s.warmup_max_lr) + warmup +
+           fmt(", then linear to %g", s.warmup_min_lr) + fmt(" at step %.0f", static_cast<double>(s.total_num_steps));
+  }
+  if (s.type == "WarmupCosineLR") {
+    return fmt("WarmupCosineLR: lr %g", lr) + fmt(" x %g", s.warmup_min_ratio) + " -> 1" + warmup +
+           fmt(", then cosine to x %g", s.cos_min_ratio) + fmt(" at step %.0f", static_cast<double>(s.total_num_steps));
+  }
+  return s.type;
+}
+
+// The header's line on what the run does: steps, optimizer, learning rate, clipping, validation.
+std::string describe_training(const Config& c) {
+  const offload::AdamWParams& o = c.optimizer;
+  std::string line = "training: " + std::to_string(c.train.steps) + " steps; " + c.optimizer_type +
+                     fmt(" (betas %g", o.beta1) + fmt(", %g", o.beta2) + fmt(", eps %g", o.eps) +
+                     fmt(", weight decay %g); ", o.weight_decay) + describe_schedule(c.scheduler, o.lr) +
+                     (c.grad_clip > 0 ? fmt("; gradient clipping at norm %g", c.grad_clip) : "; no gradient clipping") +
+                     "; validation on " + std::to_string(c.train.eval_batches) + " micro-batch(es) ";
+  line += c.train.eval_every > 0 && c.train.eval_every < c.train.steps
+              ? "every " + std::to_string(c.train.eval_every) + " steps and at the end"
+              : std::string("at the end");
+  return line;
+}
+
+}  // namespace
+
 void Trainer::describe_placement() {
   const int64_t params = model_->num_parameters();
   const StateBytes sb = units_->state_bytes();
@@ -388,7 +434,8 @@ void Trainer::describe_placement() {
        << (cfg_.data.packing == "packed" ? fmt("; packed, %.2f records per row", sampler_.records_per_row()) : "")
        << "; global batch " << cfg_.global_batch() << " x " << cfg_.model.block_size
        << " tokens (" << cfg_.micro_batch << " per micro-batch x " << cfg_.grad_accum << " accumulation steps x "
-       << comm_.size() << " ranks)\n";
+       << comm_.size() << " ranks)\n"
+       << describe_training(cfg_) << "\n";
 }
 
 void Trainer::gradients_ready(int unit) {
@@ -706,7 +753,7 @@ int64_t Trainer::load_checkpoint(const std::string& step_dir) {
   return manifest.at("step").get<int64_t>();
 }
 
-TrainReport Trainer::run() {
+TrainReport Trainer::run(const std::function<void(int64_t)>& started) {
   TrainReport report;
   describe_placement();
   // auto: a bar only where rank 0 writes to a terminal (other ranks' stream discards).
@@ -714,8 +761,9 @@ TrainReport Trainer::run() {
   Progress progress(out_, cfg_.train.steps, bar);
   auto say = [&](const std::string& text) { progress.say(text); };
   report.unigram_baseline = unigram_baseline(data_, cfg_.model.vocab_size);
-  out_ << "unigram baseline (validation bytes scored by training byte frequencies): "
-       << fmt("%.4f", report.unigram_baseline) << " nats/token\n";
+  const std::string unit = byte_level() ? "byte" : "token";  // what the model reads
+  out_ << "unigram baseline (validation " << unit << "s scored by training " << unit
+       << " frequencies): " << fmt("%.4f", report.unigram_baseline) << " nats/token\n";
   auto eval = [&](int64_t step) {
     const double v = evaluate();
     report.val_losses.emplace_back(step, v);
@@ -741,6 +789,7 @@ TrainReport Trainer::run() {
     // file left by an earlier run must not precede this one's steps.
     if (metrics_.enabled()) metrics_ = MetricsWriter(cfg_.log.metrics, /*append=*/false);
   }
+  if (started) started(report.resumed_from);
   const auto& ck = cfg_.checkpoint;
   if (cfg_.train.steps == 0 && !ck.dir.empty() && report.resumed_from == 0) {
     // No training: the initial (or imported) weights as a checkpoint of step 0, e.g. to
@@ -787,11 +836,11 @@ TrainReport Trainer::run() {
   describe_memory();
   const double final_val = report.val_losses.back().second;
   out_ << "final validation loss " << fmt("%.4f", final_val) << " nats/token vs unigram baseline "
-       << fmt("%.4f", report.unigram_baseline) << " ("
-       << fmt("%.1f", 100.0 * (report.unigram_baseline - final_val) / report.unigram_baseline) << "% below)\n";
+       << fmt("%.4f", report.unigram_baseline) << " (" << compare_to_baseline(final_val, report.unigram_baseline) << ")\n";
   if (cfg_.train.sample_tokens > 0) {
     report.sample = sample(cfg_.train.sample_tokens, cfg_.train.sample_temperature, cfg_.data.seed);
-    out_ << "sample (prompt: the first 32 validation bytes; temperature " << cfg_.train.sample_temperature
+    out_ << "sample (prompt: the first 32 validation " << (byte_level() ? "bytes" : "tokens") << "; temperature "
+         << cfg_.train.sample_temperature
          << "):\n---\n" << report.sample << "\n---\n";
   }
   return report;

@@ -28,6 +28,7 @@
 // evaluate(), sample() and the checkpoint methods wait for pending updates first.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -81,6 +82,9 @@ struct TrainReport {
 // that took time, for the step line.
 std::string describe_breakdown(const StepBreakdown& b);
 size_t peak_resident_bytes();  // this process's high-water mark of resident memory
+// A validation loss against the unigram baseline, for the run's last line: "12.3% below",
+// "44.8% above" (never a negative figure), "equal to it".
+std::string compare_to_baseline(double loss, double baseline);
 
 // One rank's model-state memory per tier, as placed by the configuration.
 struct TierMemory {
@@ -105,7 +109,12 @@ class Trainer {
   Trainer(const Config& config, comm::Communicator& comm, std::ostream& out);
   ~Trainer();
 
-  TrainReport run();
+  // Trains train.steps steps (from a resume checkpoint where checkpoint.resume names one).
+  // `started`, when given, is called on every rank once the starting point is settled (the
+  // checkpoint loaded, or none), before the first step, with the steps already done:
+  // ferry train writes the run's configuration to the run folder there, so that a refused
+  // resume leaves that folder as it was.
+  TrainReport run(const std::function<void(int64_t resumed_from)>& started = {});
 
   StepStats train_step(int64_t step);  // step is 0-based
 
@@ -133,6 +142,9 @@ class Trainer {
  private:
   void init_unit(int unit, const nn::Tensor& full);  // the model's initial weights into a state tensor
   void describe_placement();
+  // The model reads bytes (text or jsonl without a tokenizer), not a tokenizer's or token
+  // files' ids: the words of the baseline and sample lines.
+  bool byte_level() const;
   void describe_memory();
   nlohmann::json step_record(const StepStats& s) const;  // the metrics file's line for a step
   std::string traffic(const StepStats& s) const;         // the step line's bytes per parameter
