@@ -29,6 +29,16 @@ StripedFiles::StripedFiles(const std::vector<std::string>& folders, const std::s
   const uint64_t stripes = (capacity + stripe - 1) / stripe;
   const uint64_t per_file = (stripes + n - 1) / n * stripe;
   capacity_ = per_file * n;
+  try {
+    open_all(folders, name, per_file, direct, why);
+  } catch (...) {
+    remove_files();  // a later folder failed: the files already made go too
+    throw;
+  }
+}
+
+void StripedFiles::open_all(const std::vector<std::string>& folders, const std::string& name, uint64_t per_file,
+                            bool& direct, std::string* why) {
   for (const std::string& folder : folders) {
     struct stat st{};
     if (stat(folder.c_str(), &st) != 0) throw StorageError(folder, 0, 0, errno, "nvme_path: cannot use folder");
@@ -69,8 +79,18 @@ StripedFiles::StripedFiles(const std::vector<std::string>& folders, const std::s
   }
 }
 
-StripedFiles::~StripedFiles() {
-  for (int fd : fds_) close(fd);
+StripedFiles::~StripedFiles() { remove_files(); }
+
+// The files hold only this run's live state (checkpoints are written elsewhere): nothing in
+// them is worth keeping once the storage is gone, and a preallocated file per rank is often
+// gigabytes. An open file's blocks stay readable to any process that still has it open.
+void StripedFiles::remove_files() noexcept {
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    close(fds_[i]);
+    unlink(paths_[i].c_str());  // best effort: ENOENT (removed by hand) is no error at the end
+  }
+  fds_.clear();
+  paths_.clear();
 }
 
 void StripedFiles::for_each_segment(uint64_t offset, size_t len,

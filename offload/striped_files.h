@@ -14,9 +14,12 @@ class StripedFiles {
  public:
   // Opens (creating) NAME.swp in each folder with O_DIRECT when `direct`; `direct` is set to
   // false when the filesystem refuses it (EINVAL), and `why` says so. Throws StorageError
-  // for a missing or unwritable folder or too little space.
+  // for a missing or unwritable folder or too little space, having removed the files it made.
   StripedFiles(const std::vector<std::string>& folders, const std::string& name, uint64_t capacity,
                uint64_t stripe, bool& direct, std::string* why);
+  // Closes and removes the files: they are scratch for one run (a normal end, or an error
+  // that unwinds the trainer, leaves none). A process killed or ended by MPI_Abort leaves
+  // them; the next run with the same folder and name reuses them and removes them at its end.
   ~StripedFiles();
   StripedFiles(const StripedFiles&) = delete;
   StripedFiles& operator=(const StripedFiles&) = delete;
@@ -33,6 +36,10 @@ class StripedFiles {
   std::string describe(const std::string& engine, bool direct) const;
 
  private:
+  void open_all(const std::vector<std::string>& folders, const std::string& name, uint64_t per_file, bool& direct,
+                std::string* why);
+  void remove_files() noexcept;
+
   std::vector<int> fds_;
   std::vector<std::string> paths_;
   uint64_t capacity_ = 0, stripe_ = 0;

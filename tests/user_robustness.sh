@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Input built to break a reader, and the scratch a run leaves, through the real executable
+# (issue 37, "Robustness and output"). One ctest per case:
+#   deep_config       a --config nested 200,000 levels deep (one line, and one level a line),
+#                     and a --set value nested past the bound: refused naming the file (the
+#                     --set) and the line, exit 2, where it used to end on SIGSEGV
+#   deep_runtime      --deepspeed JSON, --fsdp YAML (flow [[[, block "- - -", block maps one
+#                     level a line) and --fsdp JSON, each 200,000 (maps: 2,000) levels deep
+#   deep_data         a JSONL record nested 200,000 levels deep, on line 3
+#   deep_model        a model folder whose config.json, tokenizer.json or tokenizer_config.json
+#                     nests 200,000 levels deep; and a checkpoint manifest as deep
+#   nvme_swap         a 2-step run with the optimizer and the parameters on NVMe leaves no
+#                     *.swp behind (nor does a run that stops on an error after opening them);
+#                     its checkpoint is whole
+# The bound (base/nesting_limit.h): 512 levels of JSON, 64 of YAML.
+# usage: user_robustness.sh CASE FERRY SOURCE_DIR WORKDIR
+set -u
+case_=$1 ferry=$2 src=$3 work=$4/user-robustness-$case_
+rm -rf "$work" && mkdir -p "$work"
+tiny=$src/examples/configs/tiny.json
+small=(--config "$tiny" --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2
+       --set model.block_size=32 --set train_micro_batch_size_per_gpu=4 --set device.threads=1
+       --set train.eval_every=0 --set train.eval_batches=1 --set train.sample_tokens=0 --set log.every=50
+       --set scheduler.params.warmup_num_steps=1 --set scheduler.params.total_num_steps=100)
+fail() { echo "FAIL: $*"; echo "--- output:"; tail -c 2000 "$work/out"; exit 1; }
+# expect STATUS PATTERN -- command...: the exit status (a signal would be 128+N) and one
+# line holding PATTERN.
+expect() {
+  local want=$1 pattern=$2
+  shift 3
+  timeout 120 "$@" > "$work/out" 2>&1
+  local got=$?
+  [ "$got" = "$want" ] || fail "exit status $got, expected $want: ${*:0:6}"
+  grep -qF -- "$pattern" "$work/out" || fail "no line with '$pattern'"
+  echo "ok: exit $got, $(grep -F -- "$pattern" "$work/out" | head -1 | cut -c1-240)"
+}
+# deep TEXT_BEFORE OPEN N VALUE CLOSE TEXT_AFTER > file: OPEN x N, VALUE, CLOSE x N.
+deep() { python3 -c 'import sys; b, o, n, v, c, a = sys.argv[1:]; n = int(n); sys.stdout.write(b + o * n + v + c * n + a)' "$@"; }
+json_limit="nested deeper than 512 levels (ferry reads JSON nested at most 512 deep)"
+yaml_limit="nested deeper than 64 levels (ferry reads YAML nested at most 64 deep)"
+
+case $case_ in
+deep_config)
+  deep '' '{"a": ' 200000 1 '}' '' > "$work/deep.json"
+  expect 2 "$work/deep.json: line 1: $json_limit" -- "$ferry" train --config "$work/deep.json"
+  deep '{"model":' $'\n[' 200000 '' $'\n]' '}' > "$work/lines.json"
+  expect 2 "$work/lines.json: line 513: $json_limit" -- "$ferry" train --config "$work/lines.json"
+  # At the bound a file is read (and refused for what it says).
+  deep '{"model": {"n_layer": ' '[' 510 '' ']' '}}' > "$work/edge.json"
+  expect 2 "key 'model.n_layer'" -- "$ferry" train --config "$work/edge.json"
+  grep -qF "nested deeper" "$work/out" && fail "a file at the bound was refused for its nesting"
+  expect 2 "--set train.steps=[[[" -- "$ferry" train "${small[@]}" --set "train.steps=$(deep '' '[' 1000 '' ']' '')"
+  grep -qF "line 1: $json_limit" "$work/out" || fail "the --set refusal does not name the bound"
+  ;;
+deep_runtime)
+  deep '{"zero_optimization": ' '{"stage": ' 200000 3 '}' '}' > "$work/ds.json"
+  expect 2 "$work/ds.json: line 1: $json_limit" -- "$ferry" train "${small[@]}" --deepspeed "$work/ds.json"
+  deep 'fsdp_config: ' '[' 200000 'a' ']' $'\n' > "$work/flow.yaml"
+  expect 2 "$work/flow.yaml: line 1: $yaml_limit" -- "$ferry" train "${small[@]}" --fsdp "$work/flow.yaml"
+  deep $'fsdp_config:\n  fsdp_transformer_layer_cls_to_wrap:\n' '- ' 200000 'GPT2Block' '' $'\n' > "$work/seq.yaml"
+  expect 2 "$work/seq.yaml: line 3: $yaml_limit" -- "$ferry" train "${small[@]}" --fsdp "$work/seq.yaml"
+  python3 -c 'import sys; sys.stdout.write("".join(" " * i + "k%d:\n" % i for i in range(2000)))' > "$work/maps.yaml"
+  expect 2 "$work/maps.yaml: line 65: $yaml_limit" -- "$ferry" train "${small[@]}" --fsdp "$work/maps.yaml"
+  deep '{"fsdp_config": ' '[' 200000 '' ']' '}' > "$work/fsdp.json"
+  expect 2 "$work/fsdp.json: line 1: $json_limit" -- "$ferry" train "${small[@]}" --fsdp "$work/fsdp.json"
+  # accelerate's own FSDP file, as it ships, still reads.
+  printf 'compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: FULL_SHARD\n  fsdp_transformer_layer_cls_to_wrap: GPT2Block\nnum_processes: 1\n' > "$work/ok.yaml"
+  expect 0 "step 1/1" -- "$ferry" train "${small[@]}" --set train.steps=1 --fsdp "$work/ok.yaml"
+  ;;
+deep_data)
+  head -2 "$src/examples/data/verses.jsonl" > "$work/train.jsonl"
+  deep '{"prompt": "a", "completion": ' '[' 200000 '"b"' ']' $'}\n' >> "$work/train.jsonl"
+  expect 1 "data.path '$work/train.jsonl': line 3: $json_limit" -- \
+    "$ferry" train "${small[@]}" --set data.path="$work/train.jsonl" --set data.format=jsonl --set train.steps=1
+  ;;
+deep_model)
+  cp -r "$src/tests/data/hf/llama3" "$work/model"
+  cat > "$work/run.json" <<JSON
+{"model": {"init_from": "$work/model", "block_size": 32},
+ "data": {"path": "$src/examples/data/kjv.txt", "format": "text"},
+ "device": {"type": "cpu", "memory": "64MiB", "threads": 1},
+ "train_micro_batch_size_per_gpu": 2,
+ "train": {"steps": 1, "eval_every": 0, "eval_batches": 1, "sample_tokens": 0}}
+JSON
+  run=(train --config "$work/run.json")
+  expect 0 "step 1/1" -- "$ferry" "${run[@]}"  # the folder as it is reads
+  for f in config.json tokenizer.json tokenizer_config.json; do
+    cp "$work/model/$f" "$work/$f.orig"
+    deep '{"x": ' '[' 200000 '' ']' '}' > "$work/model/$f"
+    expect "$([ $f = config.json ] && echo 2 || echo 1)" "$work/model/$f: line 1: $json_limit" -- "$ferry" "${run[@]}"
+    cp "$work/$f.orig" "$work/model/$f"
+  done
+  ck=$work/ck
+  timeout 120 "$ferry" train "${small[@]}" --set train.steps=1 --set checkpoint.dir="$ck" > "$work/out" 2>&1 ||
+    fail "the run that writes the checkpoint failed"
+  deep '{"format_version": 1, "x": ' '[' 200000 '' ']' '}' > "$ck/step-00000001/manifest.json"
+  expect 1 "$ck/step-00000001/manifest.json: line 1: $json_limit" -- \
+    "$ferry" train "${small[@]}" --set train.steps=2 --set checkpoint.dir="$ck" --resume auto
+  ;;
+nvme_swap)
+  nvme=$work/nvme ck=$work/ck
+  mkdir -p "$nvme"
+  on_nvme=(--set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme
+           --set zero_optimization.offload_optimizer.nvme_path="$nvme" --set zero_optimization.offload_param.device=nvme
+           --set zero_optimization.offload_param.nvme_path="$nvme")
+  # A file a killed run left: reused, then removed with the rest.
+  head -c 4096 /dev/zero > "$nvme/ferry-optimizer-rank0.swp"
+  expect 0 "step 2/2" -- "$ferry" train "${small[@]}" "${on_nvme[@]}" --set train.steps=2 --set checkpoint.dir="$ck"
+  grep -qF "nvme" "$work/out" || fail "the run did not say it used NVMe"
+  left=$(find "$nvme" -name '*.swp')
+  [ -z "$left" ] || fail "swap files left after a normal end: $left"
+  echo "ok: no *.swp under $nvme after the run"
+  [ -f "$ck/step-00000002/manifest.json" ] || fail "the checkpoint is not there"
+  (cd "$ck" && find . -type f -exec sha256sum {} + | sort) > "$work/ck.sums"
+  # A run that stops on an error after its swap files are open: a checkpoint of another shape.
+  expect 1 "model.n_embd is 32 in the checkpoint but 64 in the config" -- \
+    "$ferry" train "${small[@]}" "${on_nvme[@]}" --set model.n_embd=64 --set train.steps=3 --set checkpoint.dir="$ck" --resume auto
+  left=$(find "$nvme" -name '*.swp')
+  [ -z "$left" ] || fail "swap files left after an error exit: $left"
+  echo "ok: no *.swp under $nvme after the error exit"
+  (cd "$ck" && find . -type f -exec sha256sum {} + | sort) | diff -q "$work/ck.sums" - > /dev/null ||
+    fail "the checkpoint changed"
+  echo "ok: the checkpoint is untouched"
+  ;;
+*)
+  echo "unknown case $case_"; exit 1 ;;
+esac
+echo "PASS: $case_"
