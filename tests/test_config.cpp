@@ -504,3 +504,14 @@ BOOST_AUTO_TEST_CASE(other_trainer_names_say_what_to_set) {
   e = error_of<ConfigError>([] { from(kMinimal, {"max_seq_length=2048"}); });
   BOOST_TEST(has(e, "--set max_seq_length=2048: unknown key 'max_seq_length': the sequence length is model.block_size"), e);
 }
+
+BOOST_AUTO_TEST_CASE(a_validation_file_or_none) {
+  Config c = from({{"data", {{"path", "train.jsonl"}, {"val_path", "eval.jsonl"}}}});
+  BOOST_TEST(c.data.val_path == "/base/eval.jsonl");
+  BOOST_TEST(c.data.val_fraction == 0.0);  // all of data.path trains
+  BOOST_TEST(c.resolved["data"]["val_fraction"] == 0);
+  BOOST_TEST(from({{"data", {{"path", "x"}, {"val_fraction", 0}}}}).data.val_fraction == 0.0);
+  const std::string e = error_of<ConfigError>(
+      [] { from({{"data", {{"path", "x"}, {"val_path", "v"}, {"val_fraction", 0.1}}}}); });
+  BOOST_TEST(has(e, "data.val_path and data.val_fraction 0.1 both choose the validation data"), e);
+}

@@ -533,3 +533,57 @@ BOOST_AUTO_TEST_CASE(special_tokens_and_chat_template_follow_transformers_preced
   c.data.chat_template = (dir.path / "missing.jinja").string();
   BOOST_TEST(error_of([&] { data_options(c); }) == "data.chat_template: cannot open '" + c.data.chat_template + "'");
 }
+
+// data.val_path: all of data.path trains, all of the other file validates, read the same
+// way; data.val_fraction 0 without it: every record trains and nothing is held out.
+BOOST_AUTO_TEST_CASE(a_validation_file_and_no_validation) {
+  TempDir dir;
+  const auto has = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
+  const fs::path train = dir.path / "train.jsonl", val = dir.path / "val.jsonl", text = dir.path / "t.txt";
+  {
+    std::ofstream t(train), v(val), x(text);
+    for (int i = 0; i < 6; ++i) t << R"({"prompt": "q)" << i << R"(", "completion": " a"})" << "\n";
+    v << R"({"prompt": "held", "completion": " out"})" << "\n" << R"({"text": "second"})" << "\n";
+    x << "only some text";
+  }
+  DataOptions o = opts(train, "jsonl", 300);
+  o.val_path = val.string();
+  const TokenData d = TokenData::load(o);
+  BOOST_TEST(d.num_records(false) == 6u);
+  BOOST_TEST(d.num_records(true) == 2u);
+  BOOST_TEST(d.wants_validation());
+  const TokenData::Record held = d.record(true, 0);
+  BOOST_TEST(std::string(held.tokens.begin(), held.tokens.end()) == "held out");
+  BOOST_TEST(held.counted[3] == 0);  // the prompt is masked in validation records too
+  BOOST_TEST(held.counted[4] == 1);
+  BOOST_TEST(has(d.describe(), "(validation: all of " + val.string() + ")"), d.describe());
+  BatchSampler s(d, 1, 2, 16);
+  const Batch vb = s.val_batch(0);
+  BOOST_TEST(vb.inputs[0] == static_cast<int32_t>('h'));
+  BOOST_TEST(vb.inputs[16] == static_cast<int32_t>('s'));  // row 1: the second validation record
+  // A missing validation file is named under its key; a stream beside records is refused.
+  o.val_path = (dir.path / "nope.jsonl").string();
+  std::string e = error_of([&] { TokenData::load(o); });
+  BOOST_TEST(has(e, "data.val_path: cannot open '" + o.val_path + "'"), e);
+  // Streams: the validation file's bytes are the validation split.
+  DataOptions streams = opts(text, "text", 256, 0.0);
+  streams.val_path = val.string();
+  const TokenData ds = TokenData::load(streams);
+  BOOST_TEST(ds.train().size() == 14u);  // "only some text", all of it
+  std::vector<uint32_t> first(4);
+  ds.val().copy(0, 4, first.data());
+  BOOST_TEST(std::string(first.begin(), first.end()) == "{\"pr");
+  // val_fraction 0: six training records, none held out, and the sampler does not ask for any.
+  const TokenData all = TokenData::load(opts(train, "jsonl", 300, 0.0));
+  BOOST_TEST(all.num_records(false) == 6u);
+  BOOST_TEST(all.num_records(true) == 0u);
+  BOOST_TEST(!all.wants_validation());
+  BOOST_TEST(has(all.describe(), "data.val_fraction 0: no validation, every record trains"), all.describe());
+  BatchSampler s0(all, 1, 2, 16);
+  BOOST_TEST(s0.train_batch(0, 0).inputs[0] == static_cast<int32_t>('q'));
+  // A fraction above 0 that leaves no validation record is still an error.
+  const TokenData few = TokenData::load(opts(train, "jsonl", 300, 0.01));
+  BOOST_TEST(few.num_records(true) == 0u);
+  e = error_of([&] { const BatchSampler refused(few, 1, 2, 16); });
+  BOOST_TEST(has(e, "each split needs one at least"), "got: " << e);
+}

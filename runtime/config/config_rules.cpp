@@ -127,6 +127,18 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
   resolved["model"]["intermediate_size"] = l.intermediate;
 }
 
+// A validation file is the whole validation split: a fraction of data.path as well would
+// take training records away for nothing.
+void data_rules(json& resolved, const json& user, Config& c, const std::string& source) {
+  if (c.data.val_path.empty()) return;
+  if (const json* f = get_path(user, "data.val_fraction"); f && f->is_number() && f->get<double>() > 0) {
+    fail(source, "data.val_path and data.val_fraction " + f->dump() +
+                     " both choose the validation data; keep one (with data.val_path all of data.path trains)");
+  }
+  c.data.val_fraction = 0;
+  resolved["data"]["val_fraction"] = 0;
+}
+
 void checkpoint_rules(const Config& c, const std::string& source) {
   if (c.checkpoint.dir.empty() && (c.checkpoint.every_steps > 0 || c.checkpoint.resume == "auto")) {
     fail(source, std::string(c.checkpoint.every_steps > 0 ? "checkpoint.every_steps"
@@ -292,6 +304,7 @@ void apply_rules(json& resolved, const json& user, Config& c, const std::string&
                  const std::map<std::string, std::string>& origins) {
   model_rules(resolved, c, source);
   checkpoint_rules(c, source);
+  data_rules(resolved, user, c, source);
   offload_rules(c, source);
   batch_rules(resolved, user, c, source, origins);
   shard_group_rules(resolved, c, source);

@@ -266,7 +266,12 @@ const std::vector<Knob>& config_knobs() {
       {"data.mask_prompt", F(data.mask_prompt), KnobType::boolean, true,
        "jsonl: the loss counts only the completion's tokens (and EOS), not the prompt's"},
       {"data.seed", F(data.seed), KnobType::integer, 1234, "seed of the batch sampler: batches are a function of (seed, step)", 0, {}},
-      {"data.val_fraction", F(data.val_fraction), KnobType::number, 0.05, "tail of the corpus held out for validation", 0, 0.5, true},
+      {"data.val_fraction", F(data.val_fraction), KnobType::number, 0.05,
+       "tail of data.path held out for validation (records: the last records); 0: none, every record trains and the "
+       "run does not evaluate", 0, 0.5},
+      {"data.val_path", F(data.val_path), KnobType::path, nullptr,
+       "a validation file in data.format (an evaluation set): all of it is the validation split and all of "
+       "data.path trains (data.val_fraction is then not given)"},
       {"device.type", F(device.type), KnobType::string, "cpu",
        "where the model computes: cpu, or cuda (one GPU per rank; model states stay in host memory)", {}, {}, false,
        {"cpu", "cuda"}},

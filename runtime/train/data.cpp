@@ -82,6 +82,43 @@ std::string special_tokens_words(const DataOptions& o) {
 }  // namespace
 
 TokenData TokenData::load(const DataOptions& o) {
+  if (!o.val_path.empty()) {
+    // data.val_path: data.path is all training, the other file all validation, each read
+    // as data.path is (format, tokenizer, special tokens, chat template).
+    DataOptions t = o, v = o;
+    t.val_path.clear();
+    t.val_fraction = 0;
+    v.val_path.clear();
+    v.path = o.val_path;
+    v.val_fraction = 1;
+    TokenData d = load(t);
+    auto val = [&] {
+      try {
+        return std::make_shared<const TokenData>(load(v));
+      } catch (const std::runtime_error& e) {
+        // The loaders name the key they read: here it is data.val_path.
+        std::string m = e.what();
+        for (size_t at = m.find("data.path"); at != std::string::npos; at = m.find("data.path", at + 13)) {
+          m.replace(at, 9, "data.val_path");
+        }
+        throw std::runtime_error(m);
+      }
+    }();
+    if (val->records() != d.records()) {
+      throw std::runtime_error("data.val_path '" + o.val_path + "' holds " + (val->records() ? "records" : "a stream") +
+                               " but data.path '" + o.path + "' " + (d.records() ? "records" : "a stream") +
+                               "; give the validation data in the training data's form");
+    }
+    d.val_file_ = std::move(val);
+    d.wants_val_ = true;
+    return d;
+  }
+  TokenData d = load_one(o);
+  d.wants_val_ = o.val_fraction > 0;
+  return d;
+}
+
+TokenData TokenData::load_one(const DataOptions& o) {
   if (o.format == "tokens") {
     TokenData d = load_token_files(o);
     d.tokenizer_ = o.tokenizer;
@@ -147,6 +184,7 @@ void TokenData::split(double val_fraction) {
 }
 
 TokenData::Record TokenData::record(bool val, size_t index) const {
+  if (val && val_file_) return val_file_->record(true, index);
   const size_t i = (val ? n_train_records_ : 0) + index;
   const size_t b = starts_.at(i), e = starts_.at(i + 1);
   return {{rec_tokens_ + b, e - b}, {counted_ + b, e - b}};
@@ -174,6 +212,8 @@ std::string TokenData::describe() const {
   } else {
     s << train().size() << " training and " << val().size() << " validation tokens";
   }
+  if (val_file_) s << " (validation: all of " << val_file_->source() << ")";
+  if (!wants_val_) s << " (data.val_fraction 0: no validation, every " << (records() ? "record" : "token") << " trains)";
   s << (tokenizer_ ? " (the model's tokenizer)" : " (bytes as tokens)");
   if (!special_.empty()) s << "; " << special_;
   return s.str();
@@ -183,10 +223,10 @@ BatchSampler::BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int6
     : data_(data), seed_(seed), B_(B), T_(T), packed_(packed && data.records()) {
   if (packed && !data.records()) throw std::runtime_error("data.packing packed needs records (data.format jsonl)");
   if (data.records()) {
-    if (data.num_records(false) == 0 || data.num_records(true) == 0) {
+    if (data.num_records(false) == 0 || (data.wants_validation() && data.num_records(true) == 0)) {
       throw std::runtime_error("data '" + data.source() + "': " + std::to_string(data.num_records(false)) +
                                " training and " + std::to_string(data.num_records(true)) +
-                               " validation records; each split needs one at least (data.val_fraction)");
+                               " validation records; each split needs one at least (data.val_fraction, data.val_path)");
     }
     for (bool val : {false, true})
       for (size_t r = 0; r < data.num_records(val); ++r)
@@ -194,7 +234,7 @@ BatchSampler::BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int6
     return;
   }
   const auto need = static_cast<size_t>(T + 1);
-  if (data.train().size() < need || data.val().size() < need) {
+  if (data.train().size() < need || (data.wants_validation() && data.val().size() < need)) {
     throw std::runtime_error("data '" + data.source() + "': the train split (" + std::to_string(data.train().size()) +
                              " tokens) and the validation split (" + std::to_string(data.val().size()) +
                              " tokens) each need at least block_size + 1 = " + std::to_string(need) + " tokens");

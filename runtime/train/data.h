@@ -59,7 +59,10 @@ struct DataOptions {
   std::string format = "text";  // text | uint16 | tokens | jsonl
   std::string dtype = "auto";   // tokens: uint16 | uint32 | auto (by vocab_size; a ferry tokenize folder says)
   int64_t vocab_size = 256;
+  // The validation split: the last val_fraction of `path` (0: none, every record trains),
+  // or, with val_path, all of that file (read in the same format) and none of `path`.
   double val_fraction = 0.05;
+  std::string val_path;
   std::shared_ptr<const text::Tokenizer> tokenizer;  // null: bytes are tokens
   bool mask_prompt = true;
   // Appended to every prompt/completion and text record when >= 0: the tokenizer's
@@ -82,12 +85,18 @@ class TokenData {
   TokenData(std::vector<uint32_t> tokens, double val_fraction, std::string source);
 
   // Streams: the two splits. Records: the tokens of the training / validation records.
+  // With a validation file (DataOptions::val_path) the validation side is that file's.
   TokenView train() const { return all_.sub(0, n_train_); }
-  TokenView val() const { return all_.sub(n_train_, all_.size() - n_train_); }
+  TokenView val() const { return val_file_ ? val_file_->val() : all_.sub(n_train_, all_.size() - n_train_); }
   const std::string& source() const { return source_; }
+  // Whether the run evaluates: a validation fraction above 0 or a validation file.
+  bool wants_validation() const { return wants_val_; }
 
   bool records() const { return !starts_.empty(); }
-  size_t num_records(bool val) const { return val ? starts_.size() - 1 - n_train_records_ : n_train_records_; }
+  size_t num_records(bool val) const {
+    if (val && val_file_) return val_file_->num_records(true);
+    return val ? starts_.size() - 1 - n_train_records_ : n_train_records_;
+  }
   struct Record {
     std::span<const uint32_t> tokens;
     std::span<const uint8_t> counted;  // counted[t]: the loss counts where tokens[t] is the target
@@ -110,6 +119,7 @@ class TokenData {
   friend class JsonlLoader;
   friend class TokenFiles;
   TokenData() = default;
+  static TokenData load_one(const DataOptions& options);  // one file, its own split
   void split(double val_fraction);  // a stream's n_train_
   TokenView all_;
   // Records only: their tokens (contiguous uint32), flags and bounds (record i is
@@ -120,6 +130,8 @@ class TokenData {
   std::vector<std::shared_ptr<const void>> keep_;
   size_t n_train_ = 0, n_train_records_ = 0;
   std::string source_, special_;
+  std::shared_ptr<const TokenData> val_file_;  // data.val_path: all of it is the validation split
+  bool wants_val_ = true;
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   int64_t vocab_ = INT64_MAX;  // ids are checked below it as windows are read (mapped files)
 };
@@ -136,7 +148,7 @@ struct Batch {
 class BatchSampler {
  public:
   // Throws std::runtime_error when a stream's split is shorter than T + 1 tokens, or a
-  // record split is empty.
+  // record split is empty (the validation split only where the data wants validation).
   BatchSampler(const TokenData& data, uint64_t seed, int64_t B, int64_t T, bool packed = false);
   // accum: the micro-batches per step (records' epochs count whole steps of sequences).
   Batch train_batch(int64_t step, int64_t micro, int rank = 0, int world = 1, int64_t accum = 1) const;

@@ -120,6 +120,12 @@ TokenData TokenFiles::load(const DataOptions& o) {
 }
 
 void TokenData::save(const std::string& dir) const {
+  if (val_file_) {
+    // One folder holds one file's tokens and its split; the validation file is a second run
+    // of ferry tokenize (its data.path), read back with data.val_path.
+    throw std::runtime_error("ferry tokenize writes one data file: tokenize " + val_file_->source() +
+                             " (data.val_path) as a run of its own, with it as data.path");
+  }
   fs::create_directories(dir);
   {
     File f((fs::path(dir) / "tokens.bin").string(), File::create);

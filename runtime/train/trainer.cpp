@@ -359,7 +359,9 @@ std::string describe_training(const Config& c) {
                      fmt(" (betas %g", o.beta1) + fmt(", %g", o.beta2) + fmt(", eps %g", o.eps) +
                      fmt(", weight decay %g); ", o.weight_decay) + describe_schedule(c.scheduler, o.lr) +
                      (c.grad_clip > 0 ? fmt("; gradient clipping at norm %g", c.grad_clip) : "; no gradient clipping") +
-                     "; validation on " + std::to_string(c.train.eval_batches) + " micro-batch(es) ";
+                     "; ";
+  if (c.data.val_fraction == 0 && c.data.val_path.empty()) return line + "no validation (data.val_fraction 0)";
+  line += "validation on " + std::to_string(c.train.eval_batches) + " micro-batch(es) ";
   line += c.train.eval_every > 0 && c.train.eval_every < c.train.steps
               ? "every " + std::to_string(c.train.eval_every) + " steps and at the end"
               : std::string("at the end");
@@ -599,8 +601,9 @@ double Trainer::evaluate() {
 std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
   sync_updates();
   model_->set_document_starts(Tensor{});
-  // Prompt: the first line's worth of the validation split (up to 32 tokens).
-  const TokenView val = data_.val();
+  // Prompt: the first line's worth of the validation split (up to 32 tokens); the training
+  // split's where there is no validation (data.val_fraction 0).
+  const TokenView val = data_.wants_validation() ? data_.val() : data_.train();
   std::vector<uint32_t> seq(std::min<size_t>(32, val.size()));
   val.copy(0, seq.size(), seq.data());
   nn::Rng rng(seed);
@@ -760,11 +763,17 @@ TrainReport Trainer::run(const std::function<void(int64_t)>& started) {
   const bool bar = cfg_.log.progress == "bar" || (&out_ == &std::cout && progress_bar_wanted(cfg_.log.progress, 1));
   Progress progress(out_, cfg_.train.steps, bar);
   auto say = [&](const std::string& text) { progress.say(text); };
-  report.unigram_baseline = unigram_baseline(data_, cfg_.model.vocab_size);
   const std::string unit = byte_level() ? "byte" : "token";  // what the model reads
-  out_ << "unigram baseline (validation " << unit << "s scored by training " << unit
-       << " frequencies): " << fmt("%.4f", report.unigram_baseline) << " nats/token\n";
+  const bool validates = data_.wants_validation();
+  if (validates) {
+    report.unigram_baseline = unigram_baseline(data_, cfg_.model.vocab_size);
+    out_ << "unigram baseline (validation " << unit << "s scored by training " << unit
+         << " frequencies): " << fmt("%.4f", report.unigram_baseline) << " nats/token\n";
+  } else {
+    out_ << "no validation data (data.val_fraction 0, no data.val_path): all of the data trains, nothing is evaluated\n";
+  }
   auto eval = [&](int64_t step) {
+    if (!validates) return;
     const double v = evaluate();
     report.val_losses.emplace_back(step, v);
     say("eval  step " + std::to_string(step) + " | val loss " + fmt("%.4f", v) + "\n");
@@ -834,12 +843,19 @@ TrainReport Trainer::run(const std::function<void(int64_t)>& started) {
   eval(cfg_.train.steps);
   progress.finish();
   describe_memory();
-  const double final_val = report.val_losses.back().second;
-  out_ << "final validation loss " << fmt("%.4f", final_val) << " nats/token vs unigram baseline "
-       << fmt("%.4f", report.unigram_baseline) << " (" << compare_to_baseline(final_val, report.unigram_baseline) << ")\n";
+  if (validates) {
+    const double final_val = report.val_losses.back().second;
+    out_ << "final validation loss " << fmt("%.4f", final_val) << " nats/token vs unigram baseline "
+         << fmt("%.4f", report.unigram_baseline) << " (" << compare_to_baseline(final_val, report.unigram_baseline)
+         << ")\n";
+  } else if (!report.steps.empty()) {
+    out_ << "final training loss " << fmt("%.4f", report.steps.back().loss) << " nats/token (step "
+         << report.steps.back().step << "; no validation data)\n";
+  }
   if (cfg_.train.sample_tokens > 0) {
     report.sample = sample(cfg_.train.sample_tokens, cfg_.train.sample_temperature, cfg_.data.seed);
-    out_ << "sample (prompt: the first 32 validation " << (byte_level() ? "bytes" : "tokens") << "; temperature "
+    out_ << "sample (prompt: the first 32 " << (validates ? "validation " : "training ") << (byte_level() ? "bytes" : "tokens")
+         << "; temperature "
          << cfg_.train.sample_temperature
          << "):\n---\n" << report.sample << "\n---\n";
   }
