@@ -9,6 +9,8 @@
 #   deep_data         a JSONL record nested 200,000 levels deep, on line 3
 #   deep_model        a model folder whose config.json, tokenizer.json or tokenizer_config.json
 #                     nests 200,000 levels deep; and a checkpoint manifest as deep
+#   deep_template     a chat template (tokenizer_config.json) nested 100,000 levels deep:
+#                     parentheses, {% if %} blocks, a chain 1 + 1 + ... (the bound: 256)
 #   nvme_swap         a 2-step run with the optimizer and the parameters on NVMe leaves no
 #                     *.swp behind (nor does a run that stops on an error after opening them);
 #                     its checkpoint is whole
@@ -96,6 +98,33 @@ JSON
   deep '{"format_version": 1, "x": ' '[' 200000 '' ']' '}' > "$ck/step-00000001/manifest.json"
   expect 1 "$ck/step-00000001/manifest.json: line 1: $json_limit" -- \
     "$ferry" train "${small[@]}" --set train.steps=2 --set checkpoint.dir="$ck" --resume auto
+  ;;
+deep_template)
+  cp -r "$src/tests/data/hf/llama3" "$work/model"
+  rm -f "$work/model/chat_template.jinja"
+  for i in 1 2 3 4 5 6; do echo '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'; done > "$work/chat.jsonl"
+  cat > "$work/run.json" <<JSON
+{"model": {"init_from": "$work/model", "block_size": 32},
+ "data": {"path": "$work/chat.jsonl", "format": "jsonl", "val_fraction": 0.5},
+ "device": {"type": "cpu", "memory": "64MiB", "threads": 1},
+ "train_micro_batch_size_per_gpu": 2,
+ "train": {"steps": 1, "eval_every": 0, "eval_batches": 1, "sample_tokens": 0}}
+JSON
+  tc=$work/model/tokenizer_config.json
+  cp "$tc" "$work/tc.orig"
+  for kind in parens blocks chain; do
+    python3 - "$work/tc.orig" "$tc" "$kind" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+n = 100000
+doc["chat_template"] = {"parens": "{{ " + "(" * n + "1" + ")" * n + " }}",
+                        "blocks": "{% if true %}" * n + "x" + "{% endif %}" * n,
+                        "chain": "{{ 1" + " + 1" * n + " }}"}[sys.argv[3]]
+json.dump(doc, open(sys.argv[2], "w"))
+PY
+    expect 1 "chat template $tc: chat_template:1:" -- "$ferry" train --config "$work/run.json"
+    grep -qF "nested deeper than 256 levels" "$work/out" || fail "the $kind template's refusal does not name the bound"
+  done
   ;;
 nvme_swap)
   nvme=$work/nvme ck=$work/ck

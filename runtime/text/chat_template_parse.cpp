@@ -60,9 +60,35 @@ class Parser {
     throw ChatTemplateError("chat template " + position(p_, pos) + ": " + msg);
   }
 
+  // A template is outside input, and the parser, the renderer and the tree's destructor
+  // recurse once per level: blocks, expressions and each link of a chain that leans left
+  // (a + b + c, a.b[0], x|f|g) count a level, at most kMaxNesting (real templates: < 10).
+  static constexpr int kMaxNesting = 256;
+  int depth_ = 0;
+  class Level {
+   public:
+    explicit Level(Parser& p) : p_(p) {}
+    Level(Parser& p, size_t pos) : p_(p) { more(pos); }
+    ~Level() { p_.depth_ -= n_; }
+    Level(const Level&) = delete;
+    Level& operator=(const Level&) = delete;
+    void more(size_t pos) {
+      ++n_;
+      if (++p_.depth_ > kMaxNesting) {
+        p_.fail(pos, "nested deeper than " + std::to_string(kMaxNesting) +
+                         " levels (blocks, expressions and chains such as a + b + c count one each)");
+      }
+    }
+
+   private:
+    Parser& p_;
+    int n_ = 0;
+  };
+
   // --- statements ------------------------------------------------------------------------
   // Parses segments from k until a block tag whose first name is in `ends` (left at k).
   Body parse_body(size_t& k, const std::set<std::string>& ends, const char* opener) {
+    const Level level(*this, k < segs_.size() ? segs_[k].pos : src_.size());
     Body body;
     while (k < segs_.size()) {
       Segment& s = segs_[k];
@@ -246,8 +272,10 @@ class Parser {
 
   ExprP parse_expr() {
     size_t pos = tok().pos;
+    Level level(*this, pos);
     ExprP e = parse_or();
     while (is_name("if")) {
+      level.more(tok().pos);
       next();
       auto c = make(Expr::Kind::Cond, pos);
       c->a.push_back(parse_or());
@@ -261,7 +289,9 @@ class Parser {
 
   ExprP parse_or() {
     ExprP e = parse_and();
+    Level level(*this);
     while (is_name("or")) {
+      level.more(tok().pos);
       auto o = make(Expr::Kind::Or, next().pos);
       o->a.push_back(std::move(e));
       o->a.push_back(parse_and());
@@ -271,7 +301,9 @@ class Parser {
   }
   ExprP parse_and() {
     ExprP e = parse_not();
+    Level level(*this);
     while (is_name("and")) {
+      level.more(tok().pos);
       auto o = make(Expr::Kind::And, next().pos);
       o->a.push_back(std::move(e));
       o->a.push_back(parse_not());
@@ -281,6 +313,7 @@ class Parser {
   }
   ExprP parse_not() {
     if (is_name("not")) {
+      const Level level(*this, tok().pos);
       auto n = make(Expr::Kind::Not, next().pos);
       n->a.push_back(parse_not());
       return n;
@@ -325,7 +358,9 @@ class Parser {
   }
   ExprP parse_math1() {
     ExprP e = parse_concat();
+    Level level(*this);
     while (is_op("+") || is_op("-")) {
+      level.more(tok().pos);
       const Token& t = next();
       e = binary(t.text, std::move(e), parse_concat(), t.pos);
     }
@@ -333,7 +368,9 @@ class Parser {
   }
   ExprP parse_concat() {
     ExprP e = parse_math2();
+    Level level(*this);
     while (is_op("~")) {
+      level.more(tok().pos);
       const Token& t = next();
       e = binary("~", std::move(e), parse_math2(), t.pos);
     }
@@ -341,7 +378,9 @@ class Parser {
   }
   ExprP parse_math2() {
     ExprP e = parse_pow();
+    Level level(*this);
     while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      level.more(tok().pos);
       const Token& t = next();
       e = binary(t.text, std::move(e), parse_pow(), t.pos);
     }
@@ -349,7 +388,9 @@ class Parser {
   }
   ExprP parse_pow() {
     ExprP e = parse_unary(true);
+    Level level(*this);
     while (is_op("**")) {
+      level.more(tok().pos);
       const Token& t = next();
       e = binary("**", std::move(e), parse_unary(true), t.pos);
     }
@@ -358,6 +399,7 @@ class Parser {
   ExprP parse_unary(bool with_filter) {
     ExprP e;
     if (is_op("-") || is_op("+")) {
+      const Level level(*this, tok().pos);
       const Token& t = next();
       e = make(t.text == "-" ? Expr::Kind::Neg : Expr::Kind::Pos, t.pos);
       e->a.push_back(parse_unary(false));
@@ -442,7 +484,9 @@ class Parser {
     fail(t.pos, "unexpected " + describe(t));
   }
   ExprP parse_postfix(ExprP e) {
+    Level level(*this);
     for (;;) {
+      if (is_op(".") || is_op("[") || is_op("(")) level.more(tok().pos);
       if (is_op(".")) {
         const Token& dot = next();
         const Token& n = next();
@@ -518,7 +562,9 @@ class Parser {
     return c;
   }
   ExprP parse_filter_expr(ExprP e) {
+    Level level(*this);
     for (;;) {
+      if (is_op("|") || is_name("is")) level.more(tok().pos);
       if (is_op("|")) {
         next();
         const Token& n = next();

@@ -3,7 +3,8 @@
 // reads one. ferry's own file is examples/configs/llama-tiny.json (a Llama: the examples'
 // LlamaDecoderLayer matches its block class), at 2 ranks (accelerate's num_processes: 2).
 //   1. yaml_to_json (accelerate's YAML, PyYAML's scalar types), then translate_fsdp;
-//   2. where the input parses as JSON (comments allowed, as read_fsdp does): translate_fsdp;
+//   2. where the input parses as JSON (comments allowed, nesting bounded, as read_fsdp does):
+//      translate_fsdp;
 //   3. where it is the Trainer's string form (is_fsdp_trainer_string): read_fsdp and
 //      load_config with it as the argument, not a file (hybrid: also with the --set below);
 //   4. the input as a file, fsdp.yaml (read_fsdp picks JSON by a leading '{' or '['), through
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/nesting_limit.h"
 #include "runtime/config/config.h"
 #include "runtime/config/fsdp_config.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -54,11 +56,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     hybrid = ferry::runtime::translate_fsdp(doc, yaml_source).hybrid || hybrid;
   });
 
-  // 2. JSON (the Trainer's fsdp_config), where it parses.
-  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false,
-                                                   /*ignore_comments=*/true);
+  // 2. JSON (the Trainer's fsdp_config), where it parses, behind the nesting bound every
+  // reader of a JSON file has (a deeper document is refused naming the source).
+  const std::string json_source = "fsdp_config.json";
+  nlohmann::json doc = nlohmann::json::value_t::discarded;
+  ferry::fuzz::expect_result_or_named_error(json_source, [&] {
+    doc = ferry::base::parse_json<ferry::runtime::ConfigError>(text, json_source, /*allow_exceptions=*/false,
+                                                               /*ignore_comments=*/true);
+  });
   if (!doc.is_discarded()) {
-    const std::string json_source = "fsdp_config.json";
     ferry::fuzz::expect_result_or_named_error(json_source, [&] {
       hybrid = ferry::runtime::translate_fsdp(doc, json_source).hybrid || hybrid;
     });

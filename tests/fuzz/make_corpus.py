@@ -482,6 +482,54 @@ def fsdp_seeds():
     put("fuzz_fsdp", "regress-alias-bytes.yaml", "fsdp_offload_params: &f [%s, %s]\n" % (bomb, ", ".join(["*e"] * 7)))
 
 
+# --- nesting past the bound (base/nesting_limit.h: 512 JSON levels, 64 YAML) --------------
+# Every reader refuses these naming the file and line before any parser or walker recurses;
+# the "edge" seeds sit at the bound and are read (and dumped into messages) whole. One seed
+# per target deep enough to have overflowed the stack before the bound (50,000 levels).
+
+JSON_LIMIT, YAML_LIMIT = 512, 64
+
+
+def nest(n, value="1"):
+    return "[" * n + value + "]" * n
+
+
+def deep_seeds():
+    over, edge = JSON_LIMIT + 1, JSON_LIMIT - 2  # edge: two levels for the keys around it
+    put("fuzz_config", "deep-section.json", '{"model": ' + '{"a": ' * over + "1" + "}" * (over + 1))
+    put("fuzz_config", "deep-lines.json", '{"train":\n' + "[\n" * over + "]\n" * over + "}")
+    put("fuzz_config", "deep-edge.json", '{"train": {"steps": ' + nest(edge) + "}}")
+    put("fuzz_config", "deep-50k.json", "[" * 50000)
+    put("fuzz_deepspeed", "deep-zero.json", '{"zero_optimization": {"stage": 3, "x": ' + nest(over) + "}}")
+    put("fuzz_deepspeed", "deep-edge.json", '{"zero_optimization": {"stage": ' + nest(edge) + "}}")
+    m, ranks = checkpoint()
+    deep_manifest = '{"format_version": 1, "layout": ' + nest(over) + "}"
+    put("fuzz_checkpoint", "deep-manifest",
+        parts("step-00000001", deep_manifest, compact(ranks[0][0]), ranks[0][1], compact(ranks[1][0]), ranks[1][1]))
+    header = ('{"__metadata__": ' + nest(over) + "}").encode()
+    put("fuzz_safetensors", "deep-header", struct.pack("<Q", len(header)) + header)
+    put("fuzz_hf_folder", "deep-config", parts('{"architectures": ' + nest(over, '"LlamaForCausalLM"') + "}"))
+    put("fuzz_hf_folder", "deep-index",
+        parts(compact(gpt2_config()), '{"weight_map": ' + nest(over) + "}", None, None, None))
+    put("fuzz_tokens", "deep-meta", b"3" + parts('{"format": "ferry-tokens", "x": ' + nest(over) + "}", b"\0" * 8))
+    verse = read("examples/data/verses.jsonl").split(b"\n")[0]
+    put("fuzz_jsonl", "deep-record.seed", verse + b"\n" + ('{"text": ' + nest(over, '"x"') + "}").encode() + b"\n")
+    put("fuzz_tokenizer", "deep-model.json", '{"model": ' + '{"a": ' * over + "1" + "}" * (over + 1))
+    put("fuzz_chat_template", "deep-tokenizer_config.json", '{"chat_template": ' + nest(over, '"x"') + "}")
+    # Templates nest at most 256 levels (runtime/text/chat_template_parse.cpp): parentheses,
+    # blocks and a left-leaning chain just past it.
+    put("fuzz_chat_template", "deep-parens.jinja", "{{ " + "(" * 257 + "1" + ")" * 257 + " }}")
+    put("fuzz_chat_template", "deep-blocks.jinja", "{% if true %}" * 257 + "x" + "{% endif %}" * 257)
+    put("fuzz_chat_template", "deep-chain.jinja", "{{ 1" + " + 1" * 257 + " }}")
+    y_over = YAML_LIMIT + 1
+    put("fuzz_fsdp", "deep-flow.yaml", "fsdp_config: " + nest(y_over, "a") + "\n")
+    put("fuzz_fsdp", "deep-block.yaml", "".join("  " * i + "k%d:\n" % i for i in range(y_over)) + "  " * y_over + "x\n")
+    put("fuzz_fsdp", "deep-seq.yaml", "fsdp_config:\n" + "- " * y_over + "x\n")
+    put("fuzz_fsdp", "deep-edge.yaml", "fsdp_config:\n  fsdp_offload_params: " + nest(YAML_LIMIT - 2, "a") + "\n")
+    put("fuzz_fsdp", "deep-json.json", '{"fsdp_config": ' + nest(over) + "}")
+    put("fuzz_fsdp", "deep-50k.yaml", "[" * 50000)
+
+
 if __name__ == "__main__":
     config_seeds()
     deepspeed_seeds()
@@ -493,6 +541,7 @@ if __name__ == "__main__":
     tokenizer_seeds()
     chat_template_seeds()
     fsdp_seeds()
+    deep_seeds()
     for t in sorted(os.listdir(OUT)):
         files = os.listdir(os.path.join(OUT, t))
         size = sum(os.path.getsize(os.path.join(OUT, t, f)) for f in files)
