@@ -243,8 +243,8 @@ BOOST_AUTO_TEST_CASE(text_through_a_tokenizer) {
   d.train().copy(0, ids.size(), ids.data());
   BOOST_TEST(ids.front() == 1001u);
   BOOST_TEST(d.decode(ids) == "<|begin_of_text|>In the beginning God created the heaven and the earth.\n");
-  BOOST_TEST(d.describe().find("the file is one document, encoded as tokenizer(text) encodes it: the tokenizer's "
-                               "post-processor puts <|begin_of_text|> (id 1001) before it") != std::string::npos,
+  BOOST_TEST(d.describe().find("the file is one document, encoded as tokenizer(text) encodes it (data.text_documents "
+                               "lines: one per line): the tokenizer's post-processor puts <|begin_of_text|> (id 1001) before it") != std::string::npos,
              d.describe());
   o.vocab_size = 500;  // ids above it are refused
   BOOST_CHECK_THROW(TokenData::load(o), std::runtime_error);
@@ -586,4 +586,23 @@ BOOST_AUTO_TEST_CASE(a_validation_file_and_no_validation) {
   BOOST_TEST(few.num_records(true) == 0u);
   e = error_of([&] { const BatchSampler refused(few, 1, 2, 16); });
   BOOST_TEST(has(e, "each split needs one at least"), "got: " << e);
+}
+
+// data.text_documents lines: the lines datasets' text loader gives run_clm (universal newlines,
+// then a line after each "\n", kept); each line through tokenizer(line), ids as the library's.
+BOOST_AUTO_TEST_CASE(text_lines_are_the_datasets_loaders) {
+  std::string t = "a\r\nb\rc\n\nd\xE2\x80\xA8" "e\ff";
+  const std::vector<std::string_view> lines = text_lines(t);
+  const std::vector<std::string> want = {"a\n", "b\n", "c\n", "\n", "d\xE2\x80\xA8" "e\ff"};
+  BOOST_TEST(std::vector<std::string>(lines.begin(), lines.end()) == want, boost::test_tools::per_element());
+  std::string none;
+  BOOST_TEST(text_lines(none).empty());
+  Config c = folder_config(kUser + "llama3-instruct", kUser + "expected/lines.txt", "text");
+  c.data.text_documents = "lines";
+  const TokenData d = TokenData::load(data_options(c));
+  const auto ids = id_lines(kUser + "expected/lines.ids");
+  BOOST_REQUIRE(ids.size() == 1u);
+  std::vector<uint32_t> got(d.train().size());
+  d.train().copy(0, got.size(), got.data());
+  BOOST_TEST(got == ids[0], boost::test_tools::per_element());
 }

@@ -9,6 +9,9 @@
 #                chat_template.jinja); the run's header names the end token and its source
 #   text_bos     a text corpus: one document, <|begin_of_text|> first as tokenizer(text) gives;
 #                the header says so
+#   text_lines   data.text_documents lines: a document per line, ids equal to datasets' text
+#                loader + transformers as run_clm reads a .txt (CRLF, lone CR, a blank line,
+#                U+2028 and form feeds that do not end a line)
 #   export_chat  fine-tune 1 step, export --hf: every tokenizer, chat-template and generation
 #                file comes back byte for byte (chat_template.jinja, additional_chat_templates/),
 #                and the exported folder tokenizes the records as the source did
@@ -65,8 +68,15 @@ text_bos)
   run tok "$ferry" tokenize --config "$work/cfg.json" --out "$work/tok"
   same_ids "$work/tok" "$models/expected/corpus.ids"
   run train "$ferry" train --config "$work/cfg.json"
-  header_has "$work/train.log" "the file is one document, encoded as tokenizer(text) encodes it: the tokenizer's post-processor puts <|begin_of_text|> (id 1001) before it"
+  header_has "$work/train.log" "the file is one document, encoded as tokenizer(text) encodes it (data.text_documents lines: one per line): the tokenizer's post-processor puts <|begin_of_text|> (id 1001) before it"
   header_has "$work/train.log" "step 1/1"
+  ;;
+text_lines)
+  config "$models/llama3-instruct" "$models/expected/lines.txt" text 16 0.0 > "$work/cfg.json"
+  run tok "$ferry" tokenize --config "$work/cfg.json" --out "$work/tok" --set data.text_documents=lines
+  same_ids "$work/tok" "$models/expected/lines.ids"
+  run train "$ferry" train --config "$work/cfg.json" --set data.text_documents=lines
+  header_has "$work/train.log" "each line is a document (data.text_documents lines: datasets' text loader with its line ends, as run_clm reads a .txt), encoded as tokenizer(line) encodes it"
   ;;
 export_chat)
   config "$models/llama3-instruct" "$models/expected/records.jsonl" jsonl 64 0.2 > "$work/cfg.json"

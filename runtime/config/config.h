@@ -50,6 +50,7 @@ struct Config {
     uint64_t seed = 1234;
     double val_fraction = 0.05;
     std::string val_path;  // "" = the split is data.val_fraction of path
+    std::string text_documents = "file";  // file | lines (text through a tokenizer)
     std::string tokenizer = "auto";  // auto | bytes | a tokenizer.json
     bool mask_prompt = true;
     std::string packing = "padded";  // padded | packed (jsonl)

@@ -269,6 +269,10 @@ const std::vector<Knob>& config_knobs() {
       {"data.val_fraction", F(data.val_fraction), KnobType::number, 0.05,
        "tail of data.path held out for validation (records: the last records); 0: none, every record trains and the "
        "run does not evaluate", 0, 0.5},
+      {"data.text_documents", F(data.text_documents), KnobType::string, "file",
+       "text through a tokenizer: file: the file is one document, encoded as tokenizer(text) (the post-processor's "
+       "BOS once, at its start); lines: each line (with its line end) is one, as Hugging Face datasets' text loader "
+       "and run_clm read a .txt (a BOS per line)", {}, {}, false, {"file", "lines"}},
       {"data.val_path", F(data.val_path), KnobType::path, nullptr,
        "a validation file in data.format (an evaluation set): all of it is the validation split and all of "
        "data.path trains (data.val_fraction is then not given)"},

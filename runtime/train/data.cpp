@@ -64,12 +64,46 @@ std::string post_processor_words(const text::Tokenizer& t) {
   return s + " it";
 }
 
+}  // namespace
+
+std::vector<std::string_view> text_lines(std::string& text) {
+  // Python's universal newlines first: "\r\n" and a lone "\r" read as "\n".
+  size_t w = 0;
+  for (size_t r = 0; r < text.size(); ++r) {
+    if (text[r] == '\r') {
+      text[w++] = '\n';
+      if (r + 1 < text.size() && text[r + 1] == '\n') ++r;
+    } else {
+      text[w++] = text[r];
+    }
+  }
+  text.resize(w);
+  // Then StringIO.readlines(): a line ends after each "\n", which it keeps (other separators
+  // str.splitlines knows, U+2028 or a form feed, do not end a line there).
+  std::vector<std::string_view> lines;
+  const std::string_view all(text);
+  size_t begin = 0;
+  for (size_t nl = all.find('\n'); nl != std::string_view::npos; nl = all.find('\n', begin)) {
+    lines.push_back(all.substr(begin, nl + 1 - begin));
+    begin = nl + 1;
+  }
+  if (begin < all.size()) lines.push_back(all.substr(begin));
+  return lines;
+}
+
+namespace {
+
 // For the run's header: which special tokens the data got, and from where.
 std::string special_tokens_words(const DataOptions& o) {
   if (!o.tokenizer) return "";
   const text::Tokenizer& t = *o.tokenizer;
+  if (o.format == "text" && o.text_documents == "lines") {
+    return "each line is a document (data.text_documents lines: datasets' text loader with its line ends, as "
+           "run_clm reads a .txt), encoded as tokenizer(line) encodes it: " + post_processor_words(t);
+  }
   if (o.format == "text") {
-    return "the file is one document, encoded as tokenizer(text) encodes it: " + post_processor_words(t);
+    return "the file is one document, encoded as tokenizer(text) encodes it (data.text_documents lines: one per "
+           "line): " + post_processor_words(t);
   }
   if (o.format != "jsonl") return "";
   std::string s = "each prompt and text record encoded as tokenizer(text) encodes it: " + post_processor_words(t);
@@ -138,9 +172,13 @@ TokenData TokenData::load_one(const DataOptions& o) {
   if (o.format == "text") {
     if (o.tokenizer) {
       try {
-        // One document: the special tokens tokenizer(text) adds (Llama 3: <|begin_of_text|>).
-        const std::vector<int32_t> ids = o.tokenizer->encode(bytes, /*add_special_tokens=*/true);
-        tokens.assign(ids.begin(), ids.end());
+        // One document, or one per line: the special tokens tokenizer(text) adds (Llama 3:
+        // <|begin_of_text|>) to each.
+        for (const std::string_view doc : o.text_documents == "lines" ? text_lines(bytes)
+                                                                       : std::vector<std::string_view>{bytes}) {
+          const std::vector<int32_t> ids = o.tokenizer->encode(doc, /*add_special_tokens=*/true);
+          tokens.insert(tokens.end(), ids.begin(), ids.end());
+        }
       } catch (const text::TokenizerError& e) {
         throw std::runtime_error("data.path '" + o.path + "': " + e.what());
       }

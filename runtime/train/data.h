@@ -54,6 +54,12 @@ struct ByteTokenizer {
   static std::string decode(std::span<const uint32_t> tokens);
 };
 
+// The lines of a text file as Hugging Face datasets' text loader reads them for run_clm
+// (sample_by "line", keep_linebreaks): Python's universal newlines ("\r\n" and "\r" become
+// "\n", in `text` itself), then a line after each "\n", kept (StringIO.readlines). Views
+// into `text`.
+std::vector<std::string_view> text_lines(std::string& text);
+
 struct DataOptions {
   std::string path;
   std::string format = "text";  // text | uint16 | tokens | jsonl
@@ -63,6 +69,9 @@ struct DataOptions {
   // or, with val_path, all of that file (read in the same format) and none of `path`.
   double val_fraction = 0.05;
   std::string val_path;
+  // data.format text through a tokenizer: "file", one document (tokenizer(text)), or
+  // "lines", one per line as the datasets text loader splits a file (text_lines).
+  std::string text_documents = "file";
   std::shared_ptr<const text::Tokenizer> tokenizer;  // null: bytes are tokens
   bool mask_prompt = true;
   // Appended to every prompt/completion and text record when >= 0: the tokenizer's

@@ -114,6 +114,7 @@ DataOptions data_options(const Config& c) {
   o.vocab_size = c.model.vocab_size;
   o.val_fraction = c.data.val_fraction;
   o.val_path = c.data.val_path;
+  o.text_documents = c.data.text_documents;
   o.mask_prompt = c.data.mask_prompt;
   o.dtype = c.data.dtype;
   if (!c.data.truncate) o.max_record_tokens = c.model.block_size + 1;
