@@ -1,9 +1,15 @@
 // ferry doctor's checks: free space arithmetic, the O_DIRECT round trip, a whole run of
-// the checks for a configuration whose nvme folder is missing and whose state outgrows
-// this machine (each named with its fix), and `--gpu`'s checks where there is no driver
+// the checks for a configuration whose nvme folder is missing (ok: ferry train creates it)
+// and whose state outgrows this machine (each named with its fix), the missing folders
+// that cannot be created, and `--gpu`'s checks where there is no driver
 // and on the figures a GPU would report.
 #define BOOST_TEST_MODULE doctor
 #include <boost/test/unit_test.hpp>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "runtime/tools/doctor.h"
 #include "runtime/tools/doctor_gpu.h"
@@ -46,7 +52,7 @@ BOOST_AUTO_TEST_CASE(a_configuration_that_would_stop) {
       {"zero_optimization",
        {{"stage", 3},
         {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir.path.string()}}},
-        {"offload_param", {{"device", "nvme"}, {"nvme_path", (dir.path / "absent").string()}}}}}};
+        {"offload_param", {{"device", "nvme"}, {"nvme_path", (dir.path / "absent" / "deeper").string()}}}}}};
   const Config c = config_from_json(doc, "t.json", "/", {}, 1);
   DoctorOptions o;
   o.config = &c;  // no program path: the MPI probe is skipped with a warning
@@ -54,10 +60,16 @@ BOOST_AUTO_TEST_CASE(a_configuration_that_would_stop) {
   const DoctorCheck* mpi = find(checks, "mpi", "not checked");
   BOOST_REQUIRE(mpi);
   BOOST_TEST(mpi->status == DoctorCheck::warn);
-  const DoctorCheck* absent = find(checks, "nvme", "absent: no such folder");
+  // A missing folder ferry train will create (two levels): ok, checked on its parent, and
+  // the doctor made nothing.
+  const std::string absent_path = (dir.path / "absent" / "deeper").string();
+  const DoctorCheck* absent = find(checks, "nvme", absent_path + ": does not exist yet");
   BOOST_REQUIRE(absent);
-  BOOST_TEST(absent->status == DoctorCheck::fail);
-  BOOST_TEST(absent->fix.find("mkdir -p") == 0u);
+  BOOST_TEST(absent->status == DoctorCheck::ok);
+  BOOST_TEST(absent->detail == absent_path + ": does not exist yet: will be created by ferry train (under " +
+                                   dir.path.string() + ", writable)");
+  BOOST_TEST(find(checks, "nvme", absent_path + " (on " + dir.path.string() + "): "));
+  BOOST_TEST(!std::filesystem::exists(dir.path / "absent"));
   // 25 billion parameters: the optimizer state (24 bytes each) cannot fit this disk, nor
   // the gradient shards this host's memory.
   const DoctorCheck* space = find(checks, "nvme space", "needs");
@@ -67,9 +79,52 @@ BOOST_AUTO_TEST_CASE(a_configuration_that_would_stop) {
   BOOST_REQUIRE(memory);
   BOOST_TEST(memory->status == DoctorCheck::fail);
   const std::string text = format_checks(checks);
-  BOOST_TEST(text.find("[FAIL] nvme: " + (dir.path / "absent").string() + ": no such folder\n       fix: mkdir -p") !=
-             std::string::npos, text);
+  BOOST_TEST(text.find("[ ok ] nvme: " + absent_path + ": does not exist yet") != std::string::npos, text);
   BOOST_TEST(text.find("problem(s) would stop a run") != std::string::npos);
+}
+
+// What stops `ferry train` from creating a missing nvme_path folder, and what does not.
+BOOST_AUTO_TEST_CASE(folders_to_create) {
+  namespace fs = std::filesystem;
+  ferry::test::TempDir dir("doctor_mkdir");
+  const std::string root = dir.path.string();
+  { std::ofstream(dir.path / "file") << "x"; }
+  fs::create_symlink(dir.path / "nowhere", dir.path / "dangling");
+  std::string at = "unchanged";
+  BOOST_TEST(folder_to_create(root + "/a/b/c", at) == "");
+  BOOST_TEST(at == root);
+  BOOST_TEST(folder_to_create(root + "/a/", at) == "");  // a trailing slash
+  BOOST_TEST(at == root);
+  BOOST_TEST(folder_to_create(root + "/file", at) == "exists and is not a folder");
+  BOOST_TEST(at == "");
+  BOOST_TEST(folder_to_create(root + "/file/a/b", at) == root + "/file is not a folder");
+  BOOST_TEST(folder_to_create(root + "/dangling/a", at) == root + "/dangling is a link to a missing target");
+  BOOST_TEST(folder_to_create("/dev/null/ferry", at) == "/dev/null is not a folder");
+  // A folder without write permission (root writes anywhere: checked only as a user).
+  fs::create_directory(dir.path / "locked");
+  fs::permissions(dir.path / "locked", fs::perms::owner_read | fs::perms::owner_exec);
+  if (::geteuid() != 0) {
+    BOOST_TEST(folder_to_create(root + "/locked/x", at) == "cannot create folders in " + root + "/locked: Permission denied");
+  }
+  fs::permissions(dir.path / "locked", fs::perms::owner_all);
+  BOOST_TEST(!fs::exists(dir.path / "a"));
+
+  // Through run_doctor: a failure naming the reason; nothing created.
+  const nlohmann::json doc = {
+      {"model", {{"n_layer", 2}, {"n_embd", 32}, {"n_head", 2}}},
+      {"data", {{"path", "corpus.txt"}}},
+      {"zero_optimization",
+       {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", root + "/file/nvme"}}}}}};
+  const Config c = config_from_json(doc, "t.json", "/", {}, 1);
+  DoctorOptions o;
+  o.config = &c;
+  const std::vector<DoctorCheck> checks = run_doctor(o);
+  const DoctorCheck* blocked = find(checks, "nvme", "cannot be created");
+  BOOST_REQUIRE(blocked);
+  BOOST_TEST(blocked->status == DoctorCheck::fail);
+  BOOST_TEST(blocked->detail == root + "/file/nvme: cannot be created: " + root + "/file is not a folder");
+  BOOST_TEST(!find(checks, "nvme space", ""));  // no space figure for a folder that cannot be
+  BOOST_TEST(format_checks(checks).find("problem(s) would stop a run") != std::string::npos);
 }
 
 // --gpu on a machine without a driver (a library name no machine has, so the test means

@@ -161,6 +161,27 @@ std::string o_direct_round_trip(const std::string& dir) {
   return problem;
 }
 
+std::string folder_to_create(const std::string& dir, std::string& ancestor) {
+  ancestor.clear();
+  std::error_code ec;
+  fs::path p = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (ec) return "cannot make the path absolute: " + ec.message();
+  if (!p.has_filename() && p.has_relative_path()) p = p.parent_path();  // "/a/b/" is "/a/b"
+  // The nearest entry that exists, a dangling link included (create_directories cannot
+  // make a folder where a link points nowhere).
+  fs::path at = p;
+  while (fs::symlink_status(at, ec).type() == fs::file_type::not_found && at.has_relative_path()) at = at.parent_path();
+  const fs::file_status st = fs::status(at, ec);
+  if (at == p) return "exists and is not a folder";
+  if (st.type() == fs::file_type::not_found) return at.string() + " is a link to a missing target";
+  if (st.type() != fs::file_type::directory) return at.string() + " is not a folder";
+  if (::access(at.c_str(), W_OK | X_OK) != 0) {
+    return "cannot create folders in " + at.string() + ": " + std::strerror(errno);
+  }
+  ancestor = at.string();
+  return "";
+}
+
 DoctorCheck check_space(const std::string& dir, unsigned long long needed, unsigned long long available) {
   if (available >= needed) {
     return make(DoctorCheck::ok, "nvme space", dir + ": " + bytes(available) + " free, " + bytes(needed) + " needed");
@@ -193,23 +214,39 @@ std::vector<DoctorCheck> run_doctor(const DoctorOptions& o) {
     }
     for (const auto& [d, share] : dirs) {
       std::error_code ec;
+      // A missing folder is made by `ferry train` (create_nvme_folders, as DeepSpeed does):
+      // it is a problem only where it cannot be made. Its file system is its nearest
+      // existing ancestor's, where the O_DIRECT and space checks then run. Nothing is
+      // created here.
+      std::string at = d, label = d;
       if (!fs::is_directory(d, ec)) {
-        out.push_back(make(DoctorCheck::fail, "nvme", d + ": no such folder", "mkdir -p " + d + " (on every node)"));
-        continue;
+        std::string origin;
+        for (const auto& [folder, from] : c->nvme_folders)
+          if (folder == d) origin = from;
+        const std::string problem = folder_to_create(d, at);
+        if (!problem.empty()) {
+          out.push_back(make(DoctorCheck::fail, "nvme",
+                             d + ": cannot be created: " + problem + (origin.empty() ? "" : " (set by " + origin + ")"),
+                             "set nvme_path to a folder that exists or can be created, on every node"));
+          continue;
+        }
+        out.push_back(make(DoctorCheck::ok, "nvme", d + ": does not exist yet: will be created by ferry train (under " +
+                                                        at + ", writable)"));
+        label = d + " (on " + at + ")";
       }
-      const std::string problem = o_direct_round_trip(d);
+      const std::string problem = o_direct_round_trip(at);
       if (problem.rfind("open(O_DIRECT): Invalid argument", 0) == 0) {
-        out.push_back(make(DoctorCheck::warn, "nvme", d + ": the file system refuses O_DIRECT (tmpfs, some overlays): "
-                                                          "ferry uses buffered I/O there (the page cache takes memory)",
+        out.push_back(make(DoctorCheck::warn, "nvme", label + ": the file system refuses O_DIRECT (tmpfs, some overlays): "
+                                                              "ferry uses buffered I/O there (the page cache takes memory)",
                            "put nvme_path on a local NVMe file system (ext4, xfs)"));
       } else if (!problem.empty()) {
-        out.push_back(make(DoctorCheck::fail, "nvme", d + ": " + problem, "check the folder's permissions and device"));
+        out.push_back(make(DoctorCheck::fail, "nvme", label + ": " + problem, "check the folder's permissions and device"));
       } else {
-        out.push_back(make(DoctorCheck::ok, "nvme", d + ": O_DIRECT 4 KiB write and read round-trip"));
+        out.push_back(make(DoctorCheck::ok, "nvme", label + ": O_DIRECT 4 KiB write and read round-trip"));
       }
       struct statvfs sv {};
-      if (::statvfs(d.c_str(), &sv) == 0) {
-        out.push_back(check_space(d, share, static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize));
+      if (::statvfs(at.c_str(), &sv) == 0) {
+        out.push_back(check_space(label, share, static_cast<unsigned long long>(sv.f_bavail) * sv.f_frsize));
       }
     }
     // Pinning.

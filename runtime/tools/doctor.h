@@ -4,7 +4,11 @@
 //   io_uring  a ring can be created (kernels or containers may forbid it: pread/pwrite then)
 //   nvme      for each nvme_path of the configuration: a folder that exists and takes
 //             files, O_DIRECT writes and reads that round-trip, free space for the
-//             offloaded state of every rank on this node
+//             offloaded state of every rank on this node. A missing folder is ok when
+//             `ferry train` can create it (its nearest existing ancestor is a writable
+//             folder: the O_DIRECT and space checks run there), a failure naming why
+//             otherwise (a file or a dangling link in the way, an ancestor not writable).
+//             The doctor creates no folder (the O_DIRECT probe's file is removed).
 //   memlock   RLIMIT_MEMLOCK against the pinned pool the configuration needs
 //   memory    available host memory against the host state, pinned pools and (CPU
 //             device) arenas of every rank on this node
@@ -44,6 +48,11 @@ std::string format_checks(const std::vector<DoctorCheck>& checks);
 // 4 KiB through O_DIRECT in `dir` ("" = fine, else what failed).
 DoctorCheck check_space(const std::string& dir, unsigned long long needed, unsigned long long available);
 std::string o_direct_round_trip(const std::string& dir);
+// For an nvme_path `dir` that is not a folder: "" when `ferry train` can create it (its
+// parents too), with `ancestor` set to the nearest existing folder above it; else why it
+// cannot ("exists and is not a folder", "/x is not a folder", "cannot create folders in
+// /x: Permission denied"). Looks only: creates nothing.
+std::string folder_to_create(const std::string& dir, std::string& ancestor);
 
 // Runs `command` through sh with stderr joined to stdout: its exit status (128 + signal
 // when killed) and its output.
