@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/config/config.h"
+#include "runtime/config/config_schema.h"
 
 namespace ferry::runtime::detail {
 
@@ -20,6 +21,13 @@ namespace ferry::runtime::detail {
 void set_path(nlohmann::json& root, const std::string& path, const nlohmann::json& value);
 // root["a"]["b"] for "a.b", or nullptr where a part is missing.
 const nlohmann::json* get_path(const nlohmann::json& root, const std::string& path);
+
+// "unknown key 'p'", with what to set instead (a Trainer name) or the closest known key.
+std::string unknown_key_message(const std::string& path);
+// Checks one value against its knob (type, range, choices) naming `source` and k.path;
+// returns the value to store (relative paths resolved against base_dir).
+nlohmann::json check_value(const Knob& k, const nlohmann::json& v, const std::string& source,
+                           const std::string& base_dir);
 
 // Published shapes for model.preset, as model-section keys.
 nlohmann::json model_preset(const std::string& name);
