@@ -165,6 +165,7 @@ words)
   run 0 "$ferry" train "${small[@]}" --set train.steps=2 --set train.sample_tokens=8
   has "unigram baseline (validation bytes scored by training byte frequencies)"
   has "sample (prompt: the first 32 validation bytes;"
+  has "(bytes as tokens)"
   check_final above
   # Token ids 0..255 in turn (a uint16 token file): every id equally frequent, so the
   # baseline is ln 256, and each id predicts the next, which 20 steps learn.
@@ -182,6 +183,7 @@ words)
 EOF
   run 0 "$ferry" train --config cycle.json
   has "unigram baseline (validation tokens scored by training token frequencies): 5.545"
+  has "(token ids as given)"
   check_final below
   # Text through a model's tokenizer: tokens.
   head -c 20000 "$src/examples/data/kjv.txt" > small.txt

@@ -155,6 +155,7 @@ TokenData TokenData::load(const DataOptions& o) {
 TokenData TokenData::load_one(const DataOptions& o) {
   if (o.format == "tokens") {
     TokenData d = load_token_files(o);
+    d.ids_given_ = true;
     d.tokenizer_ = o.tokenizer;
     d.vocab_ = o.vocab_size;
     return d;
@@ -207,6 +208,7 @@ TokenData TokenData::load_one(const DataOptions& o) {
   TokenData d(std::move(tokens), o.val_fraction, o.path);
   d.tokenizer_ = o.tokenizer;
   d.special_ = special_tokens_words(o);
+  d.ids_given_ = o.format == "uint16";
   return d;
 }
 
@@ -252,7 +254,8 @@ std::string TokenData::describe() const {
   }
   if (val_file_) s << " (validation: all of " << val_file_->source() << ")";
   if (!wants_val_) s << " (data.val_fraction 0: no validation, every " << (records() ? "record" : "token") << " trains)";
-  s << (tokenizer_ ? " (the model's tokenizer)" : " (bytes as tokens)");
+  // Without a tokenizer, text and JSONL are bytes; uint16 and token files hold ids already.
+  s << (tokenizer_ ? " (the model's tokenizer)" : ids_given_ ? " (token ids as given)" : " (bytes as tokens)");
   if (!special_.empty()) s << "; " << special_;
   return s.str();
 }

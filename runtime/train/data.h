@@ -141,6 +141,7 @@ class TokenData {
   std::string source_, special_;
   std::shared_ptr<const TokenData> val_file_;  // data.val_path: all of it is the validation split
   bool wants_val_ = true;
+  bool ids_given_ = false;  // uint16 and token files: ids, not bytes (describe())
   std::shared_ptr<const text::Tokenizer> tokenizer_;
   int64_t vocab_ = INT64_MAX;  // ids are checked below it as windows are read (mapped files)
 };
