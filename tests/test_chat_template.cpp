@@ -274,3 +274,79 @@ BOOST_AUTO_TEST_CASE(snippets_render_or_fail_as_jinja2_does) {
   }
   BOOST_TEST_MESSAGE("snippets: " << passed << "/" << data.at("snippets").size() << " as jinja2");
 }
+
+BOOST_AUTO_TEST_CASE(values_nest_at_most_512_levels) {
+  // A value's walkers (its destructor, repr, ==, tojson) recurse once per level: a list built
+  // 90,000 deep in two loops of 300 ended ferry train on SIGSEGV. Every list, dict and tuple a
+  // render builds is refused past 512 levels (chat_template_ast.h), naming the expression.
+  const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+  auto render = [&](const std::string& src) {
+    return text::ChatTemplate(src, "t").render(msgs, false);
+  };
+  const std::string deep =
+      "{% set ns = namespace(x=[]) %}{% for i in 'x' * 300 %}{% for j in 'x' * 300 %}"
+      "{% set ns.x = [ns.x] %}{% endfor %}{% endfor %}{{ ns.x }}";
+  BOOST_TEST(
+      contains(
+          error_of([&] { render(deep); }),
+          "t:1:93: a value nested deeper than 512 levels (lists, dicts, tuples and namespaces"),
+      error_of([&] { render(deep); }));
+  // At the bound (511 wraps of [] are 512 levels) it renders as jinja2 does; one more level is
+  // refused whatever builds it: a list, a tuple, a dict, dict(), items, +.
+  const std::string at =
+      "{% set ns = namespace(x=[]) %}{% for i in 'x' * 511 %}{% set ns.x = [ns.x] %}{% endfor %}";
+  BOOST_TEST(
+      render(at +
+             "{{ ns.x | tojson | length }} {{ ns.x | string | length }} {{ ns.x == ns.x[:] }}") ==
+      "1024 1024 True");
+  BOOST_TEST(render(at + "{{ (ns.x + ns.x) | length }}{{ ns.x | list | length }}{{ ns.x[0] | "
+                         "tojson | length }}") == "211022");
+  for (const char* more :
+       {"{{ [ns.x] }}", "{{ (ns.x,) }}", "{{ {'a': ns.x} }}", "{{ dict(a=ns.x) }}",
+        "{{ {'a': ns.x} | items }}", "{{ {'a': ns.x}.items() }}", "{{ [1] + [ns.x] }}",
+        "{% set l = [ns.x] %}"}) {
+    BOOST_TEST_CONTEXT(more) {
+      const std::string err = error_of([&] { render(at + more); });
+      BOOST_TEST(contains(err, "t:1:"), err);
+      BOOST_TEST(contains(err, "nested deeper than 512 levels"), err);
+    }
+  }
+  // A conversation deeper than the bound (a caller's own JSON: ferry's readers stop at 512).
+  json nested = "x";
+  for (int k = 0; k < 600; ++k) nested = json::array({std::move(nested)});
+  const std::string err = error_of([&] {
+    text::ChatTemplate("{{ 1 }}", "t")
+        .render(json::array({{{"role", "user"}, {"content", nested}}}), false);
+  });
+  BOOST_TEST(
+      contains(err, "chat template t: render: messages: a value nested deeper than 512 levels"),
+      err);
+}
+
+BOOST_AUTO_TEST_CASE(namespaces_inside_namespaces_print_as_python_and_end) {
+  // A namespace can hold itself or a chain of namespaces (what it holds changes after it is
+  // put in a list, so its depth cannot be fixed when the list is built): printing counts
+  // levels through namespaces and prints a cycle as jinja2 does; a chain 2,000 long is
+  // destroyed without recursing per link (jinja2 raises RecursionError printing it).
+  const json msgs = json::array();
+  auto render = [&](const std::string& src) {
+    return text::ChatTemplate(src, "t").render(msgs, false);
+  };
+  BOOST_TEST(render("{% set ns = namespace(x=1) %}{% set ns.x = [ns] %}{{ ns }}") ==
+             "<Namespace {'x': [<Namespace {...}>]}>");
+  BOOST_TEST(
+      render("{% set ns = namespace(x=1, y=[2]) %}{% set ns.x = ns %}{{ ns }}|{{ [ns, ns] }}") ==
+      "<Namespace {'x': <Namespace {...}>, 'y': [2]}>|[<Namespace {'x': <Namespace {...}>, 'y': "
+      "[2]}>, "
+      "<Namespace {'x': <Namespace {...}>, 'y': [2]}>]");
+  const std::string chain =
+      "{% set h = namespace(n=none) %}{% for i in 'x' * 2000 %}{% set h.n = namespace(n=h.n) %}{% "
+      "endfor %}";
+  BOOST_TEST(render(chain + "ok {{ h.n.n.n.n is defined }}") == "ok True");
+  const std::string err = error_of([&] { render(chain + "{{ h }}"); });
+  BOOST_TEST(contains(err, "t:1:101: a value nested deeper than 512 levels"), err);
+  // In a loop of 20,000 rounds each new namespace is let go when the next replaces it.
+  BOOST_TEST(render("{% set h = namespace(n=none) %}{% for i in 'x' * 20000 %}{% set h.n = "
+                    "namespace(s='y' * 1000) "
+                    "%}{% endfor %}{{ h.n.s | length }}") == "1000");
+}

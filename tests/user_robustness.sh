@@ -11,6 +11,11 @@
 #                     nests 200,000 levels deep; and a checkpoint manifest as deep
 #   deep_template     a chat template (tokenizer_config.json) nested 100,000 levels deep:
 #                     parentheses, {% if %} blocks, a chain 1 + 1 + ... (the bound: 256)
+#   deep_value        a chat template (data.chat_template) that builds a value 90,000 levels
+#                     deep in two loops of 300 ({% set ns.x = [ns.x] %}) and prints it or its
+#                     tojson, or a chain of 2,000 namespaces: refused naming the line and
+#                     column (the bound: 512), where it ended on SIGSEGV; a namespace holding
+#                     itself prints as jinja2 prints it, and a value at the bound trains
 #   nvme_swap         a 2-step run with the optimizer and the parameters on NVMe leaves no
 #                     *.swp behind (nor does a run that stops on an error after opening them);
 #                     its checkpoint is whole
@@ -125,6 +130,36 @@ PY
     expect 1 "chat template $tc: chat_template:1:" -- "$ferry" train --config "$work/run.json"
     grep -qF "nested deeper than 256 levels" "$work/out" || fail "the $kind template's refusal does not name the bound"
   done
+  ;;
+deep_value)
+  cp -r "$src/tests/data/hf/llama3" "$work/model"
+  for i in 1 2 3 4 5 6; do echo '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}'; done > "$work/chat.jsonl"
+  cat > "$work/run.json" <<JSON
+{"model": {"init_from": "$work/model", "block_size": 32},
+ "data": {"path": "$work/chat.jsonl", "format": "jsonl", "val_fraction": 0.5, "chat_template": "$work/t.jinja"},
+ "device": {"type": "cpu", "memory": "64MiB", "threads": 1},
+ "train_micro_batch_size_per_gpu": 2,
+ "train": {"steps": 1, "eval_every": 0, "eval_batches": 1, "sample_tokens": 0}}
+JSON
+  turns='{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}<|eot_id|>{% endfor %}'
+  turns+='{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>{% endif %}'
+  # template LINE2: a first line making a namespace, LINE2 building in it, then the turns.
+  template() { printf '%s\n%s\n%s' "{% set ns = namespace(x=[]) %}{% set h = namespace(n=none) %}" "$1" "$turns" > "$work/t.jinja"; }
+  wrap="{% for i in 'x' * 300 %}{% for j in 'x' * 300 %}{% set ns.x = [ns.x] %}{% endfor %}{% endfor %}"
+  limit="a value nested deeper than 512 levels"
+  template "$wrap{{ ns.x }}"
+  expect 1 "chat template $work/t.jinja:2:63: $limit" -- "$ferry" train --config "$work/run.json"
+  template "$wrap{{ ns.x | tojson }}"
+  expect 1 "chat template $work/t.jinja:2:63: $limit" -- "$ferry" train --config "$work/run.json"
+  template "{% for i in 'x' * 2000 %}{% set h.n = namespace(n=h.n) %}{% endfor %}{{ h }}"
+  expect 1 "chat template $work/t.jinja:2:70: $limit" -- "$ferry" train --config "$work/run.json"
+  # jinja2's own output for a namespace inside itself (the sample's prompt, 32 tokens, is the
+  # rendering's start); a value at the bound renders and trains.
+  template "{% set ns.x = [ns] %}{{ ns }}"
+  expect 0 "<Namespace {'x': [<Namespace {...}>]" -- "$ferry" train --config "$work/run.json" --set train.sample_tokens=1
+  grep -qF "step 1/1" "$work/out" || fail "no step"
+  template "{% for i in 'x' * 511 %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x | tojson | length }}"
+  expect 0 "step 1/1" -- "$ferry" train --config "$work/run.json"
   ;;
 nvme_swap)
   nvme=$work/nvme ck=$work/ck

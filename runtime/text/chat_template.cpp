@@ -28,6 +28,11 @@ class Renderer {
  public:
   Renderer(const Program& p, const std::function<std::string(const std::string&)>& strftime_now)
       : p_(p), strftime_now_(strftime_now) {}
+  Renderer(const Renderer&) = delete;
+  Renderer& operator=(const Renderer&) = delete;
+  ~Renderer() {
+    for (auto& ns : namespaces_) empty(*ns);
+  }
 
   std::map<std::string, Value> globals;
 
@@ -47,7 +52,17 @@ class Renderer {
     for (const Node& n : body) exec(n);
   }
 
+  // Values past kMaxValueDepth (chat_template_ast.h) are refused where they would be built
+  // (ValueTooDeep): here and in eval() the innermost statement or expression names the place.
   void exec(const Node& n) {
+    try {
+      exec_node(n);
+    } catch (const ValueTooDeep& e) {
+      fail(n.pos, e.what());
+    }
+  }
+
+  void exec_node(const Node& n) {
     switch (n.kind) {
       case Node::Kind::Text:
         out_ += n.text;
@@ -184,6 +199,14 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    try {
+      return eval_expr(e);
+    } catch (const ValueTooDeep& x) {
+      fail(e.pos, x.what());
+    }
+  }
+
+  Value eval_expr(const Expr& e) {
     switch (e.kind) {
       case Expr::Kind::Literal:
         return e.value;
@@ -361,7 +384,9 @@ class Renderer {
       for (auto& [k, v] : kwargs) dict_set(d, k, v);
       if (f.s == "dict") return Value::of_dict(std::move(d));
       Value ns = Value::make(K::Namespace);
+      ns.depth = 1;
       ns.ns = std::make_shared<Attrs>();
+      track(ns.ns);
       for (auto& [k, v] : d) {
         if (!k.empty() && k[0] == '_')
           fail(e.pos,
@@ -570,8 +595,32 @@ class Renderer {
     fail(pos, "unsupported test '" + t + "'");
   }
 
+  // Namespaces can hold each other: a chain made in a loop ({% set h.n = namespace(n=h.n) %})
+  // would be destroyed one recursion per link, and a cycle ({% set ns.x = [ns] %}) never. The
+  // renderer holds every namespace it made and empties them itself, one at a time: emptying one
+  // destroys values at most kMaxValueDepth deep and lets go of namespaces still held here.
+  // Those nothing else holds any more are emptied and let go when the count doubles, so what is
+  // held stays what the template can still reach (and its cycles, until the render ends).
+  void track(std::shared_ptr<Attrs> ns) {
+    if (namespaces_.size() >= prune_at_) {
+      std::erase_if(namespaces_, [](std::shared_ptr<Attrs>& x) {
+        if (x.use_count() > 1) return false;
+        empty(*x);
+        return true;
+      });
+      prune_at_ = 2 * namespaces_.size() + 64;
+    }
+    namespaces_.push_back(std::move(ns));
+  }
+  static void empty(Attrs& attrs) {
+    Attrs gone;
+    gone.swap(attrs);  // destroyed here, while `attrs` is already empty
+  }
+
   const Program& p_;
   const std::function<std::string(const std::string&)>& strftime_now_;
+  std::vector<std::shared_ptr<Attrs>> namespaces_;  // every namespace made by this render
+  size_t prune_at_ = 64;
   std::vector<std::map<std::string, Value>> scopes_;
   std::string out_;
   int64_t steps_ = 0;  // loop iterations so far
@@ -619,11 +668,18 @@ std::string render_with(const Program& p,
   if (!extra.is_object())
     throw ChatTemplateError("chat template " + where + ": render: extra must be a JSON object");
   Renderer r(p, strftime_now);
-  r.globals["messages"] = from_json(messages);
+  auto convert = [&](const std::string& name, const J& v) {
+    try {
+      return from_json(v);
+    } catch (const ValueTooDeep& e) {
+      throw ChatTemplateError("chat template " + where + ": render: " + name + ": " + e.what());
+    }
+  };
+  r.globals["messages"] = convert("messages", messages);
   r.globals["tools"] = Value::none();
   r.globals["documents"] = Value::none();
   r.globals["add_generation_prompt"] = Value::boolean(add_generation_prompt);
-  for (const auto& [k, v] : extra.items()) r.globals[k] = from_json(v);
+  for (const auto& [k, v] : extra.items()) r.globals[k] = convert(k, v);
   return r.run();
 }
 

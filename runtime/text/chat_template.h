@@ -35,7 +35,10 @@
 //     iterating it, operand type errors, values tojson cannot write;
 //   - at render, where jinja2 would go on: an integer result past 64 bits (Python's have no
 //     bound), a value, a join or replace or the rendering past 64 MiB, more than 100,000
-//     loop rounds, a tojson indent past 1024 (chat_template_value.h: the limits).
+//     loop rounds, a tojson indent past 1024 (chat_template_value.h: the limits), a list,
+//     dict or tuple nested past 512 levels, from the template or from the JSON passed in
+//     (chat_template_ast.h: kMaxValueDepth; printing namespaces held inside each other
+//     counts their levels too; one inside itself prints <Namespace {...}> as in Python).
 #pragma once
 
 #include <functional>

@@ -2,12 +2,15 @@
 // the lexer (chat_template_lex.cpp) and parser (chat_template_parse.cpp) that build it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "runtime/text/chat_template.h"
 
 namespace ferry::text::chat_detail {
 
@@ -16,12 +19,33 @@ using List = std::vector<Value>;
 using Dict = std::vector<std::pair<std::string, Value>>;  // insertion order, like a Python dict
 using Attrs = std::map<std::string, Value>;
 
+// How deep lists, dicts and tuples may nest inside each other in one render. Everything that
+// walks a value (its destructor, repr, ==, tojson, weight()) recurses once per level, and a
+// template can nest without end: {% set ns.x = [ns.x] %} in two loops of 300 built a list
+// 90,000 deep and ended ferry train on SIGSEGV. jinja2 has no bound (Python's repr and
+// json.dumps stop at its recursion limit, about 1000); real templates build values 1 to 3
+// deep. 512 is the bound on JSON ferry reads (base/nesting_limit.h), so any record, tools or
+// tokenizer_config value converts whole; 512 levels of the deepest walker fit the stack with
+// ASan's frames and the renderer's 256 levels of expressions beneath them.
+constexpr int kMaxValueDepth = 512;
+
+// Thrown where a value would nest past kMaxValueDepth (the renderer adds the position).
+class ValueTooDeep : public ChatTemplateError {
+ public:
+  ValueTooDeep();
+};
+
 // A Python value as jinja2 sees it. Lists and dicts are immutable once built (shared);
 // a namespace is mutable and shared by reference, as in jinja2.
 struct Value {
   enum class Kind { Undefined, None, Bool, Int, Float, String, List, Dict, Namespace, Function };
   Kind kind = Kind::Undefined;
   bool b = false;  // Bool; List: a tuple (repr with parentheses, != a list)
+  // 0 for a scalar; a list, tuple or dict: 1 + its deepest element's, never past
+  // kMaxValueDepth (of_list and of_dict, the only ways to make one, throw ValueTooDeep). A
+  // namespace counts 1: what it holds can change after it is put in a list, so repr, the one
+  // walker that enters namespaces, counts their levels as it goes.
+  uint16_t depth = 0;
   int64_t i = 0;
   double f = 0;
   std::string s;  // String; Function: its name; Undefined: the hint for the error message
@@ -62,11 +86,13 @@ struct Value {
   }
   static Value of_list(List x) {
     Value v = make(Kind::List);
+    v.depth = container_depth(x, [](const Value& e) { return e.depth; });
     v.list = std::make_shared<const List>(std::move(x));
     return v;
   }
   static Value of_dict(Dict x) {
     Value v = make(Kind::Dict);
+    v.depth = container_depth(x, [](const auto& kv) { return kv.second.depth; });
     v.dict = std::make_shared<const Dict>(std::move(x));
     return v;
   }
@@ -81,6 +107,15 @@ struct Value {
     return v;
   }
   bool is(Kind k) const { return kind == k; }
+
+ private:
+  template <class C, class F>
+  static uint16_t container_depth(const C& items, F depth_of) {
+    int d = 0;
+    for (const auto& e : items) d = std::max<int>(d, depth_of(e));
+    if (d + 1 > kMaxValueDepth) throw ValueTooDeep();
+    return static_cast<uint16_t>(d + 1);
+  }
 };
 
 struct Expr;

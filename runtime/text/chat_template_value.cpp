@@ -272,57 +272,118 @@ std::string type_name(const Value& v) {
   return "?";
 }
 
-std::string repr(const Value& v) {
-  switch (v.kind) {
-    case K::String:
-      return str_repr(v.s);
-    case K::List: {
-      std::string s = v.b ? "(" : "[";
-      for (size_t k = 0; k < v.list->size(); ++k) s += (k ? ", " : "") + repr((*v.list)[k]);
-      if (v.b && v.list->size() == 1) s += ",";
-      return s + (v.b ? ")" : "]");
+ValueTooDeep::ValueTooDeep()
+    : ChatTemplateError(
+          "a value nested deeper than " + std::to_string(kMaxValueDepth) +
+          " levels (lists, dicts, tuples and namespaces inside each other; ferry's bound)") {}
+
+namespace {
+
+// repr() and str() of a value. Lists and dicts are at most kMaxValueDepth deep, but a namespace
+// can hold a list holding a namespace ... (a chain made in a loop), or itself (ns.x = [ns]):
+// levels are counted through namespaces too, and a namespace met again inside itself prints
+// as Python prints a dict it is already printing, <Namespace {...}>.
+struct Printer {
+  std::vector<const Attrs*> open;  // namespaces being printed, outermost first
+  int level = 0;
+
+  void str(const Value& v, std::string& out) {
+    switch (v.kind) {
+      case K::Undefined:
+        return;
+      case K::None:
+        out += "None";
+        return;
+      case K::Bool:
+        out += v.b ? "True" : "False";
+        return;
+      case K::Int:
+        out += std::to_string(v.i);
+        return;
+      case K::Float:
+        out += float_repr(v.f);
+        return;
+      case K::String:
+        out += v.s;
+        return;
+      case K::List:
+      case K::Dict:
+        return repr(v, out);
+      case K::Namespace: {
+        out += "<Namespace {";
+        if (std::find(open.begin(), open.end(), v.ns.get()) != open.end()) {
+          out += "...}>";
+          return;
+        }
+        enter();
+        open.push_back(v.ns.get());
+        bool first = true;
+        for (const auto& [k, x] : *v.ns) {
+          out += first ? "" : ", ";
+          out += str_repr(k) + ": ";
+          repr(x, out);
+          first = false;
+        }
+        open.pop_back();
+        --level;
+        out += "}>";
+        return;
+      }
+      case K::Function:
+        out += "<function " + v.s + ">";
+        return;
     }
-    case K::Dict: {
-      std::string s = "{";
-      for (size_t k = 0; k < v.dict->size(); ++k)
-        s += (k ? ", " : "") + str_repr((*v.dict)[k].first) + ": " + repr((*v.dict)[k].second);
-      return s + "}";
-    }
-    default:
-      return to_str(v);
   }
+
+  void repr(const Value& v, std::string& out) {
+    switch (v.kind) {
+      case K::String:
+        out += str_repr(v.s);
+        return;
+      case K::List:
+        enter();
+        out += v.b ? "(" : "[";
+        for (size_t k = 0; k < v.list->size(); ++k) {
+          if (k) out += ", ";
+          repr((*v.list)[k], out);
+        }
+        if (v.b && v.list->size() == 1) out += ",";
+        out += v.b ? ")" : "]";
+        --level;
+        return;
+      case K::Dict:
+        enter();
+        out += "{";
+        for (size_t k = 0; k < v.dict->size(); ++k) {
+          if (k) out += ", ";
+          out += str_repr((*v.dict)[k].first) + ": ";
+          repr((*v.dict)[k].second, out);
+        }
+        out += "}";
+        --level;
+        return;
+      default:
+        return str(v, out);
+    }
+  }
+
+  void enter() {
+    if (++level > kMaxValueDepth) throw ValueTooDeep();
+  }
+};
+
+}  // namespace
+
+std::string repr(const Value& v) {
+  std::string out;
+  Printer().repr(v, out);
+  return out;
 }
 
 std::string to_str(const Value& v) {
-  switch (v.kind) {
-    case K::Undefined:
-      return "";
-    case K::None:
-      return "None";
-    case K::Bool:
-      return v.b ? "True" : "False";
-    case K::Int:
-      return std::to_string(v.i);
-    case K::Float:
-      return float_repr(v.f);
-    case K::String:
-      return v.s;
-    case K::List:
-    case K::Dict:
-      return repr(v);
-    case K::Namespace: {
-      std::string s = "<Namespace {";
-      bool first = true;
-      for (const auto& [k, x] : *v.ns) {
-        s += (first ? "" : ", ") + str_repr(k) + ": " + repr(x);
-        first = false;
-      }
-      return s + "}>";
-    }
-    case K::Function:
-      return "<function " + v.s + ">";
-  }
-  return "";
+  std::string out;
+  Printer().str(v, out);
+  return out;
 }
 
 bool equal(const Value& a, const Value& b) {
@@ -547,8 +608,11 @@ std::string to_json(const Value& v, int indent, bool sort_keys, std::string& err
   return out;
 }
 
+// `level`: how many arrays and objects enclose j. A document deeper than kMaxValueDepth is
+// refused before the recursion goes further (ferry's readers bound JSON at 512 already; a
+// caller's own nlohmann value may not be).
 template <class J>
-Value from_json_t(const J& j) {
+Value from_json_t(const J& j, int level) {
   switch (j.type()) {
     case nlohmann::detail::value_t::null:
       return Value::none();
@@ -563,13 +627,15 @@ Value from_json_t(const J& j) {
     case nlohmann::detail::value_t::string:
       return Value::string(j.template get<std::string>());
     case nlohmann::detail::value_t::array: {
+      if (level >= kMaxValueDepth) throw ValueTooDeep();
       List l;
-      for (const auto& x : j) l.push_back(from_json_t(x));
+      for (const auto& x : j) l.push_back(from_json_t(x, level + 1));
       return Value::of_list(std::move(l));
     }
     case nlohmann::detail::value_t::object: {
+      if (level >= kMaxValueDepth) throw ValueTooDeep();
       Dict d;
-      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json_t(x));
+      for (const auto& [k, x] : j.items()) d.emplace_back(k, from_json_t(x, level + 1));
       return Value::of_dict(std::move(d));
     }
     default:
@@ -578,10 +644,10 @@ Value from_json_t(const J& j) {
 }
 
 Value from_json(const nlohmann::json& j) {
-  return from_json_t(j);
+  return from_json_t(j, 0);
 }
 Value from_json(const nlohmann::ordered_json& j) {
-  return from_json_t(j);
+  return from_json_t(j, 0);
 }
 
 }  // namespace ferry::text::chat_detail

@@ -23,9 +23,14 @@ constexpr int64_t kMaxLoopSteps = 100'000;
 // length), counted until `limit` is passed (then some value above it).
 size_t weight(const Value& v, size_t limit = kMaxTextBytes);
 
+// Values nest at most kMaxValueDepth (chat_template_ast.h): the walkers below recurse once per
+// level of lists and dicts.
+
 bool truthy(const Value& v);
 std::string type_name(const Value& v);
-std::string to_str(const Value& v);  // str(v); "" for undefined
+// str(v) ("" for undefined) and repr(v). Namespaces are entered and counted as levels (a
+// namespace inside itself prints <Namespace {...}>): ValueTooDeep past kMaxValueDepth.
+std::string to_str(const Value& v);
 std::string repr(const Value& v);
 bool equal(const Value& a, const Value& b);
 // Python's <, ==, > as -1/0/1 in `c`; false when the types cannot be ordered.
@@ -46,6 +51,7 @@ std::optional<Value> call_method(const Value& obj, const std::string& name,
 
 // json.dumps(v, ensure_ascii=False, indent=(indent < 0 ? None : indent), sort_keys=sort_keys).
 std::string to_json(const Value& v, int indent, bool sort_keys, std::string& err);
+// ValueTooDeep for a document nested deeper than kMaxValueDepth.
 Value from_json(const nlohmann::json& j);
 Value from_json(const nlohmann::ordered_json& j);
 

@@ -521,6 +521,15 @@ def deep_seeds():
     put("fuzz_chat_template", "deep-parens.jinja", "{{ " + "(" * 257 + "1" + ")" * 257 + " }}")
     put("fuzz_chat_template", "deep-blocks.jinja", "{% if true %}" * 257 + "x" + "{% endif %}" * 257)
     put("fuzz_chat_template", "deep-chain.jinja", "{{ 1" + " + 1" * 257 + " }}")
+    # Values a render builds nest at most 512 levels (runtime/text/chat_template_ast.h): a list
+    # wrapped in loops past the bound, one at it, a namespace holding itself, a chain of them.
+    wrap = "{% set ns = namespace(x=[]) %}{% for i in 'x' * N %}{% set ns.x = [ns.x] %}{% endfor %}"
+    put("fuzz_chat_template", "deep-value.jinja", wrap.replace("N", "513") + "{{ ns.x }}{{ ns.x | tojson }}")
+    put("fuzz_chat_template", "deep-value-at-bound.jinja",
+        wrap.replace("N", "511") + "{{ ns.x | tojson | length }}{{ ns.x == ns.x[:] }}{{ [ns.x] }}")
+    put("fuzz_chat_template", "deep-namespaces.jinja",
+        "{% set ns = namespace(x=1) %}{% set ns.x = [ns, {'a': ns}] %}{{ ns }}{% set h = namespace(n=none) %}"
+        "{% for i in 'x' * 600 %}{% set h.n = namespace(n=[h.n]) %}{% endfor %}{{ h.n.n[0].n[0].n is defined }}{{ h }}")
     y_over = YAML_LIMIT + 1
     put("fuzz_fsdp", "deep-flow.yaml", "fsdp_config: " + nest(y_over, "a") + "\n")
     put("fuzz_fsdp", "deep-block.yaml", "".join("  " * i + "k%d:\n" % i for i in range(y_over)) + "  " * y_over + "x\n")
