@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "base/scratch_files.h"
+
 namespace ferry {
 
 namespace {
@@ -34,6 +36,7 @@ void on_signal(int sig) {
     // its process group. Only a signal sent later on purpose means "now".
     if (now_ns() - g_first_ns.load() < kDuplicateWindowNs) return;
     say("ferry: second stop signal: exiting now, without a checkpoint\n");
+    end_scratch_files();  // _exit skips the swap files' destructors (unlink is signal-safe)
     ::_exit(128 + sig);
   }
   g_first_ns.store(now_ns());

@@ -97,8 +97,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, double timeout_s, bool owns_mpi,
                                       (files.empty() ? "" : "This rank's output: " + files +
                                                                 " (every rank's beside it: rankN.out, rankN.err). ") +
                                       "Aborting the job (MPI_Abort).");
+    PeerProbe::clean_up_before_abort();  // every rank's swap files: MPI_Abort skips destructors
     // mpiexec tears the job down on MPI_Abort, and lines still in its stderr forwarding
-    // are lost (seen in CI): give the forwarder a moment first.
+    // are lost (seen in CI): give the forwarder (and the peers' clean-up) a moment first.
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     MPI_Abort(MPI_COMM_WORLD, 70);
   });
@@ -146,6 +147,7 @@ void MpiCommunicator::abort_job(const std::string& message, int code) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   log::error(log::Subsys::comm, message + "\nending the job (MPI_Abort)");
+  PeerProbe::clean_up_before_abort();  // every rank's swap files: MPI_Abort skips destructors
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // see the watchdog's abort
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // MPI_Abort does not return; this keeps [[noreturn]] honest

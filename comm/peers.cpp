@@ -6,10 +6,13 @@
 #include <cstring>
 #include <map>
 
+#include "base/scratch_files.h"
+
 namespace ferry::comm {
 
 namespace {
-constexpr int kPing = 7101, kPong = 7102;
+constexpr int kPing = 7101, kPong = 7102, kAbort = 7103;
+std::atomic<PeerProbe*> g_world_probe{nullptr};  // the first probe made: the world's
 constexpr size_t kHostChars = 256;  // HOST_NAME_MAX is 64 on Linux; room for others
 }  // namespace
 
@@ -62,10 +65,14 @@ PeerProbe::PeerProbe(MPI_Comm world) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  PeerProbe* none = nullptr;
+  g_world_probe.compare_exchange_strong(none, this);
   if (size_ > 1) responder_ = std::thread([this] { respond_loop(); });
 }
 
 PeerProbe::~PeerProbe() {
+  PeerProbe* self = this;
+  g_world_probe.compare_exchange_strong(self, nullptr);
   stop_ = true;
   if (responder_.joinable()) responder_.join();
   MPI_Comm_free(&comm_);
@@ -74,12 +81,19 @@ PeerProbe::~PeerProbe() {
 void PeerProbe::respond_loop() {
   int ping = 0;
   static const int pong = 1;  // outlives a reply freed unfinished
-  MPI_Request recv = MPI_REQUEST_NULL;
+  static int abort_notice = 0;  // outlives a receive cancelled unfinished
+  MPI_Request recv = MPI_REQUEST_NULL, abort_recv = MPI_REQUEST_NULL;
   std::vector<MPI_Request> replies;
   MPI_Irecv(&ping, 1, MPI_INT, MPI_ANY_SOURCE, kPing, comm_, &recv);
+  MPI_Irecv(&abort_notice, 1, MPI_INT, MPI_ANY_SOURCE, kAbort, comm_, &abort_recv);
   while (!stop_) {
     int done = 0;
     MPI_Status st;
+    // A peer is about to MPI_Abort the job, which kills this process without unwinding.
+    if (abort_recv != MPI_REQUEST_NULL && MPI_Test(&abort_recv, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+      end_scratch_files();
+      done = 0;
+    }
     if (MPI_Test(&recv, &done, &st) != MPI_SUCCESS) break;
     if (done) {
       replies.push_back(MPI_REQUEST_NULL);
@@ -94,12 +108,30 @@ void PeerProbe::respond_loop() {
     std::erase(replies, MPI_REQUEST_NULL);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (recv != MPI_REQUEST_NULL) {
-    MPI_Cancel(&recv);
-    MPI_Wait(&recv, MPI_STATUS_IGNORE);  // a cancelled receive completes locally
+  for (MPI_Request* r : {&recv, &abort_recv}) {
+    if (*r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(r);
+    MPI_Wait(r, MPI_STATUS_IGNORE);  // a cancelled receive completes locally
   }
   for (MPI_Request& r : replies)
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // a reply to a peer gone away
+}
+
+void PeerProbe::clean_up_before_abort() {
+  if (PeerProbe* probe = g_world_probe.load()) probe->send_abort_notices();
+  end_scratch_files();
+}
+
+void PeerProbe::send_abort_notices() {
+  static const int notice = 1;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    // Not awaited: a peer may be gone, and MPI_Abort follows whatever happens.
+    MPI_Request r = MPI_REQUEST_NULL;
+    if (MPI_Isend(&notice, 1, MPI_INT, p, kAbort, comm_, &r) == MPI_SUCCESS && r != MPI_REQUEST_NULL) {
+      MPI_Request_free(&r);
+    }
+  }
 }
 
 std::vector<int> PeerProbe::silent(double wait_s) {

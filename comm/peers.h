@@ -44,8 +44,17 @@ class PeerProbe {
   // wait_s seconds, in rank order.
   std::vector<int> silent(double wait_s);
 
+  // Before MPI_Abort, which kills the peers where they stand (mpiexec sends SIGKILL):
+  // asks each peer's responder to remove its scratch files, and removes this process's
+  // (base/scratch_files.h's end_scratch_files: files registered later go at once too).
+  // Returns at once; a responder acts within its 50 ms poll, so the caller waits a little
+  // before MPI_Abort. Any thread; uses the world's probe (the first made in this
+  // process), and only removes this process's files if there is none.
+  static void clean_up_before_abort();
+
  private:
   void respond_loop();
+  void send_abort_notices();
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<std::vector<int>> pong_bufs_;

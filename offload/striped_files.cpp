@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/io_faults.h"
+#include "base/scratch_files.h"
 #include "offload/storage.h"
 
 namespace ferry::offload {
@@ -68,6 +69,7 @@ void StripedFiles::open_all(const std::vector<std::string>& folders, const std::
     if (fd < 0) throw StorageError(path, 0, 0, errno, "cannot open");
     fds_.push_back(fd);
     paths_.push_back(path);
+    register_scratch_file(path);  // an abort (MPI_Abort, a second stop signal) removes it too
     const int rc = posix_fallocate(fd, 0, static_cast<off_t>(per_file));
     if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
       throw StorageError(path, 0, per_file, rc, "cannot preallocate");
@@ -87,7 +89,8 @@ StripedFiles::~StripedFiles() { remove_files(); }
 void StripedFiles::remove_files() noexcept {
   for (size_t i = 0; i < fds_.size(); ++i) {
     close(fds_[i]);
-    unlink(paths_[i].c_str());  // best effort: ENOENT (removed by hand) is no error at the end
+    unlink(paths_[i].c_str());  // best effort: ENOENT (removed by hand, or by an abort) is no error at the end
+    unregister_scratch_file(paths_[i]);
   }
   fds_.clear();
   paths_.clear();

@@ -18,8 +18,11 @@ class StripedFiles {
   StripedFiles(const std::vector<std::string>& folders, const std::string& name, uint64_t capacity,
                uint64_t stripe, bool& direct, std::string* why);
   // Closes and removes the files: they are scratch for one run (a normal end, or an error
-  // that unwinds the trainer, leaves none). A process killed or ended by MPI_Abort leaves
-  // them; the next run with the same folder and name reuses them and removes them at its end.
+  // that unwinds the trainer, leaves none). While open they are registered in
+  // base/scratch_files.h, so that MPI_Abort (here or on a peer rank: comm/peers.h) and a
+  // second stop signal remove them too. Only a process killed outright (SIGKILL, the OOM
+  // killer, a node lost) leaves them; the next run with the same folder and name reuses
+  // them and removes them at its end.
   ~StripedFiles();
   StripedFiles(const StripedFiles&) = delete;
   StripedFiles& operator=(const StripedFiles&) = delete;

@@ -1,15 +1,17 @@
 // Storage: offset-derived patterns verified byte for byte after random writes and reads,
 // through io_uring (fixed buffers too), pread/pwrite with O_DIRECT and buffered, striped
 // over two folders; injected faults (EIO, ENOSPC, short transfers, EINTR, EAGAIN); bad
-// folders. Skips, saying why, where the system refuses O_DIRECT or io_uring.
+// folders; the swap files an abort removes. Skips, saying why, where the system refuses O_DIRECT or io_uring.
 #define BOOST_TEST_MODULE storage
 #include <boost/test/unit_test.hpp>
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -22,6 +24,7 @@
 #include <thread>
 
 #include "base/io_faults.h"
+#include "base/scratch_files.h"
 #include "nn/rng.h"
 #include "offload/io_uring_storage.h"
 #include "offload/storage.h"
@@ -437,4 +440,84 @@ BOOST_AUTO_TEST_CASE(delayed_requests_still_complete_in_order) {
       BOOST_TEST(inversions > 0);
     }
   }
+}
+
+// The swap files are registered for removal by an abort (base/scratch_files.h) while their
+// storage lives, and no longer once it is gone. remove_scratch_files(), what MPI_Abort's
+// path and a second stop signal run, unlinks exactly them: a checkpoint beside them stays,
+// and the storage, its files still open, keeps working and closes without complaint. The
+// table is bounded: past kMaxScratchFiles, or a path longer than kMaxScratchPath, is refused.
+BOOST_AUTO_TEST_CASE(swap_files_are_removed_by_an_abort) {
+  TempDirs d;
+  const std::vector<std::string> swaps = {d.two[0] + "/ferry.swp", d.two[1] + "/ferry.swp"};
+  const fs::path keep = fs::path(d.two[0]) / "step-00000001.bin";
+  { std::FILE* f = std::fopen(keep.c_str(), "w"); BOOST_REQUIRE(f); std::fclose(f); }
+  auto s = offload::make_storage(options(d.two, false, false), nullptr);
+  for (const std::string& p : swaps) {
+    BOOST_TEST(fs::exists(p), p);
+    BOOST_TEST(is_scratch_file(p), p);
+  }
+  s.reset();
+  for (const std::string& p : swaps) {
+    BOOST_TEST(!fs::exists(p), p);
+    BOOST_TEST(!is_scratch_file(p), p);
+  }
+  s = offload::make_storage(options(d.two, false, false), nullptr);
+  BOOST_TEST(remove_scratch_files() == 2);
+  for (const std::string& p : swaps) {
+    BOOST_TEST(!fs::exists(p), p);
+    BOOST_TEST(!is_scratch_file(p), p);
+  }
+  BOOST_TEST(fs::exists(keep));
+  random_round_trips(*s, 3);  // the open files still hold the data
+  s.reset();
+  BOOST_TEST(remove_scratch_files() == 0);
+
+  std::vector<std::string> many;
+  for (size_t i = 0; i < kMaxScratchFiles; ++i) {
+    many.push_back((d.root / ("scratch-" + std::to_string(i))).string());
+    std::FILE* f = std::fopen(many.back().c_str(), "w");
+    BOOST_REQUIRE(f);
+    std::fclose(f);
+    BOOST_REQUIRE(register_scratch_file(many.back()));
+  }
+  BOOST_TEST(!register_scratch_file((d.root / "one-too-many").string()));
+  unregister_scratch_file(many[5]);
+  BOOST_TEST(!is_scratch_file(many[5]));
+  BOOST_TEST(!register_scratch_file(std::string(kMaxScratchPath, 'x')));
+  BOOST_TEST(register_scratch_file((d.root / "in-the-freed-slot").string()));  // no such file: not counted
+  BOOST_TEST(remove_scratch_files() == static_cast<int>(kMaxScratchFiles) - 1);
+  for (size_t i = 0; i < many.size(); ++i) BOOST_TEST(fs::exists(many[i]) == (i == 5), many[i]);
+  BOOST_TEST(register_scratch_file(many[5]));  // the table is empty again
+  unregister_scratch_file(many[5]);
+}
+
+// end_scratch_files(), what the abort paths run: the registered files go, and so does one
+// registered afterwards (a rank still opening its swap files when a peer aborts the job).
+// In a child process: the ending cannot be undone.
+BOOST_AUTO_TEST_CASE(files_registered_after_the_end_go_at_once) {
+  TempDirs d;
+  const std::string before = (d.root / "before.swp").string(), after = (d.root / "after.swp").string();
+  for (const std::string& p : {before, after}) {
+    std::FILE* f = std::fopen(p.c_str(), "w");
+    BOOST_REQUIRE(f);
+    std::fclose(f);
+  }
+  const pid_t child = ::fork();
+  BOOST_REQUIRE(child >= 0);
+  if (child == 0) {
+    // Only the registry, unlink and _exit here: the parent's other threads are not copied.
+    int code = register_scratch_file(before) ? 0 : 10;
+    end_scratch_files();
+    if (::access(before.c_str(), F_OK) == 0) code += 1;
+    if (register_scratch_file(after)) code += 2;
+    if (::access(after.c_str(), F_OK) == 0) code += 4;
+    ::_exit(code);
+  }
+  int status = 0;
+  BOOST_REQUIRE(::waitpid(child, &status, 0) == child);
+  BOOST_REQUIRE(WIFEXITED(status));
+  BOOST_TEST(WEXITSTATUS(status) == 0);  // 10: not registered; +1, +4: a file left; +2: registered after the end
+  BOOST_TEST(!fs::exists(before));
+  BOOST_TEST(!fs::exists(after));
 }

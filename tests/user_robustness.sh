@@ -19,6 +19,9 @@
 #   nvme_swap         a 2-step run with the optimizer and the parameters on NVMe leaves no
 #                     *.swp behind (nor does a run that stops on an error after opening them);
 #                     its checkpoint is whole
+#   nvme_abort        two ranks with the swap files open; rank 1's NVMe writes fail and it
+#                     ends the job through MPI_Abort: no *.swp left on any rank, the
+#                     checkpoint in the same folder untouched
 # The bound (base/nesting_limit.h): 512 levels of JSON, 64 of YAML.
 # usage: user_robustness.sh CASE FERRY SOURCE_DIR WORKDIR
 set -u
@@ -182,6 +185,31 @@ nvme_swap)
   left=$(find "$nvme" -name '*.swp')
   [ -z "$left" ] || fail "swap files left after an error exit: $left"
   echo "ok: no *.swp under $nvme after the error exit"
+  (cd "$ck" && find . -type f -exec sha256sum {} + | sort) | diff -q "$work/ck.sums" - > /dev/null ||
+    fail "the checkpoint changed"
+  echo "ok: the checkpoint is untouched"
+  ;;
+nvme_abort)
+  # Two ranks, optimizer and parameters on NVMe: rank 1's optimizer writes fail
+  # (FERRY_IO_FAULTS on its file only), so it ends the job through MPI_Abort, which kills
+  # rank 0 where it stands (mpiexec's SIGKILL: no destructor runs). Rank 0's swap files
+  # go too (rank 1 tells every peer before aborting: comm/peers.h, base/scratch_files.h);
+  # the checkpoint beside them, in the same folder, is untouched.
+  nvme=$(cd "$work" && pwd)/nvme ck=$(cd "$work" && pwd)/nvme/ck  # absolute: FERRY_IO_FAULTS matches absolute paths
+  mkdir -p "$nvme"
+  on_nvme=(--set zero_optimization.stage=3 --set zero_optimization.offload_optimizer.device=nvme
+           --set zero_optimization.offload_optimizer.nvme_path="$nvme" --set zero_optimization.offload_param.device=nvme
+           --set zero_optimization.offload_param.nvme_path="$nvme")
+  expect 0 "step 1/1" -- mpiexec -n 2 "$ferry" train "${small[@]}" "${on_nvme[@]}" --set train.steps=1 --set checkpoint.dir="$ck"
+  [ -f "$ck/step-00000001/manifest.json" ] || fail "the checkpoint is not there"
+  (cd "$ck" && find . -type f -exec sha256sum {} + | sort) > "$work/ck.sums"
+  expect 1 "rank 1: write '$nvme/ferry-optimizer-rank1.swp' at offset" -- \
+    env FERRY_IO_FAULTS="1:1:eio:$nvme/ferry-optimizer-rank1" mpiexec -n 2 \
+    "$ferry" train "${small[@]}" "${on_nvme[@]}" --set train.steps=3 --set checkpoint.dir="$ck" --resume auto
+  grep -qF "ending the job (MPI_Abort)" "$work/out" || fail "the job did not end through MPI_Abort"
+  left=$(find "$nvme" -name '*.swp')
+  [ -z "$left" ] || fail "swap files left after MPI_Abort: $left"
+  echo "ok: no *.swp under $nvme after MPI_Abort"
   (cd "$ck" && find . -type f -exec sha256sum {} + | sort) | diff -q "$work/ck.sums" - > /dev/null ||
     fail "the checkpoint changed"
   echo "ok: the checkpoint is untouched"
