@@ -6,6 +6,7 @@
 #include <set>
 
 #include "runtime/config/config.h"
+#include "runtime/config/config_json.h"
 #include "runtime/config/config_schema.h"
 
 namespace ferry::runtime {
@@ -15,21 +16,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void refuse(const std::string& source, const std::string& key, const std::string& why) {
-  throw ConfigError(source + ": key '" + key + "': " + why);
-}
-
-std::string lower(std::string s) {
-  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-std::string upper(std::string s) {
-  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-std::string text_of(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+using detail::lower;
+using detail::refuse;
+using detail::text_of;
+using detail::upper;
 
 // The inline keys of accelerate's deepspeed_config block that its DeepSpeedPlugin reads.
 enum class Inline { file, stage, optimizer_device, param_device, optimizer_nvme, param_nvme, accumulation, clipping,

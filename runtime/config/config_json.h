@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <cctype>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -16,6 +17,22 @@ namespace ferry::runtime::detail {
 [[noreturn]] inline void fail(const std::string& source, const std::string& msg) {
   throw ConfigError(source + ": " + msg);
 }
+
+// Throws ConfigError "SOURCE: key 'KEY': WHY" (the key as the user's file writes it).
+[[noreturn]] inline void refuse(const std::string& source, const std::string& key, const std::string& why) {
+  throw ConfigError(source + ": key '" + key + "': " + why);
+}
+// ASCII case folding of names (strategy names, precision words, accelerate's types).
+inline std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+inline std::string upper(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return s;
+}
+// A value as a message quotes it: a string's text, anything else its JSON.
+inline std::string text_of(const nlohmann::json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 // Sets root["a"]["b"] for "a.b", creating the objects on the way.
 void set_path(nlohmann::json& root, const std::string& path, const nlohmann::json& value);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/config/config.h"
+#include "runtime/config/config_json.h"
 #include "runtime/config/config_schema.h"
 
 namespace ferry::runtime {
@@ -89,10 +90,7 @@ bool ignorable(const std::string& path) {
   return false;
 }
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
+using detail::lower;
 
 class Translator {
  public:

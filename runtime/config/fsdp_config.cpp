@@ -15,6 +15,7 @@
 #include "base/nesting_limit.h"
 #include "runtime/config/accelerate_config.h"
 #include "runtime/config/config.h"
+#include "runtime/config/config_json.h"
 
 namespace ferry::runtime {
 
@@ -22,21 +23,10 @@ using nlohmann::json;
 
 namespace {
 
-[[noreturn]] void refuse(const std::string& source, const std::string& key, const std::string& why) {
-  throw ConfigError(source + ": key '" + key + "': " + why);
-}
-
-std::string upper(std::string s) {
-  for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-std::string lower(std::string s) {
-  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return s;
-}
-
-std::string text_of(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+using detail::lower;
+using detail::refuse;
+using detail::text_of;
+using detail::upper;
 
 bool as_bool(const json& v, const std::string& source, const std::string& key) {
   if (v.is_boolean()) return v.get<bool>();
