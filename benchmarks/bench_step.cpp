@@ -296,7 +296,7 @@ int run_step_bench(const StepBenchOptions& opt, Report& report) {
   report.table.push_back({"nvme bytes/param", fixed(per_param, 1),
                           std::string(opt.bf16 ? "bf16" : "fp32") + " parameter shards: the overlapped step's reads + writes over " +
                               std::to_string(ovl.params) + " parameters"});
-  // The minimum over PCIe at one rank (design.md): each gather position of the recorded
+  // The minimum over PCIe at one rank (docs/design/zero.md): each gather position of the recorded
   // order uploads its shard in the compute dtype, each unit's fp32 gradient shard comes down.
   double up_min = 0, down_min = 0;
   for (int u : ovl.order) up_min += static_cast<double>(ovl.shards[static_cast<size_t>(u)] * static_cast<int64_t>(ovl.param_bytes));

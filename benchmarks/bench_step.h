@@ -27,7 +27,7 @@ struct StepBenchOptions {
 // per step the overlapped run moved (its trace's reads and writes). With device "cuda" the
 // steps run on the GPU (compute alone: every state on the GPU) and the bytes over PCIe per
 // parameter, up and down, are reported beside the minimum the placement allows
-// (docs/design.md, "Bytes over PCIe"). Throws std::runtime_error (naming the reason)
+// (docs/design/zero.md, "Bytes over PCIe"). Throws std::runtime_error (naming the reason)
 // where the cuda device is unavailable.
 int run_step_bench(const StepBenchOptions& opt, Report& report);
 

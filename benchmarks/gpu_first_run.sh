@@ -2,7 +2,7 @@
 # What to run on the first GPU: builds ferry with CUDA (Release), runs `ferry doctor --gpu`,
 # the CUDA tests and the two tests whose tolerances a real GPU has never been measured
 # against, a 2-rank NCCL run where there are two GPUs, and writes one summary file to hand
-# back with its logs (docs/design.md, "GPU questions and what the first GPU run checks").
+# back with its logs (docs/design/gpu-questions.md).
 #
 #   bash benchmarks/gpu_first_run.sh [OUT]   (OUT, under the repository root: gpu-first-run)
 #
@@ -71,7 +71,7 @@ fi
 # Issue 17: the bf16 model bench (MFU against cuBLAS's GEMM), then ZeRO-3 bf16 with the
 # optimizer and parameters offloaded to cpu and to nvme: the step lines give TFLOP/s, the
 # breakdown (upload/download/collectives/compute busy against the wall: the overlap) and
-# the PCIe bytes per parameter, to set against docs/design.md's formula (bf16: 2 x 2/N up,
+# the PCIe bytes per parameter, to set against docs/design/zero.md's formula (bf16: 2 x 2/N up,
 # 4/N down per micro-batch, plus a third upload of the tied embedding).
 step bench_model_bf16 "$ferry" bench model --device cuda --bf16
 # Issue 25: the same with the SIMT attention kernels, against the tensor cores auto picks above.

@@ -38,7 +38,7 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
     const int64_t begin = t * kTile, len = std::min(kTile, n - begin);
     // One pass per element: load p, g, m, v once, store p, m, v once. Three Eigen array
     // statements (one per state) measured 0.61 G params/s on 1 thread here against the
-    // fused loop's rate; see docs/design.md.
+    // fused loop's rate; see docs/design/measured.md.
     using namespace Eigen::internal;
     using Packet = packet_traits<float>::type;
     constexpr int64_t kLanes = packet_traits<float>::size;

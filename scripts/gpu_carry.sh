@@ -12,7 +12,7 @@
 #
 # The test binaries find data through the source path compiled into them (FERRY_SOURCE_DIR):
 # unpack links that path to the checkout when it is elsewhere. What this was used for, and
-# what it measured: docs/design.md, "The first GPU run".
+# what it measured: docs/design/gpu-questions.md, "The first GPU run".
 verb=${1:-}
 case "$verb" in
   pack)

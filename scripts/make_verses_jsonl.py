@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """examples/data/verses.jsonl: a small instruction set made from the bundled corpus, for the
-fine-tuning walk-through (README, "Fine-tuning on JSONL"). Each record asks for the next
+fine-tuning walk-through (docs/guide/data.md). Each record asks for the next
 words of a verse's opening: {"prompt": "Gen 1:3: And God said,", "completion": " Let there
 be light:"} (the first 6 words, split in half); every 10th record is plain {"text": ...}
 (the opening alone), as mixed sets have. Short records, so that several share a row when

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bad input the way users get it wrong, through the real executable: each case ends with
 # one message naming what is wrong, a non-zero exit status, and nothing already saved lost.
-# One ctest per case (the README's troubleshooting table lists them):
+# One ctest per case (docs/guide/troubleshooting.md's table lists them):
 #   wrong_path         a config file or a data file that is not there
 #   half_written       a checkpoint whose save was cut off (no manifest), and a save's leftovers
 #   other_model        a checkpoint of another model shape

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The arrows of docs/design.md ("Map"), checked on every #include "..." of ferry's sources:
+# The arrows of docs/design/README.md ("Map"), checked on every #include "..." of ferry's sources:
 # a file may include headers of its own folder and of the folders below it, never above.
 #   tools -> train -> hf -> ckpt -> zero -> config -> offload -> nn -> base
 #                                               comm --------------> base
@@ -85,7 +85,7 @@ while IFS= read -r file; do
 done < <(git ls-files --cached --others --exclude-standard '*.h' '*.cpp' '*.cu' 2>/dev/null || find . -name '*.h' -o -name '*.cpp' -o -name '*.cu' | sed 's#^\./##')
 
 if [ $bad -ne 0 ]; then
-  echo "check_layers: includes against the arrows (docs/design.md, \"Map\")"
+  echo "check_layers: includes against the arrows (docs/design/README.md, \"Map\")"
   exit 1
 fi
 echo "check_layers: $checked includes follow the arrows"

@@ -475,7 +475,7 @@ BOOST_AUTO_TEST_CASE(trainer_schedule_words_give_the_trainers_curve) {
   BOOST_TEST(c.scheduler.warmup_num_steps == 3);
   BOOST_TEST(c.scheduler.cos_min_ratio == 0.0);
   // DeepSpeed's WarmupCosineLR counts the first decay step as done: transformers'
-  // get_cosine_schedule_with_warmup one step later (docs/finetune.md says so).
+  // get_cosine_schedule_with_warmup one step later (docs/guide/finetune.md says so).
   const auto hf_cosine = [&](int64_t s) {
     return c.optimizer.lr * 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(s - 3) / 97.0));
   };

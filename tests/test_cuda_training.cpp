@@ -262,7 +262,7 @@ BOOST_AUTO_TEST_CASE(tensor_cores_for_an_fp32_model_are_refused_naming_the_key,
                         });
 }
 
-// Only shards cross PCIe (docs/design.md, "Bytes over PCIe"): at stage 3 with parameters
+// Only shards cross PCIe (docs/design/zero.md, "Bytes over PCIe"): at stage 3 with parameters
 // and optimizer offloaded, per micro-batch each unit's shard goes up twice (forward's and
 // backward's gathers) in the compute dtype and its reduced fp32 gradient shard comes down
 // once; besides, the tokens and targets go up and the loss comes down. The cuda device

@@ -1,6 +1,6 @@
 // runtime/zero/update_worker: the worker thread's OpenMP team has Options::threads threads
 // pinned to Options::cpus; CPU Adam run there gives the bits it gives at one thread; and
-// plan_update_worker's split of a rank's cores (docs/design.md "Cores: compute, I/O and Adam").
+// plan_update_worker's split of a rank's cores (docs/design/zero.md "Cores: compute, I/O and Adam").
 #define BOOST_TEST_MODULE update_worker
 #include <boost/test/unit_test.hpp>
 

@@ -1,5 +1,5 @@
 // ferry doctor --gpu: what only a GPU can answer, measured once on the first GPU machine
-// (docs/design.md, "GPU questions and what the first GPU run checks"). One check per line:
+// (docs/design/gpu-questions.md). One check per line:
 //   gpu       the driver's version and how many GPUs it shows (CUDA_VISIBLE_DEVICES named),
 //             or "no GPU: ..." with the reason (no libcuda.so.1, cuInit failed, 0 devices)
 //   gpu N     per visible GPU: name, compute capability, free/total memory (cuMemGetInfo
@@ -25,7 +25,7 @@
 namespace ferry::runtime {
 
 // `ferry doctor --gpu`'s exit status when the machine has no usable GPU (documented in
-// examples/cmd_doctor.cpp and the README): the run of the GPU checks did not happen.
+// examples/cmd_doctor.cpp and docs/guide/doctor-and-plan.md): the run of the GPU checks did not happen.
 inline constexpr int kDoctorNoGpuExit = 3;
 
 struct GpuDoctorOptions {

@@ -40,7 +40,7 @@ struct Rates {
 // SXM), "a100" (A100 80GB SXM); `compute` picks the dense bf16/f16 or fp32 peak. The
 // FLOP rate is the datasheet's dense peak times kGpuAchievable; comm is an NCCL
 // reduce-scatter/all-gather rate per rank over NVLink; nvme and adam keep `host`'s (they
-// run on the host). Sources: docs/design.md ("ferry plan"). Throws std::invalid_argument
+// run on the host). Sources: docs/design/tools.md ("Step-time rates"). Throws std::invalid_argument
 // naming the known models for another name.
 constexpr double kGpuAchievable = 0.4;
 Rates gpu_rates(const std::string& gpu, nn::DType compute, Rates host = {});

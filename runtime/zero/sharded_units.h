@@ -12,7 +12,7 @@
 // before the unit is used again. Collectives are split into chunks of at most
 // reduce_bucket_size / allgather_bucket_size elements (runtime/zero/unit_collectives.h).
 //
-// The overlapped schedule (docs/design.md, "The overlapped step"). Inside a training step
+// The overlapped schedule (docs/design/zero.md, "The overlapped step"). Inside a training step
 // (begin_step .. end_step) the units are used in the order the first step recorded
 // (runtime/zero/unit_order.h: a different order on any rank or step stops the run naming the
 // unit and rank). From the second step on:

@@ -110,7 +110,7 @@ UpdateWorker::Options plan_update_worker(bool threaded, bool gpu, int adam_threa
   UpdateWorker::Options o;
   o.threaded = threaded;
   if (!gpu) {
-    // Beside the compute team on the same cores: one thread (docs/design.md, "Cores").
+    // Beside the compute team on the same cores: one thread (docs/design/zero.md, "Cores").
     o.threads = adam_threads > 0 ? adam_threads : 1;
     return o;
   }

@@ -18,7 +18,7 @@
 // false, jobs run in submit() on the caller's thread with the caller's team and affinity;
 // `threads` and `cpus` are then unused. A pin the kernel refuses is logged once as a warning
 // and the worker runs unpinned. How the trainer chooses: update_worker_options() below and
-// docs/design.md "Cores: compute, I/O and Adam".
+// docs/design/zero.md "Cores: compute, I/O and Adam".
 #pragma once
 
 #include <condition_variable>
@@ -72,7 +72,7 @@ class UpdateWorker {
   std::thread thread_;
 };
 
-// The trainer's choice (docs/design.md "Cores: compute, I/O and Adam"), from the knob
+// The trainer's choice (docs/design/zero.md "Cores: compute, I/O and Adam"), from the knob
 // schedule.adam_threads (0 = auto), whether a GPU computes, the cores the launcher gave
 // this process (`allowed`), the node's online CPUs and this rank's place on the node:
 // - the rank's cores: `allowed`, or where it holds more than a fair share of the node

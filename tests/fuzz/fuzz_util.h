@@ -1,7 +1,7 @@
 // What every fuzz target shares: a scratch folder of its own, inputs that stand for several
 // files, and the contract each target checks.
 //
-// The contract (README.md, "Fuzzing"): every input gives a result or a std::runtime_error
+// The contract (docs/guide/testing.md, "Fuzzing the parsers"): every input gives a result or a std::runtime_error
 // (ferry's error types derive from it) whose message names the file (or folder) at fault.
 // Anything else is a failure the fuzzer reports: a crash or sanitizer report, a hang
 // (-timeout), an allocation above -malloc_limit_mb, another exception type escaping, or a
