@@ -15,10 +15,9 @@
 // coalescing, races between blocks, anything about the real driver or the real cuBLAS
 // (its GEMM is a loop in double over column-major operands, cublasGemmEx's documented
 // semantics). Kernels run one at a time; 1-D blocks, multiples of 32 threads. Not for
-// sanitizer builds (ASan needs fiber annotations for swapcontext; they are left out).
+// sanitizer builds (ASan needs fiber annotations for stack switches; they are left out).
 #pragma once
 
-#include <ucontext.h>
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "nn/dtype.h"
+#include "testing/emu_fiber.h"
 
 // Unqualified math in the kernels gets the float overloads, as CUDA's device math does.
 using std::cos;
@@ -51,13 +51,13 @@ struct dim3 {
 
 namespace ferry_emu {
 
-// A block's threads are fibers (ucontext) on the calling thread: each runs until it reaches
+// A block's threads are fibers (testing/emu_fiber.h) on the calling thread: each runs until it reaches
 // a barrier, and a barrier opens once every thread it concerns (the block, or the 32 lanes
 // of a warp) has reached it. Threads that wait at different barriers, or finish while
 // others wait, are a kernel bug in CUDA too (a hang or undefined behaviour): reported.
 struct Fiber {
   enum State { ready, at_block, at_warp, done };
-  ucontext_t context{};
+  FiberContext context;
   std::unique_ptr<char[]> stack;
   State state = done;
 };
@@ -71,7 +71,7 @@ struct Warp {
 inline dim3 thread_index, block_index, block_dim, grid_dim;
 inline std::vector<Fiber> fibers;
 inline unsigned current = 0;
-inline ucontext_t scheduler;
+inline FiberContext scheduler;
 inline const std::function<void()>* kernel_body = nullptr;
 inline Warp* warps = nullptr;
 inline unsigned char* dynamic_shared_memory = nullptr;
@@ -111,26 +111,25 @@ inline unsigned char* dynamic_shared() {
   return dynamic_shared_memory;
 }
 
+// A fiber's whole life: the kernel's body, then back to the scheduler for good.
 inline void fiber_main() {
   (*kernel_body)();
-  fibers[current].state = Fiber::done;  // uc_link returns to the scheduler
+  fibers[current].state = Fiber::done;
+  fiber_switch(fibers[current].context, scheduler);
+  __builtin_unreachable();
 }
 
 inline void wait_at(Fiber::State barrier) {
   Fiber& f = fibers[current];
   f.state = barrier;
-  swapcontext(&f.context, &scheduler);
+  fiber_switch(f.context, scheduler);
 }
 
 // Runs one block to completion.
 inline void run_block(unsigned n) {
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = fibers[t];
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = f.stack.get();
-    f.context.uc_stack.ss_size = kFiberStack;
-    f.context.uc_link = &scheduler;
-    makecontext(&f.context, fiber_main, 0);
+    fiber_start(f.context, f.stack.get(), kFiberStack, fiber_main);
     f.state = Fiber::ready;
   }
   while (true) {
@@ -138,7 +137,7 @@ inline void run_block(unsigned n) {
       if (fibers[t].state != Fiber::ready) continue;
       current = t;
       thread_index = dim3(t);
-      swapcontext(&scheduler, &fibers[t].context);
+      fiber_switch(scheduler, fibers[t].context);
     }
     unsigned done = 0, at_block = 0;
     bool opened = false;
