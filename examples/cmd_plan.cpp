@@ -49,8 +49,8 @@ int plan(const PlanArgs& a) {
     const std::vector<PlanRow> rows = plan_all(base, ranks, rates, device_memory, host_memory);
     std::cout << format_plan(base, ranks, rates, rows, device_memory, host_memory);
     const MemoryPlan chosen = plan_memory(base, ranks);
-    std::cout << "\nthis configuration (stage " << base.zero.stage << ", optimizer " << base.offload.optimizer_device
-              << ", params " << (base.zero.stage == 3 ? base.offload.param_device : "none")
+    std::cout << "\nthis configuration (stage " << base.zero.stage << ", optimizer " << offload::tier_word(base.offload.optimizer_device)
+              << ", params " << offload::tier_word(base.zero.stage == 3 ? base.offload.param_device : offload::Tier::device)
               << "): device peak " << nn::format_bytes(chosen.device_peak) << ", host "
               << nn::format_bytes(chosen.host_states + chosen.host_pinned) << ", nvme " << nn::format_bytes(chosen.nvme)
               << " per rank\n";

@@ -8,22 +8,6 @@ namespace ferry::offload {
 using nn::DType;
 using nn::Tensor;
 
-Tier parse_tier(const std::string& name) {
-  if (name == "none") return Tier::device;
-  if (name == "cpu") return Tier::cpu;
-  if (name == "nvme") return Tier::nvme;
-  throw std::invalid_argument("unknown tier '" + name + "'");
-}
-
-std::string tier_name(Tier t) {
-  switch (t) {
-    case Tier::device: return "device";
-    case Tier::cpu: return "cpu";
-    case Tier::nvme: return "nvme";
-  }
-  return "?";
-}
-
 namespace {
 int64_t round_up(int64_t n, int64_t q) { return (n + q - 1) / q * q; }
 }  // namespace

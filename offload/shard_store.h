@@ -18,12 +18,9 @@
 #include "nn/device.h"
 #include "offload/pinned_pool.h"
 #include "offload/storage.h"
+#include "offload/tier.h"
 
 namespace ferry::offload {
-
-enum class Tier { device, cpu, nvme };
-Tier parse_tier(const std::string& name);  // "none" -> device
-std::string tier_name(Tier t);
 
 constexpr int64_t kNvmeBytes = 4096;     // the O_DIRECT unit
 constexpr int64_t kNvmeQuantum = 1024;  // fp32 elements in it

@@ -106,8 +106,8 @@ BOOST_AUTO_TEST_CASE(chosen_values_are_written_and_load_as_chosen) {
   // The file, beside the tiny ferry file, loads to what was chosen.
   const Config cfg = load_config(kTinyModel, {}, 1, write(dir.path / "ds.json", w.doc));
   BOOST_TEST(cfg.zero.stage == 3);
-  BOOST_TEST(cfg.offload.optimizer_device == "nvme");
-  BOOST_TEST(cfg.offload.param_device == "nvme");
+  BOOST_TEST(cfg.offload.optimizer_device == ferry::offload::Tier::nvme);
+  BOOST_TEST(cfg.offload.param_device == ferry::offload::Tier::nvme);
   BOOST_TEST(cfg.micro_batch == 4);
   BOOST_TEST(cfg.grad_accum == 16);
   BOOST_TEST(cfg.grad_clip == 0.3);

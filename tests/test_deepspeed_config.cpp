@@ -45,7 +45,7 @@ json model_doc() {
 BOOST_AUTO_TEST_CASE(hugging_face_zero2_cpu_offload) {
   const Config c = load_config(kModel, {}, 2, kZero2);
   BOOST_TEST(c.zero.stage == 2);
-  BOOST_TEST(c.offload.optimizer_device == "cpu");
+  BOOST_TEST(c.offload.optimizer_device == ferry::offload::Tier::cpu);
   BOOST_TEST(c.offload.optimizer_pin);
   BOOST_TEST(c.zero.reduce_bucket_size == 200'000'000);
   BOOST_TEST(c.zero.allgather_bucket_size == 200'000'000);
@@ -77,8 +77,8 @@ BOOST_AUTO_TEST_CASE(hugging_face_zero2_cpu_offload) {
 BOOST_AUTO_TEST_CASE(zero3_nvme_offload) {
   const Config c = load_config(kModel, {"train.steps=40"}, 1, kZero3);
   BOOST_TEST(c.zero.stage == 3);
-  BOOST_TEST(c.offload.optimizer_device == "nvme");
-  BOOST_TEST(c.offload.param_device == "nvme");
+  BOOST_TEST(c.offload.optimizer_device == ferry::offload::Tier::nvme);
+  BOOST_TEST(c.offload.param_device == ferry::offload::Tier::nvme);
   BOOST_TEST(c.offload.optimizer_paths == std::vector<std::string>{"/local_nvme"});
   BOOST_TEST(c.offload.optimizer_buffers == 4);
   BOOST_TEST(c.offload.param_buffers == 5);
@@ -351,7 +351,7 @@ BOOST_AUTO_TEST_CASE(accelerate_deepspeed_yaml) {
   BOOST_TEST(t.fp16);
   BOOST_TEST(!t.bf16);
   BOOST_TEST(t.grad_accum == 1);
-  BOOST_TEST(t.offload.optimizer_device == "none");
+  BOOST_TEST(t.offload.optimizer_device == ferry::offload::Tier::device);
   BOOST_TEST(t.grad_clip == 1.0);  // accelerate's "auto": ferry's default, as the Trainer's max_grad_norm
   BOOST_TEST(contains(t.deepspeed.resolved, "deepspeed_config.zero_stage = 3 -> zero_optimization.stage = 3"));
   BOOST_TEST(contains(t.deepspeed.resolved, "mixed_precision = fp16 -> bf16.enabled = false, fp16.enabled = true"));
@@ -365,14 +365,14 @@ BOOST_AUTO_TEST_CASE(accelerate_deepspeed_yaml) {
   const Config h = load_config(kModel, {}, 1, "", kUser + "handbook_deepspeed_zero3.yaml");  // --fsdp
   BOOST_TEST(h.zero.stage == 3);
   BOOST_TEST(h.bf16);
-  BOOST_TEST(h.offload.optimizer_device == "cpu");
-  BOOST_TEST(h.offload.param_device == "cpu");
+  BOOST_TEST(h.offload.optimizer_device == ferry::offload::Tier::cpu);
+  BOOST_TEST(h.offload.param_device == ferry::offload::Tier::cpu);
   BOOST_TEST(h.deepspeed.path == kUser + "handbook_deepspeed_zero3.yaml");
   BOOST_TEST(has(h.deepspeed.warnings.at(0), "distributed_type DEEPSPEED, read as --deepspeed reads it"));
 
   const Config f = load_config(kModel, {}, 2, kUser + "accelerate_ds_file.yaml");
   BOOST_TEST(f.zero.stage == 2);
-  BOOST_TEST(f.offload.optimizer_device == "cpu");
+  BOOST_TEST(f.offload.optimizer_device == ferry::offload::Tier::cpu);
   BOOST_TEST(f.zero.reduce_bucket_size == 200'000'000);
   BOOST_TEST(contains(f.deepspeed.ignored, "zero_optimization.reduce_scatter"));
   BOOST_TEST(contains(f.deepspeed.resolved, "deepspeed_config.deepspeed_config_file = ds_config_zero2.json -> the DeepSpeed "

@@ -51,7 +51,7 @@ BOOST_AUTO_TEST_CASE(trainer_json_example_is_ferrys_keys) {
   BOOST_TEST(c.bf16);
   BOOST_TEST(!c.fp16);
   BOOST_TEST(c.zero.overlap_comm);
-  BOOST_TEST(c.offload.optimizer_device == "none");
+  BOOST_TEST(c.offload.optimizer_device == ferry::offload::Tier::device);
   BOOST_TEST(c.fsdp.path == kJson);
   for (const char* k : {"fsdp_sync_module_states", "fsdp_use_orig_params"}) BOOST_TEST(contains(c.fsdp.ignored, k), k);
   BOOST_TEST(c.fsdp.ignored.size() == 2u);
@@ -112,16 +112,16 @@ BOOST_AUTO_TEST_CASE(offload_moves_what_the_stage_shards) {
   ferry::test::TempDir dir("fsdp_offload");
   const Config full = load_config(kGpt, {}, 2, "", write(dir.path / "f.json", json{{"fsdp_offload_params", true}}));
   BOOST_TEST(full.zero.stage == 3);
-  BOOST_TEST(full.offload.optimizer_device == "cpu");
-  BOOST_TEST(full.offload.param_device == "cpu");
+  BOOST_TEST(full.offload.optimizer_device == ferry::offload::Tier::cpu);
+  BOOST_TEST(full.offload.param_device == ferry::offload::Tier::cpu);
   const Config two = load_config(
       kGpt, {}, 2, "",
       write(dir.path / "t.json", json{{"fsdp_sharding_strategy", "SHARD_GRAD_OP"}, {"fsdp_offload_params", true}}));
   BOOST_TEST(two.zero.stage == 2);
-  BOOST_TEST(two.offload.optimizer_device == "cpu");
-  BOOST_TEST(two.offload.param_device == "none");
+  BOOST_TEST(two.offload.optimizer_device == ferry::offload::Tier::cpu);
+  BOOST_TEST(two.offload.param_device == ferry::offload::Tier::device);
   const Config off = load_config(kGpt, {}, 2, "", write(dir.path / "o.json", json{{"offload_params", "false"}}));
-  BOOST_TEST(off.offload.optimizer_device == "none");
+  BOOST_TEST(off.offload.optimizer_device == ferry::offload::Tier::device);
   const std::string none =
       write(dir.path / "n.json", json{{"fsdp_sharding_strategy", "NO_SHARD"}, {"fsdp_offload_params", true}});
   const std::string e = error_of<ConfigError>([&] { load_config(kGpt, {}, 2, "", none); });
@@ -314,7 +314,7 @@ BOOST_AUTO_TEST_CASE(accelerate_yaml_with_and_without_prefix) {
   const std::string no = write_text(dir.path / "no.yaml",
                                "distributed_type: FSDP\nmixed_precision: no\nfsdp_config:\n  fsdp_offload_params: true\n");
   const Config n = load_config(kGpt, {}, 1, "", no);
-  BOOST_TEST((!n.bf16 && !n.fp16 && n.offload.param_device == "cpu"));
+  BOOST_TEST((!n.bf16 && !n.fp16 && n.offload.param_device == ferry::offload::Tier::cpu));
 }
 
 BOOST_AUTO_TEST_CASE(trainer_string_form) {
@@ -323,8 +323,8 @@ BOOST_AUTO_TEST_CASE(trainer_string_form) {
   BOOST_TEST(!is_fsdp_trainer_string(""));
   const Config c = load_config(kGpt, {}, 2, "", "full_shard auto_wrap offload");
   BOOST_TEST(c.zero.stage == 3);
-  BOOST_TEST(c.offload.optimizer_device == "cpu");
-  BOOST_TEST(c.offload.param_device == "cpu");
+  BOOST_TEST(c.offload.optimizer_device == ferry::offload::Tier::cpu);
+  BOOST_TEST(c.offload.param_device == ferry::offload::Tier::cpu);
   BOOST_TEST(load_config(kGpt, {}, 2, "", "shard_grad_op").zero.stage == 2);
   BOOST_TEST(load_config(kGpt, {}, 2, "", "no_shard auto_wrap").zero.stage == 0);
   const Config h = load_config(kGpt, {"zero_optimization.shard_group_size=2"}, 4, "", "hybrid_shard_zero2");

@@ -154,23 +154,23 @@ void offload_rules(const Config& c, const std::string& source) {
   if (o.aio.block_size % 4096 != 0)
     fail(source, "key 'aio.block_size' must be a multiple of 4096 (O_DIRECT)");
   const int stage = c.zero.stage;
-  if (o.param_device != "none" && stage != 3) {
+  if (o.param_device != Tier::device && stage != 3) {
     fail(source,
-         "zero_optimization.offload_param.device '" + o.param_device +
+         std::string("zero_optimization.offload_param.device '") + offload::tier_word(o.param_device) +
              "' needs zero_optimization.stage 3 (parameters are sharded only there), got stage " +
              std::to_string(stage));
   }
-  if (o.optimizer_device != "none" && stage == 0) {
-    fail(source, "zero_optimization.offload_optimizer.device '" + o.optimizer_device +
+  if (o.optimizer_device != Tier::device && stage == 0) {
+    fail(source, std::string("zero_optimization.offload_optimizer.device '") + offload::tier_word(o.optimizer_device) +
                      "' needs zero_optimization.stage 1, 2 or 3 (the optimizer state is sharded "
                      "from stage 1)");
   }
-  if (o.optimizer_device == "nvme" && o.optimizer_paths.empty()) {
+  if (o.optimizer_device == Tier::nvme && o.optimizer_paths.empty()) {
     fail(source,
          "zero_optimization.offload_optimizer.device 'nvme' needs "
          "zero_optimization.offload_optimizer.nvme_path");
   }
-  if (o.param_device == "nvme" && o.param_paths.empty()) {
+  if (o.param_device == Tier::nvme && o.param_paths.empty()) {
     fail(source,
          "zero_optimization.offload_param.device 'nvme' needs "
          "zero_optimization.offload_param.nvme_path");

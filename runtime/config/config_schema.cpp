@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
+#include "offload/tier.h"
 #include "runtime/config/config.h"
 
 namespace ferry::runtime {
@@ -40,6 +42,11 @@ void assign(T& field, const json& v) {
       comma = joined.find(',', start);
       field.push_back(joined.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
     }
+  } else if constexpr (std::is_same_v<T, offload::Tier>) {
+    // The one place a tier's word becomes a Tier; check_value refused any other word first.
+    const std::optional<offload::Tier> t = offload::tier_from_word(v.get<std::string>());
+    if (!t) throw ConfigError(v.dump() + " is not a tier (none, cpu, nvme)");
+    field = *t;
   } else {
     static_assert(std::is_void_v<T>, "no conversion for this field type");
   }
@@ -52,6 +59,8 @@ json to_json(const T& field) {
     std::string joined;
     for (const std::string& p : field) joined += (joined.empty() ? "" : ",") + p;
     return joined;
+  } else if constexpr (std::is_same_v<T, offload::Tier>) {
+    return offload::tier_word(field);
   } else {
     return field;
   }

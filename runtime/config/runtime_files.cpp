@@ -156,9 +156,9 @@ void record_nvme_folders(Config& c, const std::string& path, const std::vector<s
       {"zero_optimization.offload_param", &c.offload.param_paths}};
   for (const auto& [section, folders] : knobs) {
     const std::string key = std::string(section) + ".nvme_path";
-    const std::string device = std::string(section) == "zero_optimization.offload_optimizer" ? c.offload.optimizer_device
-                                                                                              : c.offload.param_device;
-    if (device != "nvme") continue;
+    const offload::Tier device = std::string(section) == "zero_optimization.offload_optimizer" ? c.offload.optimizer_device
+                                                                                                : c.offload.param_device;
+    if (device != offload::Tier::nvme) continue;
     std::string origin = path + ": key '" + key + "'";
     if (const auto w = written.find(key); w != written.end()) origin = ds_source + ": key '" + w->second + "'";
     for (const std::string& o : overrides) {

@@ -11,6 +11,7 @@
 
 #include "nn/dtype.h"
 #include "offload/storage.h"
+#include "offload/tier.h"
 
 namespace ferry::runtime {
 
@@ -36,7 +37,8 @@ struct ZeroConfig {
 };
 
 struct OffloadConfig {
-  std::string optimizer_device = "none", param_device = "none";  // none | cpu | nvme
+  // Read from the words none | cpu | nvme once, by the knob table (config_schema.cpp).
+  offload::Tier optimizer_device = offload::Tier::device, param_device = offload::Tier::device;
   std::vector<std::string> optimizer_paths, param_paths;
   bool optimizer_pin = true, param_pin = true;
   int optimizer_buffers = 6, param_buffers = 5;

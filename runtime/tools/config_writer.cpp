@@ -5,7 +5,9 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
+#include "offload/tier.h"
 #include "runtime/config/config.h"
 
 namespace ferry::runtime {
@@ -31,30 +33,36 @@ std::string absolute(const std::string& path) {
   return fs::absolute(path).lexically_normal().string();
 }
 
-bool offload_device(const std::string& d) {
-  return d == "none" || d == "cpu" || d == "nvme";
+// The --offload-* flags read once into tiers; what follows compares those.
+struct ChosenTiers {
+  offload::Tier optimizer = offload::Tier::device, params = offload::Tier::device;
+};
+
+offload::Tier tier_flag(const std::string& flag, const std::string& word) {
+  const std::optional<offload::Tier> t = offload::tier_from_word(word);
+  if (!t) refuse(flag + " '" + word + "': one of none, cpu, nvme");
+  return *t;
 }
 
 // The checks a reader of the flags expects to be told about by flag; ferry's loader repeats
 // them (and more) by key.
-void check_choices(const ConfigChoices& c) {
+ChosenTiers check_choices(const ConfigChoices& c) {
+  using offload::Tier;
   if (c.zero_stage < 0 || c.zero_stage > 3)
     refuse("--zero-stage " + std::to_string(c.zero_stage) +
            ": DeepSpeed's ZeRO stages are 0, 1, 2 and 3");
-  if (!offload_device(c.offload_optimizer))
-    refuse("--offload-optimizer '" + c.offload_optimizer + "': one of none, cpu, nvme");
-  if (!offload_device(c.offload_param))
-    refuse("--offload-param '" + c.offload_param + "': one of none, cpu, nvme");
-  if (c.offload_param != "none" && c.zero_stage != 3) {
+  const ChosenTiers tiers{tier_flag("--offload-optimizer", c.offload_optimizer),
+                          tier_flag("--offload-param", c.offload_param)};
+  if (tiers.params != Tier::device && c.zero_stage != 3) {
     refuse("--offload-param " + c.offload_param +
            " needs --zero-stage 3 (parameters are sharded only there), got " +
            std::to_string(c.zero_stage));
   }
-  if (c.offload_optimizer != "none" && c.zero_stage == 0) {
+  if (tiers.optimizer != Tier::device && c.zero_stage == 0) {
     refuse("--offload-optimizer " + c.offload_optimizer +
            " needs --zero-stage 1, 2 or 3 (the optimizer state is sharded from stage 1), got 0");
   }
-  const bool nvme = c.offload_optimizer == "nvme" || c.offload_param == "nvme";
+  const bool nvme = tiers.optimizer == Tier::nvme || tiers.params == Tier::nvme;
   if (nvme && c.nvme_path.empty())
     refuse("nvme offload needs --nvme-path DIR (the folder its swap files go in)");
   if (!nvme && !c.nvme_path.empty())
@@ -70,18 +78,19 @@ void check_choices(const ConfigChoices& c) {
   if (!c.scheduler.empty() && c.scheduler != "WarmupLR" && c.scheduler != "WarmupDecayLR" &&
       c.scheduler != "WarmupCosineLR")
     refuse("--scheduler '" + c.scheduler + "': one of WarmupLR, WarmupDecayLR, WarmupCosineLR");
+  return tiers;
 }
 
-ojson offload_section(const std::string& device, const ConfigChoices& c) {
-  ojson o{{"device", device}};
-  if (device == "nvme") o["nvme_path"] = absolute(c.nvme_path);
+ojson offload_section(offload::Tier device, const ConfigChoices& c) {
+  ojson o{{"device", offload::tier_word(device)}};
+  if (device == offload::Tier::nvme) o["nvme_path"] = absolute(c.nvme_path);
   o["pin_memory"] = c.pin_memory;
   return o;
 }
 
 // The keys both kinds share, under DeepSpeed's names; `autos`: write "auto" for what no flag
 // chose (a DeepSpeed file), else leave it out (a ferry file: ferry's default).
-void runtime_keys(ojson& d, const ConfigChoices& c, bool autos) {
+void runtime_keys(ojson& d, const ConfigChoices& c, ChosenTiers tiers, bool autos) {
   const auto put = [&](ojson& into, const char* key, const auto& value, bool given) {
     if (given)
       into[key] = value;
@@ -132,9 +141,8 @@ void runtime_keys(ojson& d, const ConfigChoices& c, bool autos) {
   }
 
   ojson zero{{"stage", c.zero_stage}};
-  if (c.offload_optimizer != "none")
-    zero["offload_optimizer"] = offload_section(c.offload_optimizer, c);
-  if (c.offload_param != "none") zero["offload_param"] = offload_section(c.offload_param, c);
+  if (tiers.optimizer != offload::Tier::device) zero["offload_optimizer"] = offload_section(tiers.optimizer, c);
+  if (tiers.params != offload::Tier::device) zero["offload_param"] = offload_section(tiers.params, c);
   if (c.shard_group_size > 0) zero["mics_shard_size"] = c.shard_group_size;
   d["zero_optimization"] = zero;
 }
@@ -205,9 +213,9 @@ WrittenConfig finish(ojson doc) {
 }  // namespace
 
 WrittenConfig deepspeed_config(const ConfigChoices& c) {
-  check_choices(c);
+  const ChosenTiers tiers = check_choices(c);
   ojson d = ojson::object();
-  runtime_keys(d, c, /*autos=*/true);
+  runtime_keys(d, c, tiers, /*autos=*/true);
   // ferry's loader, as `ferry train --config BASE --deepspeed FILE` would run it.
   const ScratchDir dir;
   const ojson base{
@@ -223,7 +231,7 @@ WrittenConfig deepspeed_config(const ConfigChoices& c) {
 }
 
 WrittenConfig ferry_config(const ConfigChoices& c) {
-  check_choices(c);
+  const ChosenTiers tiers = check_choices(c);
   if (c.data.empty()) refuse("--data PATH is required (the training corpus)");
   if (!c.init_from.empty() && !c.model.empty())
     refuse(
@@ -248,7 +256,7 @@ WrittenConfig ferry_config(const ConfigChoices& c) {
   if (!c.device_memory.empty()) device["memory"] = c.device_memory;
   d["device"] = device;
   if (c.steps > 0) d["train"] = ojson{{"steps", c.steps}};
-  runtime_keys(d, c, /*autos=*/false);
+  runtime_keys(d, c, tiers, /*autos=*/false);
   try {
     config_from_json(json::parse(d.dump()), "the ferry configuration", fs::current_path().string(),
                      {}, check_world(c));

@@ -203,8 +203,8 @@ std::vector<DoctorCheck> run_doctor(const DoctorOptions& o) {
   if (c) {
     // Each store is striped evenly over its folders; a folder may serve both.
     std::map<std::string, unsigned long long> dirs;
-    const bool opt = c->zero.stage >= 1 && c->offload.optimizer_device == "nvme";
-    const bool par = c->zero.stage == 3 && c->offload.param_device == "nvme";
+    const bool opt = c->zero.stage >= 1 && c->offload.optimizer_device == offload::Tier::nvme;
+    const bool par = c->zero.stage == 3 && c->offload.param_device == offload::Tier::nvme;
     if (opt) {
       for (const std::string& d : c->offload.optimizer_paths)
         dirs[d] += (plan.nvme - plan.nvme_params) * ranks / c->offload.optimizer_paths.size();

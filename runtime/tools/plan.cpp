@@ -27,8 +27,8 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   const int stage = c.zero.stage;
   const int group = stage > 0 && c.zero.shard_group_size > 0 ? c.zero.shard_group_size : ranks;
   const double shard = P / static_cast<double>(group);
-  const std::string& opt = c.offload.optimizer_device;
-  const std::string par = stage == 3 ? c.offload.param_device : "none";
+  const offload::Tier opt = c.offload.optimizer_device;
+  const offload::Tier par = stage == 3 ? c.offload.param_device : offload::Tier::device;
   TimePlan t;
   const double tokens = static_cast<double>(c.micro_batch * c.grad_accum * c.model.block_size);  // per rank
   const double flops = c.llama_family() ? nn::Llama::flops_per_token(c.llama, c.model.block_size)
@@ -49,10 +49,10 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   // on one node measures the node's.)
   if (stage == 3 && c.zero.hpz_partition_size > 1 && group > 1) t.comm_node_bytes = (2.0 * accum - 1.0) * 4 * P;
   t.comm_s = t.comm_bytes / r.comm_bytes_per_s;
-  if (par == "nvme") t.nvme_bytes += accum * 2 * 4 * shard + 4 * shard;  // read fwd + bwd, write once
-  if (opt == "nvme") t.nvme_bytes += 24 * shard;                        // master, m, v read and written
+  if (par == offload::Tier::nvme) t.nvme_bytes += accum * 2 * 4 * shard + 4 * shard;  // read fwd + bwd, write once
+  if (opt == offload::Tier::nvme) t.nvme_bytes += 24 * shard;                        // master, m, v read and written
   t.nvme_s = t.nvme_bytes / r.nvme_bytes_per_s;
-  if (opt != "none") t.adam_s = shard / r.adam_params_per_s;
+  if (opt != offload::Tier::device) t.adam_s = shard / r.adam_params_per_s;
   return t;
 }
 
@@ -116,10 +116,11 @@ std::vector<PlanRow> plan_all(const Config& base, int ranks, const Rates& given,
   const Rates r = effective_rates(base, given);
   std::vector<PlanRow> rows;
   for (int stage = 0; stage <= 3; ++stage) {
-    for (const char* opt : {"none", "cpu", "nvme"}) {
-      if (stage == 0 && std::string(opt) != "none") continue;
-      for (const char* par : {"none", "cpu", "nvme"}) {
-        if (stage < 3 && std::string(par) != "none") continue;
+    using offload::Tier;
+    for (const Tier opt : {Tier::device, Tier::cpu, Tier::nvme}) {
+      if (stage == 0 && opt != Tier::device) continue;
+      for (const Tier par : {Tier::device, Tier::cpu, Tier::nvme}) {
+        if (stage < 3 && par != Tier::device) continue;
         Config c = base;
         c.zero.stage = stage;
         c.offload.optimizer_device = opt;
@@ -180,7 +181,7 @@ std::string format_plan(const Config& base, int ranks, const Rates& given, const
      << "stage  optimizer  params |  device peak (states + activations + in flight) |   host + pinned |      nvme | fits | step overlapped  sequential\n";
   for (const PlanRow& row : rows) {
     std::snprintf(line, sizeof line, "%5d  %-9s  %-6s | %s (%s + %s + %s) | %s + %s | %s | %-4s | %15.3f  %10.3f\n",
-                  row.stage, row.optimizer.c_str(), row.params.c_str(), gib(static_cast<double>(row.mem.device_peak)).c_str(),
+                  row.stage, offload::tier_word(row.optimizer), offload::tier_word(row.params), gib(static_cast<double>(row.mem.device_peak)).c_str(),
                   gib(static_cast<double>(row.mem.device_states)).c_str(),
                   gib(static_cast<double>(row.mem.device_activations)).c_str(),
                   gib(static_cast<double>(row.mem.device_transient)).c_str(),
@@ -197,8 +198,8 @@ json plan_json(const std::vector<PlanRow>& rows) {
   json out = json::array();
   for (const PlanRow& r : rows) {
     out.push_back({{"stage", r.stage},
-                   {"offload_optimizer", r.optimizer},
-                   {"offload_param", r.params},
+                   {"offload_optimizer", offload::tier_word(r.optimizer)},
+                   {"offload_param", offload::tier_word(r.params)},
                    {"device_peak", r.mem.device_peak},
                    {"device_states", r.mem.device_states},
                    {"device_activations", r.mem.device_activations},

@@ -24,6 +24,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "offload/tier.h"
 #include "runtime/config/config.h"
 
 namespace ferry::runtime {
@@ -79,7 +80,7 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r);
 
 struct PlanRow {
   int stage = 0;
-  std::string optimizer, params;  // none | cpu | nvme
+  offload::Tier optimizer = offload::Tier::device, params = offload::Tier::device;
   MemoryPlan mem;
   TimePlan time;
   bool fits_device = true, fits_host = true;

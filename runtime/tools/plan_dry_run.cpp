@@ -1,19 +1,14 @@
-// plan_memory: the engine's construction and two training steps on counting devices
-// (nn/counting_device.h), a counting communicator (comm/counting_communicator.h), a
-// counting pinned pool and counting nvme storage (offload/), as rank 0 of `ranks`.
+// plan_memory: the engine's construction (runtime/train/engine.h, kind count) and two
+// training steps on its counting devices (nn/counting_device.h), counting communicator
+// (comm/counting_communicator.h), counting pinned pool and nvme storage (offload/), as
+// rank 0 of `ranks`.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 
-#include "comm/counting_communicator.h"
 #include "nn/counting_device.h"
-#include "nn/gpt.h"
-#include "nn/llama.h"
-#include "offload/cpu_adam.h"
 #include "runtime/tools/plan.h"
-#include "runtime/train/state_layout.h"
-#include "runtime/zero/optimizer_state.h"
-#include "runtime/zero/sharded_units.h"
+#include "runtime/train/engine.h"
 
 namespace ferry::runtime {
 
@@ -46,48 +41,24 @@ size_t activation_peak(const Config& c) {
 
 }  // namespace
 
-// Mirrors Trainer's constructor (runtime/train/trainer.cpp) for device.type cpu, and for
+// The trainer's own engine (runtime/train/engine.h), counting, for device.type cpu and for
 // cuda without offload (the states on the GPU: the same allocations on another arena).
 // With offload on a GPU the trainer's state arena is host memory and the GPU holds the
 // staged copies; the figures here are then those of a cpu run of the same configuration.
 MemoryPlan plan_memory(const Config& config, int ranks) {
-  Config c = config;
-  c.offload.aio.count_only = true;
-  const OffloadConfig& off = c.offload;
-  Tiers tiers = state_tiers(off);
-  if (c.zero.stage != 3) tiers.params = offload::Tier::device;
-  const offload::Tier opt_tier = tiers.optimizer;
-  // No cap: the plan reports what a configuration needs, and plan_all judges the fit.
-  nn::CountingDevice dev("device", SIZE_MAX, true), host("host memory", SIZE_MAX, true);
-  // Hybrid sharding: state is partitioned over the shard group, not the world.
-  const int group = c.zero.stage > 0 && c.zero.shard_group_size > 0 ? c.zero.shard_group_size : ranks;
-  comm::CountingCommunicator comm(0, group);
-  std::unique_ptr<nn::Model> model = make_model(c, dev);
-  const std::vector<nn::UnitSpec> layout = model->units();
-
-  // The trainer's own layout (runtime/train/state_layout.h), on a pool that only counts.
-  std::unique_ptr<offload::PinnedPool> pool;
-  if (auto po = staging_pool_options(off, tiers, layout, group, 0)) {
-    po->pin = false;
-    po->count_only = true;
-    pool = std::make_unique<offload::PinnedPool>(*po);
-  }
-  Placement place = state_placement(c, tiers, &host, pool.get());
-  // The initial weights' values do not matter here: nothing is initialised.
-  comm::CountingCommunicator node(0, std::max(1, c.zero.hpz_partition_size));  // outlives `units`
-  ShardedUnits units(dev, comm, layout, c.zero, [](int, const Tensor&) {}, place);
-  if (c.zero.stage == 3 && c.zero.hpz_partition_size > 1) units.set_node_copies(&node);
-  offload::CpuAdam adam(c.optimizer);
-  OptimizerState opt(opt_tier, units, dev, host, adam, off, pool.get(), 0, nullptr, [](int, float*) {});
+  Engine e(config, ranks);
+  const Config& c = e.config();
+  nn::Device& dev = e.compute();
+  ShardedUnits& units = e.units();
 
   MemoryPlan m;
   m.device_construction_peak = dev.memory().peak;
   m.device_states = dev.memory().in_use;
-  m.host_states = host.memory().in_use;
-  m.host_pinned = pool ? pool->bytes() : 0;
-  const StateBytes sb = units.state_bytes();
-  m.nvme_params = sb.weights_nvme;
-  m.nvme = sb.weights_nvme + (opt.tier() == offload::Tier::nvme ? opt.bytes() : 0);
+  m.host_states = e.host().memory().in_use;
+  const TierMemory tiers = e.memory_by_tier();
+  m.host_pinned = tiers.host_pinned;
+  m.nvme_params = units.state_bytes().weights_nvme;
+  m.nvme = tiers.nvme;
 
   // Two steps: the first records the unit order, the second prefetches by it (the steady
   // state). The optimizer's arithmetic is not run: it allocates nothing (states are
@@ -103,7 +74,7 @@ MemoryPlan plan_memory(const Config& config, int ranks) {
     const Tensor loss_acc = Tensor::empty(dev, DType::f64, {1});  // the step's summed losses
     for (int64_t micro = 0; micro < c.grad_accum; ++micro) {
       units.set_micro_batch(micro == c.grad_accum - 1);
-      micro_batch(c, dev, *model, units, loss_acc);
+      micro_batch(c, dev, e.model(), units, loss_acc);
     }
     units.finish_gradients();
     units.end_step();

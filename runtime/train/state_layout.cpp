@@ -7,7 +7,7 @@
 namespace ferry::runtime {
 
 Tiers state_tiers(const OffloadConfig& off) {
-  return {offload::parse_tier(off.optimizer_device), offload::parse_tier(off.param_device)};
+  return {off.optimizer_device, off.param_device};
 }
 
 std::optional<offload::PinnedPoolOptions> staging_pool_options(const OffloadConfig& off, Tiers tiers,

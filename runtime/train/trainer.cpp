@@ -4,29 +4,21 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
-
-#include <sys/resource.h>
 
 #include "base/log.h"
 #include "base/stop_signal.h"
 #include "base/version.h"
-#include "comm/gpu_binding.h"
-#include "nn/cuda_device.h"
-#include "nn/gpt.h"
-#include "nn/llama.h"
 #include "nn/rng.h"
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/progress.h"
-#include "runtime/train/state_layout.h"
+#include "runtime/zero/partition.h"
+#include "runtime/zero/stage_policy.h"
 
 namespace ferry::runtime {
 
@@ -41,58 +33,7 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// device.type cuda: this rank's GPU (comm/gpu_binding.h: its local rank's where it sees
-// every GPU of the node, its only one under a per-rank binding), with the device.memory
-// budget; two ranks of a node on one GPU are refused on every rank. Collective over comm.
-// The layouts that split the world into groups, and NCCL (bootstrapped over MPI), need the
-// MPI communicator: ferry train's; a test's FakeCommunicator gets this error naming `what`.
-comm::MpiCommunicator& need_mpi(comm::Communicator& c, const std::string& what) {
-  auto* mpi = dynamic_cast<comm::MpiCommunicator*>(&c);
-  if (!mpi) throw std::invalid_argument(what + " needs the MPI communicator (run under ferry train)");
-  return *mpi;
-}
-
-std::unique_ptr<nn::Device> make_gpu(const Config& c, comm::Communicator& comm) {
-  const nn::CudaStatus s = nn::cuda_status();
-  if (!s.available()) {
-    throw std::invalid_argument("key 'device.type': cuda, but the cuda device is unavailable: " + s.reason);
-  }
-  const comm::GpuChoice choice = comm::choose_gpu(s.gpus, comm.local_rank(), comm.local_size());
-  if (choice.ordinal < 0) throw std::invalid_argument("key 'device.type': cuda with " + choice.problem);
-  const nn::AttentionKernel attention = nn::parse_attention_kernel(c.device.attention_kernel).value();
-  auto gpu = nn::make_cuda_device(c.device.memory, choice.ordinal, attention);
-  if (attention == nn::AttentionKernel::tensor_cores) {  // refused now, not at the first forward
-    const int64_t head = c.model.n_embd / c.model.n_head;
-    std::string why;
-    nn::cuda_attention_kernel(*gpu, c.zero.compute, head, &why);
-    if (!why.empty()) {
-      throw std::invalid_argument("key 'device.attention_kernel': tensor_cores, but " + why + " (this model: " +
-                                  std::string(nn::dtype_name(c.zero.compute)) + " activations, head size " +
-                                  std::to_string(head) + ")");
-    }
-  }
-  if (comm.size() > 1) {
-    if (const std::string p = comm::shared_gpu_problem(comm, nn::cuda_pci_bus_id(*gpu)); !p.empty())
-      throw std::invalid_argument("key 'device.type': cuda, but " + p);
-  }
-  return gpu;
-}
-
-// device.threads = 0: the node's cores shared among the ranks on it, as DeepSpeed's
-// launcher sets OMP_NUM_THREADS; ranks that each took every core would fight for them.
-int compute_threads(const Config& c, const comm::Communicator& comm) {
-  if (c.device.threads > 0) return c.device.threads;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::max(1, cores / std::max(1, comm.local_size()));
-}
-
 }  // namespace
-
-size_t peak_resident_bytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<size_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
-}
 
 std::string compare_to_baseline(double loss, double baseline) {
   if (!(baseline > 0)) return loss == baseline ? "equal to it" : fmt("%.4f nats above", loss - baseline);
@@ -120,119 +61,22 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     : cfg_(config),
       comm_(comm),
       out_(out),
-      device_(std::make_unique<nn::CpuDevice>(config.device.type == "cuda" ? SIZE_MAX : config.device.memory,
-                                              compute_threads(config, comm))),
-      gpu_(config.device.type == "cuda" ? make_gpu(config, comm) : nullptr),
-      compute_(gpu_ ? gpu_.get() : device_.get()),
-      model_(make_model(config, *compute_)),
-      adam_(config.optimizer),
       data_(TokenData::load(data_options(config))),
       sampler_(data_, config.data.seed, config.micro_batch, config.model.block_size, config.data.packing == "packed") {
   if (cfg_.fp16) scaler_ = std::make_unique<LossScaler>(cfg_.loss_scaling);
-  if (cfg_.world_size != comm_.size()) {
-    throw std::invalid_argument("Trainer: the config was resolved for world size " + std::to_string(cfg_.world_size) +
-                                " but the communicator has " + std::to_string(comm_.size()) + " ranks");
-  }
-  group_ = &comm_;
-  if (const int g = cfg_.zero.shard_group_size; g > 0) {
-    comm::MpiCommunicator& mpi = need_mpi(comm_, "zero_optimization.shard_group_size");
-    group_mpi_ = mpi.split(comm_.rank() / g, comm_.rank());
-    replica_mpi_ = mpi.split(comm_.rank() % g, comm_.rank());
-    group_ = group_mpi_.get();
-  }
-  const OffloadConfig& off = cfg_.offload;
-  const Tiers tiers = state_tiers(off);
-  const offload::Tier opt_tier = tiers.optimizer, param_tier = tiers.params;
-  host_ = std::make_unique<nn::CpuDevice>(SIZE_MAX, device_->threads());
-  const auto layout = model_->units();
-  if (const auto po = staging_pool_options(off, tiers, layout, group_->size(), group_->rank())) {
-    // Registered for DMA with this rank's GPU on GPU runs only (after make_gpu chose and
-    // set it): a CPU run on a GPU node must not make a CUDA context on GPU 0.
-    offload::HostRegistration reg;
-    if (nn::Device* gpu = gpu_.get()) {
-      reg.add = [gpu](void* p, size_t n) { return nn::cuda_register_host(*gpu, p, n); };
-      reg.remove = [gpu](void* p) { nn::cuda_unregister_host(*gpu, p); };
-    }
-    pool_ = std::make_unique<offload::PinnedPool>(*po, std::move(reg));
-  }
-  bool clamped = false;
-  Placement place = state_placement(cfg_, tiers, host_.get(), pool_.get(), &clamped);
-  place.file_rank = comm_.rank();
-  if (clamped && comm_.rank() == 0) {
-    log::warn(log::Subsys::sched, "schedule.prefetch_depth " + std::to_string(cfg_.schedule.prefetch_depth) +
-                                      " needs offload_param.buffer_count >= " +
-                                      std::to_string(cfg_.schedule.prefetch_depth + 1) + "; prefetching " +
-                                      std::to_string(place.prefetch_depth) + " units ahead");
-  }
   // Where DeepSpeed's scheduler warns as it is built, so does this one (once).
   if (const std::string w = schedule_warning(cfg_.scheduler); !w.empty() && comm_.rank() == 0) {
     log::warn(log::Subsys::optim, w);
   }
-  // One path on every device (ZeRO-Infinity's): the units live on the compute device and
-  // their collectives run where it computes (NCCL on a GPU, the communicator on the CPU
-  // device); offloaded shards live in host memory (page-locked on a GPU, so uploads and
-  // downloads overlap) or on NVMe, and only shards cross between them.
-  comm::Communicator* shard_comm = group_;
-  if (gpu_) {
-    comm::MpiCommunicator& mpi = group_mpi_ ? *group_mpi_ : need_mpi(comm_, "device.type cuda (NCCL starts over MPI)");
-    // NCCL starts before the device's slab is carved (at its first allocation), so the
-    // slab's check of free GPU memory sees what NCCL took. NCCL 2.22+ connects lazily, at
-    // the first collective of each kind, unless told otherwise: it is told (where the
-    // user has not chosen), so its buffers exist now and are not taken from under a full
-    // budget in the middle of a run.
-    setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-    nccl_ = comm::NcclCommunicator::create(mpi, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
-    shard_comm = nccl_.get();
-    nn::Device* gpu = gpu_.get();
-    nn::CpuDevice::Pinning pin;
-    pin.pin = [gpu](void* p, size_t n) { return nn::cuda_register_host(*gpu, p, n); };
-    pin.unpin = [gpu](void* p) { nn::cuda_unregister_host(*gpu, p); };
-    host_->set_pinning(std::move(pin));
-  }
-  if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), layout);
-  units_ = std::make_unique<ShardedUnits>(*compute_, *shard_comm, layout, cfg_.zero,
-                                          [&](int u, const Tensor& full) { init_unit(u, full); }, place);
-  if (const int h = cfg_.zero.hpz_partition_size; h > 1) {
-    node_mpi_ = need_mpi(comm_, "zero_optimization.zero_hpz_partition_size").split(comm_.rank() / h, comm_.rank());
-    if (gpu_) {
-      node_nccl_ = comm::NcclCommunicator::create(*node_mpi_, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
-      units_->set_node_copies(node_nccl_.get());
-    } else {
-      units_->set_node_copies(node_mpi_.get());
-    }
-  }
-  if (replica_mpi_) {
-    // The replicas meet where the reduced shards live: host memory (CPU device, or a GPU
-    // with the optimizer offloaded) over MPI, device memory over NCCL.
-    if (units_->num_units() > 0 && !units_->grad_shard(0).device().host_accessible()) {
-      replica_nccl_ = comm::NcclCommunicator::create(*replica_mpi_, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
-      units_->set_replicas(replica_nccl_.get());
-    } else {
-      units_->set_replicas(replica_mpi_.get());
-    }
-  }
-  loaded_rss_ = peak_resident_bytes();
-  std::string warning;
-  // bf16 parameter shards keep rounded weights: the fp32 master starts from the
-  // initialisation itself, made again on the host for one unit at a time.
-  const auto master_init = [&](int u, float* dst) {
-    const Partition& p = units_->partition_of(u);
-    const Tensor full = Tensor::empty(*host_, DType::f32, {p.padded});
-    host_->fill(full, 0.0);
-    init_unit(u, full.view(0, {p.numel}));
-    std::memcpy(dst, full.data_as<float>() + p.begin(), static_cast<size_t>(p.shard) * 4);
+  EngineHooks hooks;
+  hooks.model_ready = [this](Engine& e) {
+    if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), e.model().units());
   };
-  opt_ = std::make_unique<OptimizerState>(opt_tier, *units_, *compute_, *host_, adam_, off, pool_.get(), comm_.rank(),
-                                          &warning, master_init);
-  if (!warning.empty()) log::warn(log::Subsys::optim, "optimizer state: " + warning);
-  log::info(log::Subsys::optim, "optimizer state: " + nn::format_bytes(opt_->bytes()) + " in " + opt_->where());
-  if (pool_) {
-    log::info(log::Subsys::offload, "pinned pool: " + std::to_string(pool_->buffer_count()) + " x " +
-                                        nn::format_bytes(pool_->buffer_size()) +
-                                        (pool_->pinned() ? ", page-locked" : ", not page-locked"));
-  }
-  for (int u = 0; u < model_->num_units(); ++u) {
-    const ShardedUnits::Owned o = units_->owned(u);
+  hooks.init_unit = [this](Engine& e, int u, const Tensor& full) { init_unit(e, u, full); };
+  engine_ = std::make_unique<Engine>(cfg_, comm_, hooks);
+  const std::vector<nn::UnitSpec> layout = model().units();
+  for (int u = 0; u < model().num_units(); ++u) {
+    const ShardedUnits::Owned o = units().owned(u);
     std::vector<DecayRange> ranges;
     for (const nn::TensorSpec& t : layout[static_cast<size_t>(u)].tensors) {
       const int64_t lo = std::max(t.offset, o.begin), hi = std::min(t.offset + t.numel(), o.begin + o.length);
@@ -250,53 +94,21 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   if (!cfg_.log.trace.empty()) tracer_->open_file(trace_path_for_rank(cfg_.log.trace, comm_.rank()));
   std::vector<std::string> unit_names;
   for (const nn::UnitSpec& spec : layout) unit_names.push_back(spec.name);
-  traced_ = std::make_unique<TracedUnits>(*units_, *tracer_, std::move(unit_names), *compute_);  // the compute track
-  // The update overlaps compute on its own thread when it touches only host memory: CPU
-  // Adam over host shards. An optimizer on a GPU queues kernels, and stages 1-2 (or
-  // stage 3 with parameters on the GPU) write the updated range into device memory, which
-  // only this thread may do (the Device contract): those updates run inline.
-  // Its cores and OpenMP team: docs/design.md "Cores: compute, I/O and Adam".
-  const bool host_update = compute_->host_accessible() ||
-                           (opt_tier != offload::Tier::device && units_->stage() == 3 && param_tier != offload::Tier::device);
-  worker_ = std::make_unique<UpdateWorker>(
-      model_->num_units(), update_worker_options(cfg_.schedule.overlap_offload && host_update, gpu_ != nullptr,
-                                                 cfg_.schedule.adam_threads, comm_.local_rank(), comm_.local_size()));
-  if (gpu_ && comm_.rank() == 0 && !host_->pinning_problem().empty()) {
-    log::warn(log::Subsys::offload, "host state memory is not page-locked (" + host_->pinning_problem() +
-                                        "): copies to and from the GPU are staged and do not overlap");
-  }
-  units_->set_tracer(tracer_.get());
-  units_->set_update_worker(worker_.get());
-  units_->on_gradients_ready([this](int u) { gradients_ready(u); });
-  opt_->set_tracer(tracer_.get());
-  opt_->set_read_ahead(cfg_.schedule.overlap_offload);
+  traced_ = std::make_unique<TracedUnits>(units(), *tracer_, std::move(unit_names), device());  // the compute track
+  units().set_tracer(tracer_.get());
+  units().on_gradients_ready([this](int u) { gradients_ready(u); });
+  optimizer().set_tracer(tracer_.get());
 }
 
-Trainer::~Trainer() = default;
-
-TierMemory Trainer::memory_by_tier() const {
-  const StateBytes sb = units_->state_bytes();
-  TierMemory m;
-  m.device_cap = compute_->memory().capacity;
-  m.device_peak = compute_->memory().peak;
-  m.device_in_use = compute_->memory().in_use;
-  m.host_pinned = pool_ ? pool_->bytes() : 0;
-  m.host_states = sb.gradients_host +
-                  (opt_->tier() == offload::Tier::cpu ? opt_->bytes() : 0) + sb.weights_host;
-  m.nvme = (opt_->tier() == offload::Tier::nvme ? opt_->bytes() : 0) + sb.weights_nvme;
-  return m;
+Trainer::~Trainer() {
+  if (engine_) engine_->finish_updates();  // queued updates use tracer_, norms_ and decay_
 }
 
-nlohmann::json TierMemory::to_json() const {
-  return {{"device_cap", device_cap}, {"device_peak", device_peak}, {"device_in_use", device_in_use},
-          {"host_pinned", host_pinned}, {"host_states", host_states}, {"nvme", nvme}};
-}
-
-void Trainer::init_unit(int unit, const Tensor& full) {
+void Trainer::init_unit(Engine& e, int unit, const Tensor& full) {
   if (hf_) {
     // Only the range this rank keeps is read: its shard at stage 3, else the whole unit
     // (stages 0-2 keep full weights on every rank).
-    const Partition p = partition(full.numel(), group_->size(), group_->rank());
+    const Partition p = partition(full.numel(), e.group().size(), e.group().rank());
     const bool sharded = StagePolicy::of(cfg_.zero.stage, cfg_.zero.compute).sharded_weights;
     const int64_t begin = sharded ? std::min(p.begin(), p.numel) : 0;
     const int64_t n = sharded ? p.owned_real() : p.numel;
@@ -309,12 +121,13 @@ void Trainer::init_unit(int unit, const Tensor& full) {
     }
     return;
   }
-  if (!gpu_ || &full.device() == gpu_.get()) return model_->init_unit(unit, full, cfg_.model_seed);
+  nn::Device* gpu = e.gpu();
+  if (!gpu || &full.device() == gpu) return e.model().init_unit(unit, full, cfg_.model_seed);
   // The model writes through its own device: initialise on the GPU, then bring the values
   // to the state tensor (the same values: init draws them on the host in f64).
-  const Tensor here = Tensor::empty(*gpu_, full.dtype(), full.shape());
-  model_->init_unit(unit, here, cfg_.model_seed);
-  gpu_->copy_to_host(full.data(), here);
+  const Tensor here = Tensor::empty(*gpu, full.dtype(), full.shape());
+  e.model().init_unit(unit, here, cfg_.model_seed);
+  gpu->copy_to_host(full.data(), here);
 }
 
 // The process's peak resident memory against what the configuration bounds: the device
@@ -371,63 +184,15 @@ std::string describe_training(const Config& c) {
 }  // namespace
 
 void Trainer::describe_placement() {
-  const int64_t params = model_->num_parameters();
-  const StateBytes sb = units_->state_bytes();
-  static const char* kStage[] = {"0: everything replicated, gradients all-reduced (DDP)",
-                                 "1: Adam state sharded, weights and gradients replicated",
-                                 "2: Adam state and gradients sharded, weights replicated",
-                                 "3: Adam state, gradients and weights sharded; a unit's weights gathered only while it runs"};
-  const auto& off = cfg_.offload;
-  std::string cached;  // nvme with offload_param.max_in_cpu: the shards kept in memory
-  if (sb.weights_host > 0) cached.append(", ").append(nn::format_bytes(sb.weights_host)).append(" of them in host memory (max_in_cpu)");
-  const std::string arena = "the device arena";
-  const std::string weights_at = cfg_.zero.stage == 3 && off.param_device == "nvme"  ? "nvme (" + off.param_paths[0] + ")" + cached
-                                 : cfg_.zero.stage == 3 && off.param_device == "cpu" ? std::string("host memory")
-                                                                                     : arena;
-  const std::string opt_at = opt_->where();
-  out_ << "model: " << model_->describe() << ": " << params << " parameters in " << model_->num_units()
-       << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
+  Engine& e = *engine_;
+  out_ << "model: " << e.model().describe() << ": " << e.model().num_parameters() << " parameters in "
+       << e.model().num_units() << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
   if (hf_) {
     out_ << "weights: from " << hf_->describe() << ", converted to fp32; this rank read "
          << nn::format_bytes(hf_->bytes_read()) << " of them; peak resident once loaded "
-         << nn::format_bytes(loaded_rss_) << "\n";
+         << nn::format_bytes(e.loaded_rss()) << "\n";
   }
-  out_ << "where the state lives: " << comm_.size() << " rank(s), ZeRO stage " << kStage[cfg_.zero.stage]
-       << (group_mpi_ ? ", hybrid: sharded within " + std::to_string(comm_.size() / group_->size()) + " groups of " +
-                            std::to_string(group_->size()) + " ranks, replicated across them"
-                      : std::string())
-       << (node_mpi_ ? ", hpZ: a node copy of the weights over groups of " + std::to_string(node_mpi_->size()) +
-                           " ranks serves the gathers after each unit's first"
-                     : std::string())
-       << "; per rank (device: " << compute_->name() << "):\n"
-       << (units_->owned_bf16() ? "  bf16 weight shards           " : "  fp32 weights                 ")
-       << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
-       << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
-       << (units_->placement().grads_on_host ? "host memory (shards)" : arena) << "\n"
-       << "  Adam " << (opt_->aliased() ? "m, v (master = weights)" : "master, m, v           ") << "  "
-       << nn::format_bytes(opt_->bytes()) << "  in " << opt_at
-       << (nccl_ ? (opt_->tier() == offload::Tier::device ? ", updated on the GPU" : ", CPU Adam on the host") : "")
-       << "\n";
-  if (sb.node_copies > 0) {
-    out_ << "  hpZ node copies              " << nn::format_bytes(sb.node_copies) << "  in " << arena
-         << ", made by each unit's first gather of a step\n";
-  }
-  if (nccl_) out_ << "  collectives                  NCCL on GPU " << nccl_->gpu() << ", ordered by CUDA events\n";
-  if (nn::is_low_precision(cfg_.zero.compute)) {
-    const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names
-    out_ << "  " << (low + " compute weights" + std::string(29, ' ')).substr(0, 29)
-         << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in " + arena + ", refreshed from the fp32 weights after each update"
-                                 : units_->owned_bf16()
-                                     ? "kept as bf16 shards (CPU Adam's copy-out), all-gathered per unit, freed after use"
-                                     : "cast from each fp32 shard and all-gathered per unit, freed after use")
-         << "\n  " << low << " activations; fp32 gradients, reductions, master weights and Adam state"
-         << (cfg_.fp16 ? "; dynamic loss scaling" : "") << "\n";
-  }
-  if (pool_) {
-    out_ << "  pinned staging pool          " << nn::format_bytes(pool_->bytes()) << "  (" << pool_->buffer_count()
-         << " x " << nn::format_bytes(pool_->buffer_size()) << (pool_->pinned() ? ", page-locked)" : ", NOT page-locked)")
-         << "\n";
-  }
+  e.describe_states(out_);
   out_ << "  activations                  allocated per micro-batch in the device arena (see device peak)\n"
        << "data: " << data_.describe()
        << (sampler_.truncated_records() > 0
@@ -441,9 +206,9 @@ void Trainer::describe_placement() {
 }
 
 void Trainer::gradients_ready(int unit) {
-  const Tensor g = units_->grad_shard(unit);
-  worker_->submit(unit, [this, unit, g] {
-    Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units_->order().unit_name(unit));
+  const Tensor g = units().grad_shard(unit);
+  engine_->worker().submit(unit, [this, unit, g] {
+    Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units().order().unit_name(unit));
     // Into the step's norms on the gradients' device, read once in optimizer_step: no host
     // synchronisation per unit on a GPU (review F7).
     g.device().sum_squares_to(g, norms_.view(unit, {1}));
@@ -457,11 +222,11 @@ void Trainer::submit_update(int unit, double clip) {
   // Gradients hold the sum over ranks and micro-batches of each micro-batch's mean-loss
   // gradient; averaging and clipping fold into Adam's read of them.
   const double scale = clip / static_cast<double>(cfg_.grad_accum * comm_.size());
-  const Tensor g = units_->owned(unit).grads;
+  const Tensor g = units().owned(unit).grads;
   const int64_t t = cur_step_ + 1;
   const double lr = cur_lr_;
-  units_->mark_updating(unit);
-  worker_->submit(unit, [this, unit, g, t, lr, scale] { opt_->step(unit, g, decay_[static_cast<size_t>(unit)], t, lr, scale); });
+  units().mark_updating(unit);
+  engine_->worker().submit(unit, [this, unit, g, t, lr, scale] { optimizer().step(unit, g, decay_[static_cast<size_t>(unit)], t, lr, scale); });
 }
 
 double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
@@ -471,7 +236,7 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   norms_.device().copy_to_host(sumsq_.data(), norms_);
   std::vector<double> sumsq{0.0};
   for (double s : sumsq_) sumsq[0] += s;
-  group_->all_reduce_sum(sumsq);  // the group's shards partition the whole; replicas hold copies
+  engine_->group().all_reduce_sum(sumsq);  // the group's shards partition the whole; replicas hold copies
   const double accum = static_cast<double>(cfg_.grad_accum * comm_.size());
   const double loss_scale = scaler_ ? scaler_->scale() : 1.0;
   const double grad_norm = std::sqrt(sumsq[0]) / accum / loss_scale;
@@ -497,9 +262,9 @@ double Trainer::optimizer_step(int64_t step, double* grad_norm_out) {
   if (cfg_.grad_clip > 0 || scaler_) {
     // torch.nn.utils.clip_grad_norm_'s rule. In forward order: the next step's first unit first.
     const double clip = cfg_.grad_clip > 0 && grad_norm > cfg_.grad_clip ? cfg_.grad_clip / (grad_norm + 1e-6) : 1.0;
-    for (int u = 0; u < model_->num_units(); ++u) submit_update(u, clip / loss_scale);
+    for (int u = 0; u < model().num_units(); ++u) submit_update(u, clip / loss_scale);
   }
-  worker_->submit(-1, [this] { opt_->commit(); });  // after every unit's update: the new state is current
+  engine_->worker().submit(-1, [this] { optimizer().commit(); });  // after every unit's update: the new state is current
   return cur_lr_;
 }
 
@@ -510,48 +275,48 @@ StepStats Trainer::train_step(int64_t step) {
   tracer_->begin_step(step + 1);
   cur_step_ = step - (scaler_ ? scaler_->skipped() : 0);
   cur_lr_ = learning_rate(cfg_.scheduler, cfg_.optimizer.lr, cur_step_);
-  if (scaler_) model_->set_loss_scale(scaler_->scale());
-  sumsq_.assign(static_cast<size_t>(model_->num_units()), 0.0);
+  if (scaler_) model().set_loss_scale(scaler_->scale());
+  sumsq_.assign(static_cast<size_t>(model().num_units()), 0.0);
   {
-    nn::Device& grads = units_->grad_shard(0).device();
-    if (!norms_.defined()) norms_ = Tensor::empty(grads, DType::f64, {model_->num_units()});
+    nn::Device& grads = units().grad_shard(0).device();
+    if (!norms_.defined()) norms_ = Tensor::empty(grads, DType::f64, {model().num_units()});
     grads.fill(norms_, 0.0);
   }
-  const nn::TransferBytes moved_before = compute_->transfer_bytes();
-  units_->begin_step(step + 1);
-  compute_->reset_peak();
+  const nn::TransferBytes moved_before = device().transfer_bytes();
+  units().begin_step(step + 1);
+  device().reset_peak();
   // The micro-batches' mean losses add up on the compute device and are read once, at the
   // step's end (review F7: no host synchronisation per micro-batch).
-  const Tensor loss_acc = Tensor::empty(*compute_, DType::f64, {1});
-  compute_->fill(loss_acc, 0.0);
+  const Tensor loss_acc = Tensor::empty(device(), DType::f64, {1});
+  device().fill(loss_acc, 0.0);
   for (int64_t micro = 0; micro < cfg_.grad_accum; ++micro) {
     const Batch batch = sampler_.train_batch(step, micro, comm_.rank(), comm_.size(), cfg_.grad_accum);
     // New tensors per micro-batch: the previous one's kernels may still read theirs.
-    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
-    const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
-    compute_->copy_into_new(tokens, batch.inputs.data());
-    compute_->copy_into_new(targets, batch.targets.data());
+    const Tensor tokens = Tensor::empty(device(), DType::i32, {B * T});
+    const Tensor targets = Tensor::empty(device(), DType::i32, {B * T});
+    device().copy_into_new(tokens, batch.inputs.data());
+    device().copy_into_new(targets, batch.targets.data());
     Tensor doc_start;
     if (!batch.doc_start.empty()) {
-      doc_start = Tensor::empty(*compute_, DType::i32, {B * T});
-      compute_->copy_into_new(doc_start, batch.doc_start.data());
+      doc_start = Tensor::empty(device(), DType::i32, {B * T});
+      device().copy_into_new(doc_start, batch.doc_start.data());
     }
-    model_->set_document_starts(doc_start);
-    units_->set_micro_batch(micro == cfg_.grad_accum - 1);
+    model().set_document_starts(doc_start);
+    units().set_micro_batch(micro == cfg_.grad_accum - 1);
     const int64_t counted = std::count_if(batch.targets.begin(), batch.targets.end(),
                                           [](int32_t t) { return t != nn::kIgnoreTarget; });
-    model_->defer_loss(loss_acc, counted);
-    model_->forward(*traced_, tokens, targets, B, T);
-    model_->backward(*traced_);
+    model().defer_loss(loss_acc, counted);
+    model().forward(*traced_, tokens, targets, B, T);
+    model().backward(*traced_);
   }
-  model_->defer_loss(Tensor{}, 0);
-  units_->finish_gradients();
-  units_->end_step();
+  model().defer_loss(Tensor{}, 0);
+  units().finish_gradients();
+  units().end_step();
   double loss_sum = 0;
-  compute_->copy_to_host(&loss_sum, loss_acc);
+  device().copy_to_host(&loss_sum, loss_acc);
   // The compute queue is empty now: a mark passed at a known host time places this step's
   // device spans on the host timeline (review F6).
-  if (DeviceClock* clock = compute_->clock()) tracer_->set_anchor(clock, clock->passed_mark(), std::chrono::steady_clock::now());
+  if (DeviceClock* clock = device().clock()) tracer_->set_anchor(clock, clock->passed_mark(), std::chrono::steady_clock::now());
   // The stop flag rides on the loss's reduction: every rank learns of a signal any rank got.
   std::vector<double> reduce{loss_sum, stop_signal() != 0 ? 1.0 : 0.0};
   comm_.all_reduce_sum(reduce);
@@ -559,20 +324,20 @@ StepStats Trainer::train_step(int64_t step) {
   s.step = step + 1;
   s.stop = reduce[1] > 0;
   s.loss = reduce[0] / static_cast<double>(cfg_.grad_accum * comm_.size());
-  s.loss_scale = model_->loss_scale();
+  s.loss_scale = model().loss_scale();
   if (!std::isfinite(s.loss) && !scaler_) {  // fp16: an overflow, which optimizer_step skips
     throw std::runtime_error("step " + std::to_string(s.step) + ": the loss is not finite; lower optimizer.params.lr");
   }
   const int64_t skipped_before = scaler_ ? scaler_->skipped() : 0;
   s.lr = optimizer_step(step, &s.grad_norm);
   s.skipped = scaler_ && scaler_->skipped() > skipped_before;
-  const nn::TransferBytes moved = compute_->transfer_bytes();
+  const nn::TransferBytes moved = device().transfer_bytes();
   s.to_device_bytes = moved.to_device - moved_before.to_device;
   s.to_host_bytes = moved.to_host - moved_before.to_host;
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
-  s.tflops = model_->flops_per_token(T) * s.tokens_per_s / 1e12;
-  s.device_peak_bytes = compute_->memory().peak;
+  s.tflops = model().flops_per_token(T) * s.tokens_per_s / 1e12;
+  s.device_peak_bytes = device().memory().peak;
   s.time = tracer_->end_step();
   if (log::enabled(log::Level::debug, log::Subsys::train)) {
     log::debug(log::Subsys::train, "step " + std::to_string(s.step) + ": " + describe_breakdown(s.time) +
@@ -584,23 +349,23 @@ StepStats Trainer::train_step(int64_t step) {
 double Trainer::evaluate() {
   sync_updates();
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
-  model_->set_document_starts(Tensor{});  // validation rows hold one record each
+  model().set_document_starts(Tensor{});  // validation rows hold one record each
   double sum = 0;
   for (int64_t i = 0; i < cfg_.train.eval_batches; ++i) {
     const Batch batch = sampler_.val_batch(i);
-    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {B * T});
-    const Tensor targets = Tensor::empty(*compute_, DType::i32, {B * T});
-    compute_->copy_into_new(tokens, batch.inputs.data());
-    compute_->copy_into_new(targets, batch.targets.data());
-    sum += model_->forward(*traced_, tokens, targets, B, T);
+    const Tensor tokens = Tensor::empty(device(), DType::i32, {B * T});
+    const Tensor targets = Tensor::empty(device(), DType::i32, {B * T});
+    device().copy_into_new(tokens, batch.inputs.data());
+    device().copy_into_new(targets, batch.targets.data());
+    sum += model().forward(*traced_, tokens, targets, B, T);
   }
-  model_->free_activations();
+  model().free_activations();
   return sum / static_cast<double>(cfg_.train.eval_batches);
 }
 
 std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
   sync_updates();
-  model_->set_document_starts(Tensor{});
+  model().set_document_starts(Tensor{});
   // Prompt: the first line's worth of the validation split (up to 32 tokens); the training
   // split's where there is no validation (data.val_fraction 0).
   const TokenView val = data_.wants_validation() ? data_.val() : data_.train();
@@ -612,13 +377,13 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
   for (int64_t i = 0; i < n_tokens; ++i) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(seq.size()), cfg_.model.block_size);
     std::vector<int32_t> ctx(seq.end() - T, seq.end());
-    const Tensor tokens = Tensor::empty(*compute_, DType::i32, {T});
-    compute_->copy_into_new(tokens, ctx.data());
-    model_->forward(*traced_, tokens, Tensor{}, 1, T);
-    const Tensor last = model_->logits().view((T - 1) * V, {V});
-    const Tensor wide = Tensor::empty(*compute_, DType::f32, {V});  // bf16/f16 logits under mixed precision
-    compute_->cast(wide, last);
-    compute_->copy_to_host(logits.data(), wide);
+    const Tensor tokens = Tensor::empty(device(), DType::i32, {T});
+    device().copy_into_new(tokens, ctx.data());
+    model().forward(*traced_, tokens, Tensor{}, 1, T);
+    const Tensor last = model().logits().view((T - 1) * V, {V});
+    const Tensor wide = Tensor::empty(device(), DType::f32, {V});  // bf16/f16 logits under mixed precision
+    device().cast(wide, last);
+    device().copy_to_host(logits.data(), wide);
     double mx = logits[0];
     for (float l : logits) mx = std::max<double>(mx, l);
     std::vector<double> p(static_cast<size_t>(V));
@@ -629,20 +394,20 @@ std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed)
     while (pick + 1 < p.size() && r >= p[pick]) r -= p[pick++];
     seq.push_back(static_cast<uint32_t>(pick));
   }
-  model_->free_activations();
+  model().free_activations();
   return data_.decode(seq);
 }
 
 // Bytes per model parameter this step, over all ranks (each rank moves its shards' share):
 // NVMe reads + writes, and on a GPU host -> device and device -> host. "" when none moved.
 std::string Trainer::traffic(const StepStats& s) const {
-  const double per_param = static_cast<double>(comm_.size()) / static_cast<double>(model_->num_parameters());
+  const double per_param = static_cast<double>(comm_.size()) / static_cast<double>(model().num_parameters());
   uint64_t nvme = 0;
   for (Activity a : {Activity::param_read, Activity::param_write, Activity::optim_read, Activity::optim_write})
     nvme += s.time.bytes[static_cast<size_t>(a)];
   std::string out;
   if (nvme > 0) out += fmt(" | nvme %.1f B/param", static_cast<double>(nvme) * per_param);
-  if (gpu_) {
+  if (engine_->gpu()) {
     out += fmt(" | pcie up %.2f", static_cast<double>(s.to_device_bytes) * per_param) +
            fmt(" down %.2f B/param", static_cast<double>(s.to_host_bytes) * per_param);
   }
@@ -669,7 +434,7 @@ nlohmann::json Trainer::step_record(const StepStats& s) const {
                       {"memory", memory_by_tier().to_json()},
                       {"overlap", s.time.overlap()}};
   if (cfg_.log.peak_tflops > 0) r["mfu"] = s.tflops / (cfg_.log.peak_tflops * comm_.size());
-  if (gpu_) r["pcie_bytes"] = {{"to_device", s.to_device_bytes}, {"to_host", s.to_host_bytes}};
+  if (engine_->gpu()) r["pcie_bytes"] = {{"to_device", s.to_device_bytes}, {"to_host", s.to_host_bytes}};
   if (scaler_) {
     r["loss_scale"] = s.loss_scale;
     r["skipped"] = s.skipped;
@@ -729,12 +494,12 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
               {"model_seed", cfg_.model_seed}};
   if (scaler_) req.meta["loss_scaler"] = scaler_->state();
   req.shard_world = cfg_.zero.shard_group_size;
-  return runtime::save_checkpoint(req, model_->units(), *units_, *opt_, comm_);
+  return runtime::save_checkpoint(req, model().units(), units(), optimizer(), comm_);
 }
 
 int64_t Trainer::load_checkpoint(const std::string& step_dir) {
   sync_updates();
-  const nlohmann::json manifest = runtime::load_checkpoint(step_dir, model_shape(), model_->units(), *units_, *opt_, comm_);
+  const nlohmann::json manifest = runtime::load_checkpoint(step_dir, model_shape(), model().units(), units(), optimizer(), comm_);
   // Allowed to differ (a user may mean it), but the run then no longer continues the saved one.
   const nlohmann::json& t = manifest.at("trainer");
   auto warn = [&](const std::string& what) {

@@ -1,6 +1,7 @@
 // The training loop on one rank: micro-batches with gradient accumulation, global-norm
 // clipping, AdamW (offload::CpuAdam), the learning-rate schedule, periodic validation,
-// metrics, and a sample generated at the end.
+// metrics, and a sample generated at the end. The rank's devices, communicators, states
+// and update worker are its Engine's (runtime/train/engine.h): the trainer keeps the loop.
 //
 // Data parallel over comm's ranks with ZeRO stages 0-3 (ShardedUnits): each rank reads its
 // own slice of the global batch; the optimizer updates the range its stage gives it.
@@ -36,13 +37,12 @@
 
 #include "base/trace.h"
 #include "comm/communicator.h"
-#include "comm/nccl_communicator.h"
-#include "nn/cpu_device.h"
 #include "nn/model.h"
 #include "offload/cpu_adam.h"
 #include "runtime/config/config.h"
 #include "runtime/hf/hf_weights.h"
 #include "runtime/train/data.h"
+#include "runtime/train/engine.h"
 #include "runtime/train/loss_scaler.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/monitors.h"
@@ -81,19 +81,9 @@ struct TrainReport {
 // "0.512 s: compute 0.401, param_read 0.120, adam 0.050 (overlap 1.11)": the activities
 // that took time, for the step line.
 std::string describe_breakdown(const StepBreakdown& b);
-size_t peak_resident_bytes();  // this process's high-water mark of resident memory
 // A validation loss against the unigram baseline, for the run's last line: "12.3% below",
 // "44.8% above" (never a negative figure), "equal to it".
 std::string compare_to_baseline(double loss, double baseline);
-
-// One rank's model-state memory per tier, as placed by the configuration.
-struct TierMemory {
-  size_t device_cap = 0, device_peak = 0, device_in_use = 0;  // the device arena
-  size_t host_pinned = 0;  // the pinned staging pool
-  size_t host_states = 0;  // gradient shards, optimizer state and parameters kept in host memory
-  size_t nvme = 0;         // parameter and optimizer-state bytes in nvme files
-  nlohmann::json to_json() const;
-};
 
 // The data of a run: data.path in data.format through data.tokenizer ("auto": the
 // model.init_from folder's tokenizer.json when there is one), records ending with the EOS
@@ -104,8 +94,8 @@ DataOptions data_options(const Config& c);
 
 class Trainer {
  public:
-  // Loads the data and allocates every model state on the device: a model that does not
-  // fit throws nn::OutOfDeviceMemory here, before any step.
+  // Loads the data, then builds the engine, which allocates every model state: a model
+  // that does not fit throws nn::OutOfDeviceMemory here, before any step.
   Trainer(const Config& config, comm::Communicator& comm, std::ostream& out);
   ~Trainer();
 
@@ -127,20 +117,22 @@ class Trainer {
   // Waits for the optimizer updates still running on the update thread (with clipping, a
   // step's updates and its commit run after train_step returns) and rethrows their first
   // error: call it before reading optimizer() state between steps.
-  void sync_updates() { worker_->drain(); }
+  void sync_updates() { engine_->worker().drain(); }
   std::string sample(int64_t n_tokens, double temperature, uint64_t seed);
 
-  nn::Model& model() { return *model_; }
-  ShardedUnits& units() { return *units_; }
-  OptimizerState& optimizer() { return *opt_; }
-  const offload::PinnedPool* pinned_pool() const { return pool_.get(); }  // null without nvme staging
+  // The engine the loop runs on (runtime/train/engine.h) and its parts.
+  Engine& engine() const { return *engine_; }
+  nn::Model& model() const { return engine_->model(); }
+  ShardedUnits& units() const { return engine_->units(); }
+  OptimizerState& optimizer() const { return engine_->optimizer(); }
+  const offload::PinnedPool* pinned_pool() const { return engine_->pool(); }  // null without nvme staging
   // Where the model computes: the cpu device, or the cuda device (device.type cuda).
-  nn::Device& device() { return *compute_; }
+  nn::Device& device() const { return engine_->compute(); }
   Tracer& tracer() { return *tracer_; }
-  TierMemory memory_by_tier() const;
+  TierMemory memory_by_tier() const { return engine_->memory_by_tier(); }
 
  private:
-  void init_unit(int unit, const nn::Tensor& full);  // the model's initial weights into a state tensor
+  void init_unit(Engine& e, int unit, const nn::Tensor& full);  // the model's initial weights into a state tensor
   void describe_placement();
   // The model reads bytes (text or jsonl without a tokenizer), not a tokenizer's or token
   // files' ids: the words of the baseline and sample lines.
@@ -156,34 +148,12 @@ class Trainer {
   Config cfg_;
   comm::Communicator& comm_;
   std::ostream& out_;
-  // The state device: the arena of the model states (device.memory) on the cpu device;
-  // host memory without a cap when the model computes on a GPU (device.type cuda).
-  std::unique_ptr<nn::CpuDevice> device_;
-  std::unique_ptr<nn::Device> gpu_;  // device.type cuda only
-  nn::Device* compute_;              // gpu_ or device_
-  std::unique_ptr<nn::Model> model_;
-  std::unique_ptr<nn::CpuDevice> host_;  // host memory outside the device arena (offload "cpu")
-  std::unique_ptr<offload::PinnedPool> pool_;
-  // device.type cuda without offload: the states live on the GPU and NCCL moves them.
-  std::unique_ptr<comm::NcclCommunicator> nccl_;
-  // Hybrid sharding (zero_optimization.shard_group_size): this rank's shard group and its
-  // replicas (the ranks of the same index in the other groups), over MPI; on a GPU also
-  // over NCCL where the shards live on the device. `group_` is the communicator that
-  // partitions state (comm_ without hybrid sharding).
-  std::unique_ptr<comm::MpiCommunicator> group_mpi_, replica_mpi_;
-  std::unique_ptr<comm::NcclCommunicator> replica_nccl_;
-  comm::Communicator* group_ = nullptr;
-  // hpZ (zero_optimization.zero_hpz_partition_size): this rank's node group, over MPI, and
-  // over NCCL on a GPU (the node copies live on the device).
-  std::unique_ptr<comm::MpiCommunicator> node_mpi_;
-  std::unique_ptr<comm::NcclCommunicator> node_nccl_;
   std::unique_ptr<HfWeights> hf_;  // model.init_from: the folder the weights are read from
-  size_t loaded_rss_ = 0;           // peak resident bytes once the weights were in place
-  std::unique_ptr<ShardedUnits> units_;
-  std::unique_ptr<TracedUnits> traced_;      // units_ with the model's compute spans traced
-  offload::CpuAdam adam_;
-  std::unique_ptr<OptimizerState> opt_;
   std::vector<std::vector<DecayRange>> decay_;  // per unit, within its owned range
+  // Built after the data (the data's errors come first) but declared before every member
+  // that lives on its devices or units (norms_, traced_): they go before it. ~Trainer ends
+  // its update worker first, while what the queued updates use still exists.
+  std::unique_ptr<Engine> engine_;
   TokenData data_;
   BatchSampler sampler_;
   MetricsWriter metrics_;
@@ -194,8 +164,7 @@ class Trainer {
   int64_t cur_step_ = 0;       // 0-based optimizer step in progress (fp16: skipped steps not counted)
   std::unique_ptr<LossScaler> scaler_;  // fp16 only
   double cur_lr_ = 0;
-  // Last: destroyed first, so that queued updates finish while what they use still exists.
-  std::unique_ptr<UpdateWorker> worker_;
+  std::unique_ptr<TracedUnits> traced_;  // the engine's units with the model's compute spans traced
 };
 
 }  // namespace ferry::runtime
