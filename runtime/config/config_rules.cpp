@@ -154,6 +154,7 @@ void offload_rules(const Config& c, const std::string& source) {
   if (o.aio.block_size % 4096 != 0)
     fail(source, "key 'aio.block_size' must be a multiple of 4096 (O_DIRECT)");
   const int stage = c.zero.stage;
+  using offload::Tier;
   if (o.param_device != Tier::device && stage != 3) {
     fail(source,
          std::string("zero_optimization.offload_param.device '") + offload::tier_word(o.param_device) +
