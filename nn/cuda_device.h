@@ -11,7 +11,7 @@
 //   budget: cuBLAS's workspace (32 MiB), a few bytes of flags and partial sums, and the
 //   default memory pool (its release threshold raised so it keeps what it maps). A budget
 //   that does not fit in cudaMemGetInfo's free memory less a reserve (352 MiB: cuBLAS's
-//   workspace, the pool, kernel images and NCCL's late allocations; nn/cuda_device.cpp
+//   workspace, the pool, kernel images and NCCL's late allocations; nn/cuda/device_impl.h
 //   says why) is refused when the device is made and again when the slab is carved, with
 //   std::runtime_error naming `device.memory`, the free bytes, the reserve and the largest
 //   budget that fits.

@@ -1,5 +1,5 @@
 // The CUDA device's kernels, behind plain C++ launchers (this header needs no CUDA
-// headers; nn/cuda_kernels.cu implements it with nvcc).
+// headers; the .cu files of nn/cuda/ implement it with nvcc, one per op family).
 //
 // Every launcher enqueues on `stream` (a cudaStream_t) and checks the launch; none
 // synchronizes. Arrays are raw device pointers with their dtype (Arr), so one kernel
@@ -10,7 +10,7 @@
 // deterministic: the same inputs and shapes give the same bits run after run. The order
 // depends on the block size (a build constant: 256, attention 128), so it differs from the
 // CPU device's at rounding level, except embedding_backward's dwte (token order, as on the
-// CPU). Shapes have been checked by the caller (nn/cuda_device.cpp).
+// CPU). Shapes have been checked by the caller (nn/cuda/device_ops.cpp).
 // Scratch: column_sums, embedding_backward, layernorm_backward and rmsnorm_backward take
 // partial sums in device memory (at most 2^20 values of the accumulation type, or one per
 // output column where there are more columns), allocated and freed on `stream`
