@@ -10,14 +10,19 @@ namespace ferry::nn {
 
 namespace {
 
-// With qkv_bias the bias sits right after wqkv: block tensor indices shift by one from kWo.
-enum BlockTensor : size_t { kAttnNorm, kWqkv, kWo, kFfnNorm, kWGateUp, kWDown };
+// A block's tensors; the optional ones (bqkv with qkv_bias, q_norm and k_norm with qk_norm)
+// shift the later ones' indices in the UnitSpec: slot() maps a name to its index.
+enum BlockTensor : size_t { kAttnNorm, kWqkv, kBqkv, kQNorm, kKNorm, kWo, kFfnNorm, kWGateUp, kWDown };
 enum FinalTensor : size_t { kNorm, kOutput };
 constexpr size_t kTok = 0;
-constexpr size_t kBqkv = kWqkv + 1;  // present only with qkv_bias
 
-// The index in a block's UnitSpec of BlockTensor i.
-size_t slot(const LlamaConfig& c, size_t i) { return c.qkv_bias && i >= kWo ? i + 1 : i; }
+// The index in a block's UnitSpec of BlockTensor i (present in this configuration).
+size_t slot(const LlamaConfig& c, size_t i) {
+  size_t at = i;
+  if (i > kBqkv && !c.qkv_bias) --at;
+  if (i > kKNorm && !c.qk_norm) at -= 2;
+  return at;
+}
 
 }  // namespace
 
@@ -34,7 +39,11 @@ std::vector<UnitSpec> Llama::layout(const LlamaConfig& c) {
     b.add(p + "attention_norm.weight", {c.n_embd}, false);
     b.add(p + "attention.wqkv.weight", {c.qkv_width(), c.n_embd}, true);
     if (c.qkv_bias) b.add(p + "attention.bqkv.bias", {c.qkv_width()}, false);
-    b.add(p + "attention.wo.weight", {c.n_embd, c.n_embd}, true);
+    if (c.qk_norm) {
+      b.add(p + "attention.q_norm.weight", {c.head_dim()}, false);
+      b.add(p + "attention.k_norm.weight", {c.head_dim()}, false);
+    }
+    b.add(p + "attention.wo.weight", {c.n_embd, c.q_width()}, true);
     b.add(p + "ffn_norm.weight", {c.n_embd}, false);
     b.add(p + "feed_forward.w_gate_up.weight", {2 * c.intermediate, c.n_embd}, true);
     b.add(p + "feed_forward.w_down.weight", {c.n_embd, c.intermediate}, true);
@@ -55,9 +64,10 @@ Llama::Llama(const LlamaConfig& config, Device& device, DType dtype)
       c.block_size < 1) {
     throw std::invalid_argument("Llama: every model dimension must be >= 1");
   }
-  if (c.n_embd % c.n_head != 0 || c.head_dim() % 2 != 0) {
+  if (c.head_size < 0 || (c.head_size == 0 && c.n_embd % c.n_head != 0) || c.head_dim() % 2 != 0) {
     throw std::invalid_argument("Llama: n_embd (" + std::to_string(c.n_embd) + ") must be n_head (" +
-                                std::to_string(c.n_head) + ") x an even head size (rotary embeddings pair halves)");
+                                std::to_string(c.n_head) + ") x an even head size (rotary embeddings pair halves), "
+                                "or head_size given and even");
   }
   if (c.n_head % c.n_kv_head != 0) {
     throw std::invalid_argument("Llama: n_head (" + std::to_string(c.n_head) + ") must be a multiple of n_kv_head (" +
@@ -69,6 +79,7 @@ Llama::Llama(const LlamaConfig& config, Device& device, DType dtype)
                                 "original_max_position_embeddings > 0");
   }
   check_dtype("Llama", dtype);
+  if (c.qk_norm) head_norm_ = HeadNorm(device, dtype, stat_dtype(dtype), c.n_head, c.n_kv_head, c.head_dim(), c.norm_eps);
 }
 
 Llama::~Llama() = default;
@@ -78,15 +89,18 @@ std::string Llama::describe() const {
          std::to_string(cfg_.n_kv_head) + " key/value), " + std::to_string(cfg_.n_embd) + " channels, SwiGLU " +
          std::to_string(cfg_.intermediate) + ", context " + std::to_string(cfg_.block_size) + ", vocab " +
          std::to_string(cfg_.vocab_size) + (cfg_.qkv_bias ? ", q/k/v biases" : "") +
+         (cfg_.qk_norm ? ", q/k norms" : "") +
+         (cfg_.head_size > 0 ? ", head size " + std::to_string(cfg_.head_size) : "") +
          (cfg_.tie_embeddings ? ", tied head" : "") +
          (cfg_.rope_factor > 0.0 ? ", llama3 rope scaling x" + std::to_string(cfg_.rope_factor).substr(0, 4) : "");
 }
 
 double Llama::flops_per_token(const LlamaConfig& c, int64_t T) {
   const double C = static_cast<double>(c.n_embd);
-  const double per_block = static_cast<double>(c.qkv_width()) * C + C * C + 3.0 * static_cast<double>(c.intermediate) * C;
+  const double QW = static_cast<double>(c.q_width());
+  const double per_block = static_cast<double>(c.qkv_width()) * C + C * QW + 3.0 * static_cast<double>(c.intermediate) * C;
   const double matmul_weights = static_cast<double>(c.n_layer) * per_block + static_cast<double>(c.vocab_size) * C;
-  return 6.0 * matmul_weights + static_cast<double>(c.n_layer) * 12.0 * static_cast<double>(T) * C;
+  return 6.0 * matmul_weights + static_cast<double>(c.n_layer) * 12.0 * static_cast<double>(T) * QW;
 }
 
 void Llama::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
@@ -124,10 +138,11 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   dev_.rmsnorm_forward(a.xn, a.rstd1, x, Wt(kAttnNorm), cfg_.norm_eps);
   a.qkv = act({N, W});
   dev_.gemm(a.qkv, a.xn, false, Wt(kWqkv), true, 1.0, 0.0);
-  if (cfg_.qkv_bias) dev_.add_bias(a.qkv, u.view(w, kBqkv));
+  if (cfg_.qkv_bias) dev_.add_bias(a.qkv, Wt(kBqkv));
+  if (cfg_.qk_norm) head_norm_.forward(a.qkv, Wt(kQNorm), Wt(kKNorm), a.qk);
   // q and k rotated in place; backward's attention reads the rotated values.
   dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
-  a.atty = act({N, C});
+  a.atty = act({N, cfg_.q_width()});
   a.lse = stat({B, cfg_.n_head, T});
   dev_.attention_forward(a.atty, a.lse, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head, doc_start_);
   const Tensor scratch = act({N, C});
@@ -228,7 +243,7 @@ void Llama::backward(UnitAccess& units) {
   }
   acts_.xf = acts_.logits = acts_.probs = Tensor{};
 
-  const Tensor dres2 = act({N, C}), dxin = act({N, C}), dnorm = act({N, C}), datty = act({N, C});
+  const Tensor dres2 = act({N, C}), dxin = act({N, C}), dnorm = act({N, C}), datty = act({N, cfg_.q_width()});
   const Tensor dh = act({N, I}), dgu = act({N, 2 * I}), dqkv = act({N, W}), dpre = act({N, W});
   for (int64_t l = cfg_.n_layer - 1; l >= 0; --l) {
     const int unit = static_cast<int>(1 + l);
@@ -263,7 +278,8 @@ void Llama::backward(UnitAccess& units) {
                             cfg_.n_kv_head, doc_start_);
     dev_.fill(dpre, 0.0);
     dev_.rope_backward(dpre, dqkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
-    if (cfg_.qkv_bias) dev_.bias_backward(u.view(g, kBqkv), dpre);
+    if (cfg_.qk_norm) head_norm_.backward(dpre, G(kQNorm), G(kKNorm), Wt(kQNorm), Wt(kKNorm), a.qk);
+    if (cfg_.qkv_bias) dev_.bias_backward(G(kBqkv), dpre);
     dev_.gemm(dnorm, dpre, false, Wt(kWqkv), false, 1.0, 0.0);
     dev_.gemm(G(kWqkv), dpre, true, a.xn, false, 1.0, 1.0);
     dev_.rmsnorm_backward(dxin, G(kAttnNorm), dnorm, x, Wt(kAttnNorm), a.rstd1);

@@ -1,12 +1,15 @@
 // Llama-style decoder, forward and backward written by hand, computed unit by unit like
 // nn::GPT: pre-RMSNorm blocks with rotary position embeddings, grouped-query causal
 // attention (n_kv_head key/value heads shared by n_head query heads), a SwiGLU MLP, no
-// biases, and an untied output head.
+// biases, and an untied output head. The variants the registry (nn/arch.h) names set
+// switches here: q/k/v biases (Qwen2), per-head RMSNorm of q and k before the rotation and
+// a head size of its own (Qwen3).
 //
 // Units: 0 = embedding (tok_embeddings [V,C]); 1..n_layer = blocks (attention_norm [C],
-// wqkv [(NH+2KVH)*hd, C] = q | k | v rows, wo [C,C], ffn_norm [C], w_gate_up [2I, C] =
+// wqkv [(NH+2KVH)*hd, C] = q | k | v rows, wo [C, NH*hd], ffn_norm [C], w_gate_up [2I, C] =
 // gate | up rows, w_down [C, I]; with qkv_bias, attention.bqkv.bias [(NH+2KVH)*hd] after
-// wqkv); n_layer+1 = final (norm [C], output [V,C]; without output when the head is tied
+// wqkv; with qk_norm, attention.q_norm.weight [hd] and attention.k_norm.weight [hd] after
+// those, before wo); n_layer+1 = final (norm [C], output [V,C]; without output when the head is tied
 // to tok_embeddings, which then reads and accumulates into unit 0 as nn::GPT). Linear
 // weights are stored [out, in] (y = x W^T). Tensor names follow Meta's checkpoints with
 // the q/k/v and gate/up matrices fused.
@@ -19,6 +22,7 @@
 
 #include "nn/device.h"
 #include "nn/model.h"
+#include "nn/qk_norm.h"
 #include "nn/rope.h"
 #include "nn/unit.h"
 
@@ -39,12 +43,15 @@ struct LlamaConfig {
   double norm_eps = 1e-5;
   bool qkv_bias = false;        // biases on q, k and v (Qwen2): "attention.bqkv.bias" [qkv_width]
   bool tie_embeddings = false;  // the output head is tok_embeddings (Llama 3.2 1B/3B, small Qwen2.5)
+  bool qk_norm = false;         // RMSNorm of each q and k head before RoPE (Qwen3), weights [hd] each
+  int64_t head_size = 0;        // 0: n_embd / n_head; else the head size (Qwen3's head_dim)
   Rope rope() const {
     return rope_factor > 0.0 ? Rope::llama3(rope_theta, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
                                             static_cast<double>(rope_original_max_positions))
                              : Rope(rope_theta);
   }
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : n_embd / n_head; }
+  int64_t q_width() const { return n_head * head_dim(); }  // attention's output width, wo's input
   int64_t qkv_width() const { return (n_head + 2 * n_kv_head) * head_dim(); }
 };
 
@@ -72,13 +79,14 @@ class Llama final : public Model {
   std::string describe() const override;
 
   // 6 per matmul weight per token (the embedding lookup excluded, the output head
-  // included), plus attention's 12 x T x C per layer.
+  // included), plus attention's 12 x T x NH*hd per layer (NH*hd = C unless head_size).
   static double flops_per_token(const LlamaConfig& config, int64_t T);
   double flops_per_token(int64_t T) const override { return flops_per_token(cfg_, T); }
 
  private:
   struct BlockActs {
     Tensor xn, rstd1, qkv, atty, lse, res2, xn2, rstd2, gate_up, h;
+    HeadNorm::Saved qk;  // with qk_norm
   };
   struct Activations {
     int64_t B = 0, T = 0;
@@ -97,6 +105,7 @@ class Llama final : public Model {
   DType dtype_;
   std::vector<UnitSpec> units_;
   Activations acts_;
+  HeadNorm head_norm_;  // used with qk_norm only
   bool checkpoint_ = false;
 };
 

@@ -385,7 +385,7 @@ BOOST_AUTO_TEST_CASE(llama_keys) {
   e = error_of<ConfigError>([] { from(kMinimal, {"model.arch=llama", "model.n_head=128", "model.n_embd=128"}); });
   BOOST_TEST(has(e, "even head size"), e);
   e = error_of<ConfigError>([] { from(kMinimal, {"model.n_kv_head=2"}); });
-  BOOST_TEST(has(e, "model.n_kv_head applies to the llama family (llama, mistral, qwen2) only"), e);
+  BOOST_TEST(has(e, "model.n_kv_head applies to the llama family (llama, mistral, qwen2, qwen3) only"), e);
   e = error_of<ConfigError>([] { from(kMinimal, {"model.rope_scaling.factor=8"}); });
   BOOST_TEST(has(e, "model.rope_scaling.factor applies to the llama family"), e);
   e = error_of<ConfigError>([] { from(kMinimal, {"model.arch=llama", "model.rope_scaling.low_freq_factor=2"}); });

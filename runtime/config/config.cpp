@@ -219,18 +219,13 @@ const json* get_path(const json& root, const std::string& path) {
 }  // namespace detail
 
 std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& device) {
-  std::unique_ptr<nn::Model> m;
-  if (c.llama_family()) {
-    m = std::make_unique<nn::Llama>(c.llama, device, c.zero.compute);
-  } else {
-    m = std::make_unique<nn::GPT>(c.model, device, c.zero.compute);
-  }
+  std::unique_ptr<nn::Model> m = c.arch().make(c.model, c.llama, device, c.zero.compute);
   m->set_activation_checkpointing(c.activation_checkpointing);
   return m;
 }
 
 std::vector<nn::UnitSpec> model_layout(const Config& c) {
-  return c.llama_family() ? nn::Llama::layout(c.llama) : nn::GPT::layout(c.model);
+  return c.arch().layout(c.model, c.llama);
 }
 
 size_t parse_bytes(const json& value, const std::string& what) {

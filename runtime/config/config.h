@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nn/arch.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "offload/cpu_adam.h"
@@ -34,11 +35,13 @@ class ConfigError : public std::runtime_error {
 // initialisers equal the table's defaults, checked by test_config.
 struct Config {
   nn::GPTConfig model;           // the dimensions every architecture has
-  std::string model_arch = "gpt2";  // gpt2 | llama | mistral | qwen2 (the last three: nn::Llama)
+  std::string model_arch = "gpt2";  // a family of the registry (nn/arch.h): gpt2, llama, mistral, qwen2, qwen3
   nn::LlamaConfig llama;         // with a Llama-family arch: the whole shape
   std::string init_from;         // a Hugging Face model folder whose weights start the run ("" = none)
   int64_t max_positions = 0;     // llama family: max_position_embeddings (0 = block_size), for export
-  bool llama_family() const { return model_arch != "gpt2"; }
+  // The registry's descriptor of model_arch (checked against it when the file is read).
+  const nn::Arch& arch() const { return nn::arch(model_arch); }
+  bool llama_family() const { return arch().family == nn::ArchFamily::llama; }
   uint64_t model_seed = 1337;
   bool activation_checkpointing = false;
   // Mixed precision: zero.compute is bf16 (bf16.enabled) or f16 (fp16.enabled), else f32.

@@ -14,6 +14,18 @@ using nlohmann::json;
 
 namespace {
 
+// The registry's llama-family names ("llama, mistral, qwen2, qwen3"), and those whose head
+// size is a key of its own, for the messages.
+std::string llama_archs(bool free_head_only = false) {
+  std::string out;
+  for (const nn::Arch& a : nn::architectures()) {
+    if (a.family != nn::ArchFamily::llama || (free_head_only && !a.free_head_dim)) continue;
+    out += (out.empty() ? "" : ", ") + std::string(a.name);
+  }
+  return out;
+}
+std::string free_head_archs() { return llama_archs(true); }
+
 bool given(const json& user, const std::string& path) {
   const json* v = get_path(user, path);
   return v && !v->is_null();
@@ -28,7 +40,9 @@ void size_rule(const Config& c, const std::string& source) {
   const double rows = static_cast<double>(c.model.vocab_size) + static_cast<double>(c.model.positions()) +
                       static_cast<double>(c.model.block_size);
   const double inter = std::max(4 * C, static_cast<double>(c.llama.intermediate));
-  const double params = L * (4 * C * C + 3 * inter * C + 16 * C) + 2 * rows * C + 4 * C;
+  // model.head_dim (qwen3) makes attention's width n_head x head_dim: q, k, v and o at most 4 x that x C.
+  const double heads = static_cast<double>(c.model.n_head) * static_cast<double>(c.llama.head_size);
+  const double params = L * (4 * std::max(C, heads) * C + 3 * inter * C + 16 * C) + 2 * rows * C + 4 * C;
   if (!(params <= 0x1p50)) {
     std::ostringstream n;
     n << params;
@@ -52,8 +66,8 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
   if (c.data.packing == "packed" && c.data.format != "jsonl" && c.data.format != "tokens") {
     fail(source, "data.packing 'packed' packs records: it needs data.format 'jsonl' (or a ferry tokenize folder)");
   }
-  if (c.data.packing == "packed" && !c.llama_family()) {
-    fail(source, "data.packing 'packed' needs rotary positions (model.arch llama, mistral or qwen2): with GPT-2's "
+  if (c.data.packing == "packed" && !c.arch().rotary()) {
+    fail(source, "data.packing 'packed' needs rotary positions (model.arch " + llama_archs() + "): with GPT-2's "
                  "learned positions a packed record would see the positions of its place in the row");
   }
   const bool bytes = c.data.tokenizer == "bytes" || (c.data.tokenizer == "auto" && c.init_from.empty());
@@ -69,7 +83,7 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
   const bool inter_given = !get_path(resolved, "model.intermediate_size")->is_null();
   auto llama_only = [&](const char* key) {
     if (!get_path(resolved, std::string("model.") + key)->is_null()) {
-      fail(source, std::string("model.") + key + " applies to the llama family (llama, mistral, qwen2) only");
+      fail(source, std::string("model.") + key + " applies to the llama family (" + llama_archs() + ") only");
     }
   };
   if (!c.llama_family()) {
@@ -81,6 +95,7 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
     llama_only("rope_scaling.high_freq_factor");
     llama_only("rope_scaling.original_max_position_embeddings");
     llama_only("max_position_embeddings");
+    llama_only("head_dim");
     resolved["model"].erase("rope_theta");
     resolved["model"].erase("norm_eps");
     if (c.model.positions() < c.model.block_size) {
@@ -101,7 +116,11 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
   l.n_embd = c.model.n_embd;
   l.vocab_size = c.model.vocab_size;
   l.block_size = c.model.block_size;
-  l.qkv_bias = c.model_arch == "qwen2";
+  c.arch().apply(l);
+  if (given(resolved, "model.head_dim") && !c.arch().free_head_dim) {
+    fail(source, "model.head_dim applies to model.arch " + free_head_archs() + " only (" + c.model_arch +
+                     "'s head size is n_embd / n_head)");
+  }
   if ((given(resolved, "model.rope_scaling.low_freq_factor") || given(resolved, "model.rope_scaling.high_freq_factor") ||
        given(resolved, "model.rope_scaling.original_max_position_embeddings")) &&
       !(l.rope_factor > 0)) {
@@ -120,7 +139,8 @@ void model_rules(json& resolved, Config& c, const std::string& source) {
   if (l.head_dim() % 2 != 0) {
     fail(
         source,
-        "model.arch 'llama' needs an even head size (n_embd / n_head) for rotary embeddings, got " +
+        "model.arch '" + c.model_arch + "' needs an even head size (n_embd / n_head, or model.head_dim) for rotary "
+        "embeddings, got " +
             std::to_string(l.head_dim()));
   }
   resolved["model"]["n_kv_head"] = l.n_kv_head;

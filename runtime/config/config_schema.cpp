@@ -89,6 +89,18 @@ Binding betas() {
 // A knob the cross-key rules consume (config_rules.cpp) with no field of its own.
 Binding rule_only() { return {}; }
 
+// model.arch's choices and description: the registry's families (nn/arch.h).
+std::vector<std::string> arch_choices() {
+  std::vector<std::string> out;
+  for (const nn::Arch& a : nn::architectures()) out.emplace_back(a.name);
+  return out;
+}
+std::string arch_description() {
+  std::string out;
+  for (const nn::Arch& a : nn::architectures()) out += (out.empty() ? "" : "; ") + std::string(a.summary);
+  return out;
+}
+
 }  // namespace
 
 const std::vector<Knob>& config_knobs() {
@@ -197,11 +209,7 @@ const std::vector<Knob>& config_knobs() {
        "named shape: sets arch and every dimension the configuration does not set itself; llama-tiny for tests, "
        "llama-1b, llama-8b, llama-70b, llama-405b (the published Llama 3.x shapes), gpt2-small", {}, {}, false,
        {"llama-tiny", "llama-1b", "llama-8b", "llama-70b", "llama-405b", "gpt2-small"}},
-      {"model.arch", F(model_arch), KnobType::string, "gpt2",
-       "gpt2: LayerNorm, learned positions, GELU MLP, biases, tied head; llama: RMSNorm, rotary embeddings, "
-       "grouped-query attention, SwiGLU MLP, no biases, untied head unless tied; mistral: llama's computation "
-       "(Hugging Face's MistralForCausalLM); qwen2: llama with q/k/v biases", {}, {}, false,
-       {"gpt2", "llama", "mistral", "qwen2"}},
+      {"model.arch", F(model_arch), KnobType::string, "gpt2", arch_description(), {}, {}, false, arch_choices()},
       {"model.init_from", F(init_from), KnobType::path, "",
        "a Hugging Face model folder (config.json + *.safetensors): its config.json sets the shape and its "
        "weights start the run, each rank reading only its shards' bytes (docs/finetune.md)"},
@@ -223,6 +231,8 @@ const std::vector<Knob>& config_knobs() {
       {"model.n_head", F(model.n_head), KnobType::integer, 4, "attention heads (n_embd must be a multiple)", 1, {}},
       {"model.n_kv_head", F(llama.n_kv_head), KnobType::integer, nullptr,
        "llama: key/value heads shared by the query heads (n_head a multiple); absent: n_head", 1, {}},
+      {"model.head_dim", F(llama.head_size), KnobType::integer, nullptr,
+       "qwen3: the size of each attention head (Hugging Face's head_dim); absent: n_embd / n_head", 2, {}},
       {"model.n_embd", F(model.n_embd), KnobType::integer, 128, "channels of the residual stream", 1, {}},
       {"model.intermediate_size", F(llama.intermediate), KnobType::integer, nullptr,
        "llama: SwiGLU hidden width; absent: 8/3 n_embd rounded up to a multiple of 64", 1, {}},

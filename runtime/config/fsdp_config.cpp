@@ -404,11 +404,8 @@ json yaml_to_json(const std::string& text, const std::string& source) {
 }
 
 std::string fsdp_block_class(const std::string& model_arch) {
-  if (model_arch == "gpt2") return "GPT2Block";
-  if (model_arch == "llama") return "LlamaDecoderLayer";
-  if (model_arch == "mistral") return "MistralDecoderLayer";
-  if (model_arch == "qwen2") return "Qwen2DecoderLayer";
-  return model_arch;
+  const nn::Arch* a = nn::find_arch(model_arch);
+  return a ? std::string(a->fsdp_block_class) : model_arch;
 }
 
 bool is_fsdp_trainer_string(const std::string& arg) {

@@ -60,7 +60,7 @@ FsdpImport translate_fsdp(const nlohmann::json& doc, const std::string& source);
 nlohmann::json yaml_to_json(const std::string& text, const std::string& source);
 
 // The Hugging Face class of a transformer block of `model_arch` (gpt2 -> GPT2Block,
-// llama -> LlamaDecoderLayer, mistral -> MistralDecoderLayer, qwen2 -> Qwen2DecoderLayer).
+// llama -> LlamaDecoderLayer, ...: the registry's fsdp_block_class, nn/arch.h).
 std::string fsdp_block_class(const std::string& model_arch);
 
 }  // namespace ferry::runtime

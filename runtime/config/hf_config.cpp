@@ -73,9 +73,9 @@ void gpt2_keys(const json& hf, const std::string& path, HfModelConfig& out) {
   only(hf, "tie_word_embeddings", {true}, path, "GPT-2's head is its token embedding");
 }
 
-void llama_keys(const json& hf, const std::string& path, const std::string& arch, HfModelConfig& out) {
+void llama_keys(const json& hf, const std::string& path, const nn::Arch& arch, HfModelConfig& out) {
   json& k = out.keys;
-  k["arch"] = arch;
+  k["arch"] = std::string(arch.name);
   k["n_layer"] = positive(hf, "num_hidden_layers", path);
   k["n_head"] = positive(hf, "num_attention_heads", path);
   k["n_embd"] = positive(hf, "hidden_size", path);
@@ -87,7 +87,12 @@ void llama_keys(const json& hf, const std::string& path, const std::string& arch
   k["max_position_embeddings"] = out.max_positions;
   const int64_t C = k["n_embd"].get<int64_t>(), NH = k["n_head"].get<int64_t>();
   if (C % NH != 0) refuse(path, "hidden_size " + std::to_string(C) + " is not a multiple of num_attention_heads " + std::to_string(NH));
-  only(hf, "head_dim", {json(C / NH)}, path, "the head size is hidden_size / num_attention_heads = " + std::to_string(C / NH));
+  if (arch.free_head_dim && opt(hf, "head_dim")) {
+    k["head_dim"] = positive(hf, "head_dim", path);
+    if (k["head_dim"].get<int64_t>() == C / NH) k.erase("head_dim");  // the default: resolved as before
+  } else {
+    only(hf, "head_dim", {json(C / NH)}, path, "the head size is hidden_size / num_attention_heads = " + std::to_string(C / NH));
+  }
   only(hf, "hidden_act", {"silu"}, path, "the MLP is SwiGLU");
   only(hf, "mlp_bias", {false}, path, "the MLP has no biases");
   only(hf, "attention_bias", {false}, path, "Llama's attention has no biases (Qwen2's q/k/v biases are Qwen2ForCausalLM)");
@@ -120,8 +125,8 @@ void llama_keys(const json& hf, const std::string& path, const std::string& arch
                        "'; ferry computes 'default' and 'llama3'");
     }
   }
-  if (arch == "mistral" || arch == "qwen2") {
-    const bool use = arch == "mistral" || flag(hf, "use_sliding_window", false, path);
+  if (arch.sliding_window != nn::SlidingWindow::none) {
+    const bool use = arch.sliding_window == nn::SlidingWindow::always || flag(hf, "use_sliding_window", false, path);
     if (use && opt(hf, "sliding_window")) {
       const json& w = hf["sliding_window"];
       if (!w.is_number_integer() || w.get<int64_t>() < 1) refuse(path, "key 'sliding_window' must be a positive integer or null");
@@ -133,10 +138,7 @@ void llama_keys(const json& hf, const std::string& path, const std::string& arch
 }  // namespace
 
 std::string hf_architecture(const std::string& arch) {
-  if (arch == "gpt2") return "GPT2LMHeadModel";
-  if (arch == "llama") return "LlamaForCausalLM";
-  if (arch == "mistral") return "MistralForCausalLM";
-  if (arch == "qwen2") return "Qwen2ForCausalLM";
+  if (const nn::Arch* a = nn::find_arch(arch)) return std::string(a->hf_architecture);
   throw ConfigError("model.arch '" + arch + "' has no Hugging Face architecture");
 }
 
@@ -150,18 +152,15 @@ HfModelConfig hf_model_config(const json& hf, const std::string& path) {
   out.architecture = (*archs)[0].get<std::string>();
   if (const json* d = opt(hf, "torch_dtype"); d && d->is_string()) out.dtype = d->get<std::string>();
   if (const json* d = opt(hf, "dtype"); d && d->is_string()) out.dtype = d->get<std::string>();
-  if (out.architecture == "GPT2LMHeadModel") {
+  const nn::Arch* arch = nn::find_hf_arch(out.architecture);
+  if (!arch) {
+    refuse(path, "architecture '" + out.architecture + "' is not supported (ferry loads " +
+                     nn::hf_architecture_names() + ")");
+  }
+  if (arch->family == nn::ArchFamily::gpt2) {
     gpt2_keys(hf, path, out);
-  } else if (out.architecture == "LlamaForCausalLM") {
-    llama_keys(hf, path, "llama", out);
-  } else if (out.architecture == "MistralForCausalLM") {
-    llama_keys(hf, path, "mistral", out);
-  } else if (out.architecture == "Qwen2ForCausalLM") {
-    llama_keys(hf, path, "qwen2", out);
   } else {
-    refuse(path, "architecture '" + out.architecture +
-                     "' is not supported (ferry loads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-                     "Qwen2ForCausalLM)");
+    llama_keys(hf, path, *arch, out);
   }
   return out;
 }
@@ -179,7 +178,8 @@ json hf_config_json(const json& model, const std::string& dtype) {
   const std::string arch = model.at("arch").get<std::string>();
   const int64_t block = model.at("block_size").get<int64_t>();
   json c = {{"architectures", {hf_architecture(arch)}}, {"torch_dtype", dtype}};
-  if (arch == "gpt2") {
+  const nn::Arch& a = nn::arch(arch);
+  if (a.family == nn::ArchFamily::gpt2) {
     const int64_t positions = model.value("n_positions", block);
     c.update({{"model_type", "gpt2"},
               {"n_layer", model.at("n_layer")},
@@ -204,7 +204,7 @@ json hf_config_json(const json& model, const std::string& dtype) {
             {"num_hidden_layers", model.at("n_layer")},
             {"num_attention_heads", NH},
             {"num_key_value_heads", model.at("n_kv_head")},
-            {"head_dim", C / NH},
+            {"head_dim", model.value("head_dim", C / NH)},
             {"intermediate_size", model.at("intermediate_size")},
             {"vocab_size", model.at("vocab_size")},
             {"max_position_embeddings", model.value("max_position_embeddings", block)},
@@ -213,9 +213,7 @@ json hf_config_json(const json& model, const std::string& dtype) {
             {"hidden_act", "silu"},
             {"attention_dropout", 0.0},
             {"tie_word_embeddings", model.value("tie_word_embeddings", false)}});
-  if (arch == "llama") c.update({{"attention_bias", false}, {"mlp_bias", false}});
-  if (arch == "mistral") c["sliding_window"] = nullptr;
-  if (arch == "qwen2") c.update({{"use_sliding_window", false}, {"sliding_window", nullptr}});
+  if (!a.hf_export_keys.empty()) c.update(json::parse(std::string(a.hf_export_keys)));
   if (model.contains("rope_scaling") && model["rope_scaling"].is_object()) {
     json s = model["rope_scaling"];
     s["rope_type"] = "llama3";

@@ -1,15 +1,17 @@
 // Hugging Face model folders' config.json, translated to ferry's model.* keys and back.
 //
-// Reading (model.init_from): the architectures ferry computes are GPT2LMHeadModel,
-// LlamaForCausalLM (Llama 2 and 3.x, rope_scaling "llama3" or none), MistralForCausalLM
-// and Qwen2ForCausalLM (q/k/v biases), tied or untied. Both spellings that transformers
+// Reading (model.init_from): the architectures ferry computes are the registry's (nn/arch.h):
+// GPT2LMHeadModel, LlamaForCausalLM (Llama 2 and 3.x, rope_scaling "llama3" or none),
+// MistralForCausalLM, Qwen2ForCausalLM (q/k/v biases) and Qwen3ForCausalLM (q/k norms, its
+// own head_dim), tied or untied. Both spellings that transformers
 // versions wrote are read: rope_theta/rope_scaling and torch_dtype (4.x), rope_parameters
 // and dtype (5.x). Anything that would change the computation and that ferry does not do
 // (another architecture or activation, attention or MLP biases Llama does not have, a
-// head_dim other than hidden_size / num_attention_heads, another rope type, a LayerNorm
-// epsilon other than 1e-5 for GPT-2) is refused by name: ConfigError naming the file and
-// the key. Mistral's and Qwen2's sliding window is returned as "sliding_window" so that the
-// rules can refuse it once the block size is known (it changes attention only beyond it).
+// head_dim other than hidden_size / num_attention_heads where the family has none of its
+// own, another rope type, a LayerNorm epsilon other than 1e-5 for GPT-2) is refused by
+// name: ConfigError naming the file and the key. A sliding window (Mistral's; Qwen's with
+// use_sliding_window) is returned as "sliding_window" so that the rules can refuse it once
+// the block size is known (it changes attention only beyond it).
 //
 // Writing (ferry export --hf): the config.json transformers' AutoConfig reads for the model
 // a run trained, in the 4.x spelling, which 5.x still reads.

@@ -145,7 +145,9 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
   rep.files = nfiles;
   // config.json: the source's, with ferry's shape keys written over it, or ferry's alone.
   const fs::path carried = fs::path(rep.checkpoint) / "hf";
-  json config = hf_config_json(model, torch_dtype(dtype));
+  json shape = model;  // the head size from the layout where the manifest has none (Qwen3's own head_dim)
+  if (hfl.head_dim > 0 && !shape.contains("head_dim")) shape["head_dim"] = hfl.head_dim;
+  json config = hf_config_json(shape, torch_dtype(dtype));
   if (fs::exists(carried / "config.json")) {
     json source = read_json(carried / "config.json");
     source.erase("rope_parameters");  // 5.x spelling: the 4.x keys below say the same

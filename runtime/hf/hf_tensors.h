@@ -8,6 +8,7 @@
 //   Llama:   "layers.0.attention.wqkv.weight" [(NH+2KVH)hd, C] <- q_proj | k_proj | v_proj
 //            "layers.0.feed_forward.w_gate_up.weight" [2I, C] <- gate_proj | up_proj
 //   Qwen2:   "layers.0.attention.bqkv.bias" <- q_proj.bias | k_proj.bias | v_proj.bias
+// The names are the registry's (nn/arch.h, Arch::hf_tensors): this file only applies them.
 // Hugging Face's Llama and ferry's both rotate halves (rotate_half), so q and k need no
 // permutation (../shared/HF-NOTES.md).
 // Threads: pure functions.
@@ -48,11 +49,12 @@ struct HfLayout {
   std::vector<std::string> spellings(const std::string& hf_name) const;
   bool tied = false;
   std::string arch;
+  int64_t head_dim = 0;  // the llama family's head size, read off the layout's wqkv (0 for gpt2)
 };
 
 // `model` holds the resolved model.* keys (Config::resolved["model"] or a checkpoint
 // manifest's "model"); `layout` is the model's unit layout. Throws std::runtime_error for
-// an arch without a Hugging Face form.
+// an arch without a Hugging Face form or a tensor the registry's table does not name.
 HfLayout hf_layout(const nlohmann::json& model, const std::vector<nn::UnitSpec>& layout);
 
 }  // namespace ferry::runtime

@@ -31,8 +31,7 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   const offload::Tier par = stage == 3 ? c.offload.param_device : offload::Tier::device;
   TimePlan t;
   const double tokens = static_cast<double>(c.micro_batch * c.grad_accum * c.model.block_size);  // per rank
-  const double flops = c.llama_family() ? nn::Llama::flops_per_token(c.llama, c.model.block_size)
-                                              : nn::GPT::flops_per_token(c.model, c.model.block_size);
+  const double flops = c.arch().flops_per_token(c.model, c.llama, c.model.block_size);
   t.compute_s = flops * tokens / r.flops;
   // Whole-buffer collectives of the fp32 model (4P bytes each), the unit ferry bench comm's
   // rate is measured in; an all-reduce counts as two (reduce-scatter + all-gather).
