@@ -196,3 +196,58 @@ BOOST_AUTO_TEST_CASE(llama_variants_and_ignored_targets) {
     BOOST_TEST_MESSAGE(model->describe() << ": worst relative error " << worst);
   }
 }
+
+// Qwen3's block (nn/arch.h "qwen3"): an RMSNorm on each query and key head before the
+// rotation (nn/qk_norm.h, composed of gathers and the rmsnorm kernel over rows of head_dim)
+// and a head size of its own (4, where n_embd / n_head is 6: wqkv [(2+2)*4, 12], wo [12, 8]).
+// Every tensor, q_norm and k_norm included, against central differences, with activation
+// checkpointing off and on (the recomputed forward gives the same gradients).
+BOOST_AUTO_TEST_CASE(qwen3_head_norms_and_own_head_size) {
+  nn::CpuDevice dev(1 << 28);
+  nn::LlamaConfig cfg;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.n_kv_head = 1;
+  cfg.n_embd = 12;
+  cfg.head_size = 4;
+  cfg.intermediate = 10;
+  cfg.vocab_size = 11;
+  cfg.block_size = 7;
+  cfg.qk_norm = true;
+  cfg.tie_embeddings = true;
+  cfg.norm_eps = 1e-6;
+  nn::Llama model(cfg, dev, DType::f64);
+  BOOST_TEST(model.units()[1].tensors.at(2).name == "layers.0.attention.q_norm.weight");
+  BOOST_TEST(model.units()[1].tensors.at(4).shape == (nn::Shape{12, 8}), "wo is [n_embd, n_head * head_size]");
+  nn::ResidentUnits units(dev, DType::f64, model.units());
+  for (int u = 0; u < model.num_units(); ++u) model.init_unit(u, units.weights[static_cast<size_t>(u)], 7);
+  for (Tensor& w : units.weights) dev.accumulate(w, test::random_tensor(dev, DType::f64, w.shape(), 93, 0.3));
+  const int64_t B = 2, T = 5;
+  Tensor tokens = Tensor::empty(dev, DType::i32, {B * T}), targets = Tensor::empty(dev, DType::i32, {B * T});
+  nn::Rng rng(9);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+    targets.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+  }
+  auto loss = [&] { return model.forward(units, tokens, targets, B, T); };
+  units.zero_grads();
+  loss();
+  model.backward(units);
+  const double worst = check_every_tensor(model, units, loss);
+  BOOST_TEST_MESSAGE(model.describe() << ": worst relative error " << worst);
+  std::vector<std::vector<double>> plain;
+  for (const Tensor& g : units.grads) plain.emplace_back(g.data_as<double>(), g.data_as<double>() + g.numel());
+  // The q/k norm weights carry gradient (a composition that dropped it would pass with zeros).
+  const nn::TensorSpec& qn = model.units()[1].tensors.at(2);
+  double qn_grad = 0;
+  for (int64_t i = 0; i < qn.numel(); ++i) qn_grad += std::abs(plain[1][static_cast<size_t>(qn.offset + i)]);
+  BOOST_TEST(qn_grad > 1e-3);
+  units.zero_grads();
+  model.set_activation_checkpointing(true);
+  loss();
+  model.backward(units);
+  for (size_t u = 0; u < units.grads.size(); ++u) {
+    const std::vector<double> ck(units.grads[u].data_as<double>(), units.grads[u].data_as<double>() + units.grads[u].numel());
+    BOOST_TEST(ck == plain[u], boost::test_tools::per_element());
+  }
+}

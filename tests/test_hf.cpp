@@ -2,7 +2,7 @@
 // fixtures in tests/data/hf/ that transformers made (scripts/hf_fixtures/make_fixtures.py):
 // - ferry's forward on the imported weights gives the logits and loss transformers computed,
 //   for GPT-2, Llama 3 (llama3 rope scaling, sharded files), a tied bf16 Llama, Mistral,
-//   and Qwen2 tied (fp16 file) and untied;
+//   Qwen2 tied (fp16 file) and untied, and Qwen3 (q/k norms, head_dim 16 beside hidden 60 / 5 heads);
 // - import -> checkpoint of step 0 -> export reproduces every tensor bit for bit (fp32, and
 //   bf16 from a bf16 folder), with the tokenizer files carried along;
 // - loading at 1, 2 and 3 ranks, stages 0-3, parameters on the device, cpu or nvme, gives
@@ -36,7 +36,7 @@ using ferry::test::error_of;
 namespace {
 
 const std::string kData = std::string(FERRY_SOURCE_DIR) + "/tests/data/hf/";
-const char* const kModels[] = {"gpt2", "llama3", "llama-tied-bf16", "mistral", "qwen2", "qwen2-untied"};
+const char* const kModels[] = {"gpt2", "llama3", "llama-tied-bf16", "mistral", "qwen2", "qwen2-untied", "qwen3"};
 
 json doc(const std::string& folder, int64_t steps = 0) {
   return {{"model", {{"init_from", folder}, {"block_size", 16}}},
@@ -417,6 +417,15 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_compute_is_refused_by_name) {
     BOOST_TEST(a == b);
     BOOST_TEST(a.at("rope_scaling").at("factor") == 8.0);
   }
+  // Qwen3: its head_dim is read (16 where hidden / heads is 12); q/k/v biases are not Qwen3's
+  // computation; a window it uses is refused as Qwen2's.
+  BOOST_TEST(config(doc(kData + "qwen3")).resolved.at("model").at("head_dim") == 16);
+  BOOST_TEST(config(doc(kData + "qwen3")).llama.qk_norm);
+  names(refused_config(broken("qwen3_bias", "qwen3", edit_config({{"attention_bias", true}}))),
+        {"qwen3_bias/config.json", "attention_bias"});
+  names(refused_config(broken("qwen3_window", "qwen3", edit_config({{"sliding_window", 8}, {"use_sliding_window", true}}))),
+        {"qwen3_window/config.json", "sliding_window 8"});
+  names(refused_config(broken("qwen3_odd", "qwen3", edit_config({{"head_dim", 7}}))), {"even head size"});
   // A Qwen2 window the config does not use is no refusal.
   BOOST_CHECK_NO_THROW(config(doc(broken("qwen_window", "qwen2", edit_config({{"sliding_window", 8}, {"use_sliding_window", false}})))));
   // Weights: a missing tensor, an extra one, a wrong shape (rewritten files).

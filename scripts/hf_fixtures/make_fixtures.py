@@ -38,6 +38,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,6 +248,18 @@ SPECS = [
         save_dtype=torch.float32,
         shard=None,
         seed=1006,
+    ),
+    # Qwen3: per-head RMSNorm of q and k before RoPE, no q/k/v biases, and a head size (16)
+    # that is not hidden_size / num_attention_heads (12), as Qwen3-0.6B's 128 is not 1024/16.
+    dict(
+        name="qwen3",
+        model_cls=Qwen3ForCausalLM,
+        config=lambda: Qwen3Config(
+            **llama_like(num_key_value_heads=1, head_dim=16, tie_word_embeddings=True, rope_theta=1000000.0)
+        ),
+        save_dtype=torch.float32,
+        shard=None,
+        seed=1007,
     ),
 ]
 
@@ -527,7 +541,7 @@ def write_readme(out, report):
                 "rope_theta": cfg.get("rope_theta")}
             kv = cfg["num_key_value_heads"]
             shape = (f"3 layers, 5 heads, {kv} KV head{'s' if kv > 1 else ''} "
-                     f"({'MHA' if kv == 5 else 'GQA'}), hidden 60, head_dim 12, intermediate 88, "
+                     f"({'MHA' if kv == 5 else 'GQA'}), hidden 60, head_dim {cfg.get('head_dim') or 12}, intermediate 88, "
                      f"SiLU gated MLP, RMSNorm eps 1e-5")
             rtype = rp.get("rope_type", "default")
             rope = f"; RoPE theta {rp['rope_theta']:g}"
@@ -543,6 +557,10 @@ def write_readme(out, report):
                          f" is {json.dumps(cfg.get('use_sliding_window'))}, `sliding_window` "
                          f"{json.dumps(cfg.get('sliding_window'))}, and `layer_types` lists "
                          f"{len(cfg.get('layer_types') or [])} \"full_attention\" layers")
+            if arch.startswith("Qwen3"):
+                rope += ("; q_norm and k_norm (RMSNorm over each head's 16 values) before RoPE, no"
+                         f" q/k/v biases (`attention_bias` {json.dumps(cfg.get('attention_bias'))}),"
+                         f" `use_sliding_window` {json.dumps(cfg.get('use_sliding_window'))}")
             if arch.startswith("Mistral"):
                 rope += f"; `sliding_window` is {json.dumps(cfg.get('sliding_window'))}"
         dt = dtype_name(spec["save_dtype"])
