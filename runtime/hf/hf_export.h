@@ -1,6 +1,6 @@
 // ferry export --hf: a checkpoint as a Hugging Face model folder that transformers'
 // AutoModelForCausalLM.from_pretrained loads with no conversion: config.json for the
-// architecture (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM),
+// architecture (the registry's Hugging Face class, nn/arch.h: GPT2LMHeadModel ... Qwen3ForCausalLM),
 // Hugging Face's tensor names and layouts (q/k/v and gate/up split, GPT-2's Conv1D weights
 // transposed), model.safetensors or shards of at most max_shard_bytes with
 // model.safetensors.index.json, in fp32, bf16 or fp16, and every tokenizer, chat-template
