@@ -17,12 +17,14 @@
 //    rank 0 of the shard group, a pool and nvme storage that only count; no worker, no log
 //    line, nothing initialised.
 //
-// Order of construction (the members are declared, and destroyed in reverse, in it):
-// devices -> the world's splits -> the model -> `hooks.model_ready` -> pinned pool ->
+// Order of construction: (run: the world's size against config.world_size) devices -> the
+// world's splits -> the model -> `hooks.model_ready` -> pinned pool ->
 // placement -> NCCL (it starts before the GPU's slab is carved, so the slab sees what NCCL
 // took) -> ShardedUnits (each unit's initial weights through `hooks.init_unit`) -> hpZ node
 // and replica communicators -> OptimizerState (fp32 masters through `hooks.init_unit` on
-// the host, one unit at a time) -> UpdateWorker. The worker is destroyed first: its queued
+// the host, one unit at a time) -> UpdateWorker. Members are declared so that each goes
+// before what it uses (the hpZ and replica communicators outlive the units that hold
+// them, built after them though they are). The worker is destroyed first: its queued
 // jobs finish while what they use still exists; an owner whose jobs use its own members
 // calls finish_updates() before those go (Trainer's destructor does).
 //
