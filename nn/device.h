@@ -1,219 +1,39 @@
 // Device: where tensors live and where the model's ops run.
 //
-// One interface for every backend (the CPU device here; a CUDA device later). It is
-// drawn small on purpose: memory against a byte budget, copies, GEMM, and the kernels the
-// models use, forward and backward. Every op of every device is checked against the CPU
-// device, which is the oracle.
-//
-// Contracts, for every implementation:
-// - Memory: allocate() never exceeds capacity(); past it, it throws OutOfDeviceMemory
-//   naming the bytes asked for, the bytes in use and the cap. Nothing is allocated lazily.
-// - Ordering: ops issued from one host thread execute in issue order. synchronize()
-//   returns when all of them have finished (a no-op on the CPU device, whose ops are
-//   synchronous). Tensors passed to an op must stay alive until the op has finished.
-// - Threads: one host thread issues ops to a device at a time; memory accounting
-//   (allocate/deallocate/memory) is thread safe.
-// - Shapes: row-major and contiguous. Shape and dtype mismatches are programmer errors
-//   and throw std::invalid_argument with both shapes.
-// - Accumulation: ops named *_backward ADD into their gradient outputs (dinp, dweight,
-//   dbias...), so gradients accumulate over micro-batches and over the branches of a
-//   residual; callers zero them when a new accumulation starts.
+// One interface for every backend (the CPU device, the CUDA device, the counting device of
+// `ferry plan`), composed of two halves with their own contracts:
+// - DeviceMemory (nn/device_memory.h): memory against a byte budget, copies, the offload
+//   path's transfers, ordering and the device clock;
+// - DeviceOps (nn/device_ops.h): numeric conversion, GEMM, the kernels the models use,
+//   forward and backward, and AdamW.
+// Device adds what names the device. The halves are virtual bases, so an implementation
+// may take one half from a class of its own: CountingDevice counts memory and takes its
+// ops from ShapeOnlyOps (nn/shape_only_ops.h), which only checks shapes. Every op of every
+// device is checked against the CPU device, which is the oracle.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <stdexcept>
 #include <string>
 
-#include "base/trace.h"
-#include "nn/adamw_formula.h"
-#include "nn/rope.h"
-#include "nn/tensor.h"
+#include "nn/device_memory.h"
+#include "nn/device_ops.h"
 
 namespace ferry::nn {
 
 enum class DeviceKind { cpu, cuda };
 
-struct MemoryStats {
-  size_t in_use = 0;    // bytes currently allocated
-  size_t peak = 0;      // high-water mark since construction or reset_peak()
-  size_t capacity = 0;  // the budget
-};
-
-class OutOfDeviceMemory : public std::runtime_error {
+class Device : public virtual DeviceMemory, public virtual DeviceOps {
  public:
-  OutOfDeviceMemory(const std::string& device, size_t requested, size_t in_use, size_t capacity);
-  size_t requested, in_use, capacity;
-};
-
-std::string format_bytes(size_t bytes);  // "1.50 GiB (1610612736 bytes)"
-
-// An asynchronous copy between a device and host memory (Device::upload/download).
-// done() polls without blocking; wait() blocks. Either may be called from any one thread
-// at a time. A transfer that failed throws from done()/wait() naming the copy.
-class Transfer {
- public:
-  virtual ~Transfer() = default;
-  // Finished: the host may read the memory the copy wrote and reuse what it read.
-  virtual bool done() = 0;
-  virtual void wait() = 0;
-  // When the copy ran, on the device's clock (Device::clock; null marks on devices without one).
-  struct Span {
-    DeviceClock::Mark begin, end;
-  };
-  virtual Span span() const { return {}; }
-};
-using TransferPtr = std::shared_ptr<Transfer>;
-
-// A transfer that completed before it was handed out (devices that copy synchronously).
-class CompletedTransfer final : public Transfer {
- public:
-  bool done() override { return true; }
-  void wait() override {}
-};
-
-// Bytes copied between host memory and a device since it was made, by direction: every
-// copy of every kind (the PCIe traffic on a GPU). Host-accessible devices move nothing.
-struct TransferBytes {
-  uint64_t to_device = 0, to_host = 0;
-};
-
-class Device {
- public:
-  virtual ~Device() = default;
+  ~Device() override = default;
   virtual DeviceKind kind() const = 0;
   virtual std::string name() const = 0;
   // True when tensor data pointers may be dereferenced by host code (CPU device).
   virtual bool host_accessible() const = 0;
 
-  // ---- memory --------------------------------------------------------------------------
-  virtual void* allocate(size_t bytes) = 0;
-  virtual void deallocate(void* ptr, size_t bytes) noexcept = 0;
-  virtual MemoryStats memory() const = 0;
-  virtual void reset_peak() = 0;
-
-  // ---- copies ---------------------------------------------------------------------------
-  virtual void copy_from_host(const Tensor& dst, const void* src) = 0;  // dst.nbytes() bytes
-  // The same, for a `dst` allocated since the last op that could use its memory (a tensor
-  // just made to receive these bytes): a device with queues may then start the copy
-  // without waiting for the queued ops that do not touch it (the CUDA device overlaps it
-  // with them). Returns, like copy_from_host, once `src` may be reused.
-  virtual void copy_into_new(const Tensor& dst, const void* src) { copy_from_host(dst, src); }
-  virtual void copy_to_host(void* dst, const Tensor& src) = 0;          // src.nbytes() bytes
-  // The tiered offload path's copies (ZeRO-Infinity's shards over PCIe), which return at
-  // once on a device with copy queues and never make the host wait:
-  // upload: dst (allocated as for copy_into_new) <- src; every op issued after this call
-  // sees dst's data. `src` must stay unchanged until the transfer is done; it overlaps
-  // only from page-locked memory (pageable memory is staged by the call).
-  virtual TransferPtr upload(const Tensor& dst, const void* src) {
-    copy_from_host(dst, src);
-    return std::make_shared<CompletedTransfer>();
-  }
-  // download: dst (host memory, src.nbytes() bytes) <- src, after every op issued before
-  // this call, or, when `after` is given (a device marker: a collective's
-  // comm::Work::device_marker), after that marker only. The host must neither read nor
-  // write dst, and src must stay allocated, until the transfer is done.
-  virtual TransferPtr download(void* dst, const Tensor& src, const std::shared_ptr<void>& after = nullptr) {
-    (void)after;
-    copy_to_host(dst, src);
-    return std::make_shared<CompletedTransfer>();
-  }
-  virtual TransferBytes transfer_bytes() const { return {}; }
-  virtual void copy(const Tensor& dst, const Tensor& src) = 0;          // same dtype and numel
-  virtual void cast(const Tensor& dst, const Tensor& src) = 0;          // numeric conversion
-  virtual void fill(const Tensor& dst, double value) = 0;
-  virtual void synchronize() = 0;
-
-  // ---- math -----------------------------------------------------------------------------
-  // c[M,N] = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x. 2-D tensors.
-  virtual void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
-                    bool trans_b, double alpha, double beta) = 0;
-  virtual void add_bias(const Tensor& out, const Tensor& bias) = 0;       // out[N,C] += bias[C]
-  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;  // dbias += sum_n dout
-  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
-  virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;           // dst += src
-  virtual double sum_squares(const Tensor& x) = 0;  // in double, for gradient norms
-  // The same into `out` (f64 [1] on this device) without reading it back: a device queues
-  // it and the caller reads many at once (review F7). Default: sum_squares, then a copy.
-  virtual void sum_squares_to(const Tensor& x, const Tensor& out) {
+  // DeviceOps::sum_squares_to's default, which needs both halves: sum_squares, then a copy.
+  void sum_squares_to(const Tensor& x, const Tensor& out) override {
     const double v = sum_squares(x);
     copy_from_host(out, &v);
   }
-  // Throws the first error a queued op recorded on the device (a token outside the
-  // vocabulary, a target outside the logits) that has not been thrown yet. Devices that
-  // check at once have nothing pending. Host reads and synchronize() check too.
-  virtual void check_errors() {}
-  // The device's clock for traces (base/trace.h), and a mark recorded now in its compute
-  // queue. Host devices have none: their work is done when a call returns, so host-clock
-  // spans are device time. A GPU's spans must be timed with these (review F6).
-  virtual DeviceClock* clock() { return nullptr; }
-  virtual DeviceClock::Mark mark() { return nullptr; }
-  virtual void scale(const Tensor& x, double factor) = 0;
-
-  // ---- model kernels (shapes: B batch, T time, C channels, V vocab, NH heads) -----------
-  // out[B*T,C] = wte[tokens] + wpe[t]; tokens i32[B*T].
-  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
-                                 const Tensor& wpe, int64_t T) = 0;
-  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
-                                  const Tensor& tokens, int64_t T) = 0;
-  // LayerNorm over the last dim of inp[N,C]; mean/rstd [N] are saved for backward.
-  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
-                                 const Tensor& inp, const Tensor& weight, const Tensor& bias) = 0;
-  virtual void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
-                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
-                                  const Tensor& mean, const Tensor& rstd) = 0;
-  // Causal self-attention in memory linear in T (FlashAttention-2's algorithm: scores
-  // are made tile by tile with an online softmax and never stored). qkv[B,T,(NH+2KVH)*hs]
-  // holds q (n_head heads), then k and v (n_kv_head heads each; 0 = n_head: GPT-2's q|k|v
-  // of C each); query head h uses key/value head h / (n_head / n_kv_head) (grouped-query
-  // attention). out[B,T,C], C = NH * hs. lse[B,NH,T] (the statistics dtype: f32, f64 for
-  // f64 models) receives each query row's log-sum-exp of its scaled scores, all that
-  // backward needs beside q, k, v and out.
-  // doc_start (optional, i32 [B*T]): packed documents; position t of row b attends only to
-  // positions [doc_start[b*T+t], t] (its own document's prefix), 0 <= doc_start <= t
-  // (FlashAttention's cu_seqlens, one start per position). Backward takes the same tensor.
-  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                                 int64_t n_head, int64_t n_kv_head = 0, const Tensor& doc_start = Tensor{}) = 0;
-  // dqkv += the gradient of out (dout) through attention, recomputing the probabilities
-  // tile by tile from q, k and lse; out is forward's output (for rowsum(dout * out)).
-  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                                  const Tensor& lse, int64_t n_head, int64_t n_kv_head = 0,
-                                  const Tensor& doc_start = Tensor{}) = 0;
-  // RMSNorm over the last dim of inp[N,C] (Llama); rstd [N] is saved for backward.
-  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
-                               double eps) = 0;
-  virtual void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
-                                const Tensor& weight, const Tensor& rstd) = 0;
-  // SwiGLU: gate_up[N,2H] holds gate | up; out[N,H] = silu(gate) * up.
-  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
-  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) = 0;
-  // Rotary position embeddings on the first heads*head_dim columns of x[B*T, width]
-  // (position = row % T, frequencies Rope::inv_freq), the halves of each head rotated together (Hugging
-  // Face's Llama); later columns pass through. out may be inp. rope_backward adds the
-  // transposed map of dout into dinp (inverse rotation; identity past the rotated heads).
-  virtual void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
-                            const Rope& rope) = 0;
-  virtual void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
-                             const Rope& rope) = 0;
-  // GELU, tanh approximation (GPT-2).
-  virtual void gelu_forward(const Tensor& out, const Tensor& inp) = 0;
-  virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
-  // probs[N,V] = softmax(logits); losses[N] = -log probs[target]. targets i32[N]; a target of
-  // kIgnoreTarget (-1: a prompt or padding position) gives loss 0 and no gradient.
-  virtual void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
-                                             const Tensor& logits, const Tensor& targets) = 0;
-  // dlogits += dloss * (probs - onehot(target)), the same dloss for every row; ignored rows
-  // are left as they are.
-  virtual void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
-                                              const Tensor& targets, double dloss) = 0;
-
-  // ---- optimizer ---------------------------------------------------------------------------
-  // One AdamW step in place over f32 param, m, v from f32 grad, all of one numel
-  // (nn/adamw_formula.h: the formula offload/cpu_adam.h computes on host shards). For runs
-  // whose optimizer states stay on the device.
-  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
-                     const AdamWStep& step) = 0;
 };
 
 }  // namespace ferry::nn

@@ -1,0 +1,110 @@
+// DeviceOps: the half of a Device (nn/device.h) that computes: numeric conversion and
+// fill, GEMM, and the kernels the models use, forward and backward, and AdamW. The other
+// half, memory, copies and ordering, is nn/device_memory.h. Every op of every device is
+// checked against the CPU device, which is the oracle (tests/test_backend_ops.cpp).
+//
+// Contracts, for every implementation (ordering and lifetimes: nn/device_memory.h):
+// - Shapes: row-major and contiguous. Shape and dtype mismatches are programmer errors
+//   and throw std::invalid_argument with both shapes.
+// - Accumulation: ops named *_backward ADD into their gradient outputs (dinp, dweight,
+//   dbias...), so gradients accumulate over micro-batches and over the branches of a
+//   residual; callers zero them when a new accumulation starts.
+#pragma once
+
+#include <cstdint>
+
+#include "nn/adamw_formula.h"
+#include "nn/rope.h"
+#include "nn/tensor.h"
+
+namespace ferry::nn {
+
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+
+  // ---- conversions ----------------------------------------------------------------------
+  virtual void cast(const Tensor& dst, const Tensor& src) = 0;  // numeric conversion, same numel
+  virtual void fill(const Tensor& dst, double value) = 0;
+
+  // ---- math -----------------------------------------------------------------------------
+  // c[M,N] = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x. 2-D tensors.
+  virtual void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
+                    bool trans_b, double alpha, double beta) = 0;
+  virtual void add_bias(const Tensor& out, const Tensor& bias) = 0;       // out[N,C] += bias[C]
+  virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;  // dbias += sum_n dout
+  virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b
+  virtual void accumulate(const Tensor& dst, const Tensor& src) = 0;           // dst += src
+  virtual double sum_squares(const Tensor& x) = 0;  // in double, for gradient norms
+  // The same into `out` (f64 [1] on this device) without reading it back: a device queues
+  // it and the caller reads many at once (review F7). Device gives the default (sum_squares,
+  // then a copy).
+  virtual void sum_squares_to(const Tensor& x, const Tensor& out) = 0;
+  virtual void scale(const Tensor& x, double factor) = 0;
+
+  // ---- model kernels (shapes: B batch, T time, C channels, V vocab, NH heads) -----------
+  // out[B*T,C] = wte[tokens] + wpe[t]; tokens i32[B*T].
+  virtual void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
+                                 const Tensor& wpe, int64_t T) = 0;
+  virtual void embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout,
+                                  const Tensor& tokens, int64_t T) = 0;
+  // LayerNorm over the last dim of inp[N,C]; mean/rstd [N] are saved for backward.
+  virtual void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                 const Tensor& inp, const Tensor& weight, const Tensor& bias) = 0;
+  virtual void layernorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dbias,
+                                  const Tensor& dout, const Tensor& inp, const Tensor& weight,
+                                  const Tensor& mean, const Tensor& rstd) = 0;
+  // Causal self-attention in memory linear in T (FlashAttention-2's algorithm: scores
+  // are made tile by tile with an online softmax and never stored). qkv[B,T,(NH+2KVH)*hs]
+  // holds q (n_head heads), then k and v (n_kv_head heads each; 0 = n_head: GPT-2's q|k|v
+  // of C each); query head h uses key/value head h / (n_head / n_kv_head) (grouped-query
+  // attention). out[B,T,C], C = NH * hs. lse[B,NH,T] (the statistics dtype: f32, f64 for
+  // f64 models) receives each query row's log-sum-exp of its scaled scores, all that
+  // backward needs beside q, k, v and out.
+  // doc_start (optional, i32 [B*T]): packed documents; position t of row b attends only to
+  // positions [doc_start[b*T+t], t] (its own document's prefix), 0 <= doc_start <= t
+  // (FlashAttention's cu_seqlens, one start per position). Backward takes the same tensor.
+  virtual void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                                 int64_t n_head, int64_t n_kv_head = 0, const Tensor& doc_start = Tensor{}) = 0;
+  // dqkv += the gradient of out (dout) through attention, recomputing the probabilities
+  // tile by tile from q, k and lse; out is forward's output (for rowsum(dout * out)).
+  virtual void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                  const Tensor& lse, int64_t n_head, int64_t n_kv_head = 0,
+                                  const Tensor& doc_start = Tensor{}) = 0;
+  // RMSNorm over the last dim of inp[N,C] (Llama); rstd [N] is saved for backward.
+  virtual void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& inp, const Tensor& weight,
+                               double eps) = 0;
+  virtual void rmsnorm_backward(const Tensor& dinp, const Tensor& dweight, const Tensor& dout, const Tensor& inp,
+                                const Tensor& weight, const Tensor& rstd) = 0;
+  // SwiGLU: gate_up[N,2H] holds gate | up; out[N,H] = silu(gate) * up.
+  virtual void swiglu_forward(const Tensor& out, const Tensor& gate_up) = 0;
+  virtual void swiglu_backward(const Tensor& dgate_up, const Tensor& gate_up, const Tensor& dout) = 0;
+  // Rotary position embeddings on the first heads*head_dim columns of x[B*T, width]
+  // (position = row % T, frequencies Rope::inv_freq), the halves of each head rotated together (Hugging
+  // Face's Llama); later columns pass through. out may be inp. rope_backward adds the
+  // transposed map of dout into dinp (inverse rotation; identity past the rotated heads).
+  virtual void rope_forward(const Tensor& out, const Tensor& inp, int64_t T, int64_t heads, int64_t head_dim,
+                            const Rope& rope) = 0;
+  virtual void rope_backward(const Tensor& dinp, const Tensor& dout, int64_t T, int64_t heads, int64_t head_dim,
+                             const Rope& rope) = 0;
+  // GELU, tanh approximation (GPT-2).
+  virtual void gelu_forward(const Tensor& out, const Tensor& inp) = 0;
+  virtual void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) = 0;
+  // probs[N,V] = softmax(logits); losses[N] = -log probs[target]. targets i32[N]; a target of
+  // kIgnoreTarget (-1: a prompt or padding position) gives loss 0 and no gradient.
+  virtual void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs,
+                                             const Tensor& logits, const Tensor& targets) = 0;
+  // dlogits += dloss * (probs - onehot(target)), the same dloss for every row; ignored rows
+  // are left as they are.
+  virtual void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
+                                              const Tensor& targets, double dloss) = 0;
+
+  // ---- optimizer ---------------------------------------------------------------------------
+  // One AdamW step in place over f32 param, m, v from f32 grad, all of one numel
+  // (nn/adamw_formula.h: the formula offload/cpu_adam.h computes on host shards). For runs
+  // whose optimizer states stay on the device.
+  virtual void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                     const AdamWStep& step) = 0;
+};
+
+}  // namespace ferry::nn
