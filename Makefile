@@ -5,8 +5,10 @@
 #   make test-tsan  build with ThreadSanitizer, run the tests that start threads (not part of make test)
 #   make bench   run the benchmarks (ferry bench model, attention, comm, adam, io, ckpt, step), JSON results under out/
 #   make clean   remove build folders and outputs
-# Tests run one at a time: OpenMP's spin-waiting threads of two test processes sharing two
-# cores slow each other down a hundredfold.
+# Tests run two at a time (ctest -j$(JOBS)) with OpenMP's passive wait policy: its default
+# spin-waiting threads of two processes sharing two cores slow each other down a hundredfold,
+# and threads that sleep at barriers do not. Tests of several ranks or of timing run alone
+# (RUN_SERIAL, tests/CMakeLists.txt). Each stage prints its start time ([make] lines).
 JOBS    ?= $(shell nproc)
 BUILD   ?= build
 ASAN    ?= build-asan
@@ -15,38 +17,52 @@ TSAN    ?= build-tsan
 CMAKE_FLAGS ?=
 CONFIG  ?= examples/configs/tiny.json
 
-.PHONY: all setup build build-asan build-fuzz run test test-release test-asan test-fuzz build-tsan test-tsan bench clean
+.PHONY: all setup build build-ferry build-asan build-fuzz run test test-release test-asan test-fuzz build-tsan test-tsan bench clean
 
 all: build
 
 setup:
 	@bash scripts/setup.sh
 
+# Build folders made here compile each library as one unit (cmake/build_time.cmake).
+UNITY   ?= -DFERRY_UNITY_BUILD=ON
+
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(UNITY) $(CMAKE_FLAGS)
+
+STAGE = @echo "[make] $$(date +%T) $@"
+CTEST = OMP_WAIT_POLICY=passive ctest -j $(JOBS) --output-on-failure
 
 build: setup $(BUILD)/CMakeCache.txt
+	$(STAGE)
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The sanitizer build leaves the CUDA parts out: they cannot run without a GPU, the release
 # build already compiles them with -Werror, and ASan's shadow memory and the CUDA driver
 # need special settings to share a process.
 $(ASAN)/CMakeCache.txt:
-	cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=ON -DFERRY_CUDA=OFF $(CMAKE_FLAGS)
+	cmake -S . -B $(ASAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=ON -DFERRY_CUDA=OFF $(UNITY) $(CMAKE_FLAGS)
 
 build-asan: setup $(ASAN)/CMakeCache.txt
+	$(STAGE)
 	cmake --build $(ASAN) -j $(JOBS)
 
-run: build
+# make run builds the one program it runs (not the tests nor the emulated CUDA objects).
+build-ferry: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target ferry
+
+run: build-ferry
 	@mkdir -p out
 	$(BUILD)/examples/ferry train --config $(CONFIG) --set log.metrics=out/tiny-metrics.jsonl
 
 test-release: build
-	cd $(BUILD) && ctest --output-on-failure
+	$(STAGE)
+	cd $(BUILD) && $(CTEST)
 
 test-asan: build-asan
+	$(STAGE)
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --output-on-failure
+	  $(CTEST)
 
 # ThreadSanitizer over the tests that start threads (ctest label tsan, tests/CMakeLists.txt);
 # only their executables are built. CUDA is left out, as in the ASan build. Each process
@@ -78,12 +94,15 @@ $(FUZZ)/CMakeCache.txt:
 	cmake -S . -B $(FUZZ) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON -DFERRY_CUDA=OFF $(CMAKE_FLAGS)
 
 build-fuzz: setup $(FUZZ)/CMakeCache.txt
+	$(STAGE)
 	cmake --build $(FUZZ) -j $(JOBS)
 
 test-fuzz: build-fuzz
+	$(STAGE)
 	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run_fuzzers.sh $(FUZZ)
 
 test: test-release test-asan test-fuzz
+	$(STAGE) done
 
 # With FERRY_PEERS_PYTHON exported (scripts/make_peers_env.sh prints it), model, adam, io and
 # step also measure their peers in the same run (PyTorch eager and FSDP2, DeepSpeed's CPU
