@@ -7,7 +7,7 @@
 // With no plan installed (production) each call costs one relaxed atomic load and then
 // makes the system call as is. A plan is installed process-wide by ScopedIoFaults, for
 // tests, or from the environment by install_io_faults_from_env() (FERRY_IO_FAULTS, for
-// trying a real binary: see the README's troubleshooting section).
+// trying a real binary: see docs/guide/troubleshooting.md).
 //
 // Faults and what the wrapped call does:
 //   eio, enospc  nothing reaches the file; returns -1 with errno EIO / ENOSPC

@@ -1,7 +1,7 @@
 // A CPU emulation of the CUDA runtime and cuBLAS calls the cuda device makes, for tests on
 // machines without a GPU (FERRY_CUDA_EMULATION; never part of ferry's libraries).
 //
-// It lets tests compile nn/cuda_kernels.cu and nn/cuda_device.cpp unchanged with g++ and
+// It lets tests compile nn/cuda/*.cu and nn/cuda/device_*.cpp unchanged with g++ and
 // run them: each kernel runs its blocks one after another, each block's threads as fibers
 // that meet at barriers for __syncthreads and per warp of 32 for __shfl_down_sync,
 // __shfl_xor_sync and __syncwarp, with

@@ -198,7 +198,7 @@ const std::vector<Knob>& config_knobs() {
       {"schedule.adam_threads", F(schedule.adam_threads), KnobType::integer, 0,
        "OpenMP threads of the update thread (CPU Adam, gradient norms) with overlap_offload; 0 = auto: 1 on "
        "the cpu device (whose compute threads hold the cores), on a GPU every core this rank was given but "
-       "one, pinned to those cores (docs/design.md, \"Cores: compute, I/O and Adam\")", 0, 4096},
+       "one, pinned to those cores (docs/design/zero.md, \"Cores: compute, I/O and Adam\")", 0, 4096},
       {"comm.progress", F(comm_progress), KnobType::string, "auto",
        "how MPI collectives are driven: blocking calls (fastest, spin a core), polling non-blocking calls "
        "(leave the core to others), or auto: blocking unless the node's ranks outnumber its cores",
@@ -212,7 +212,7 @@ const std::vector<Knob>& config_knobs() {
       {"model.arch", F(model_arch), KnobType::string, "gpt2", arch_description(), {}, {}, false, arch_choices()},
       {"model.init_from", F(init_from), KnobType::path, "",
        "a Hugging Face model folder (config.json + *.safetensors): its config.json sets the shape and its "
-       "weights start the run, each rank reading only its shards' bytes (docs/finetune.md)"},
+       "weights start the run, each rank reading only its shards' bytes (docs/guide/finetune.md)"},
       {"model.tie_word_embeddings", F(llama.tie_embeddings), KnobType::boolean, nullptr,
        "llama family: the output head is the token embedding (gpt2's always is); absent: false"},
       {"model.rope_scaling.factor", F(llama.rope_factor), KnobType::number, nullptr,

@@ -275,7 +275,7 @@ void translate_block(const json& block, const std::string& source, const std::st
     } else if (fsdp_ignorable().contains(bare)) {
       out.ignored.push_back(v_key);
     } else {
-      refuse(source, v_key, "is not an FSDP key ferry knows (README \"Coming from FSDP or accelerate\" lists them)");
+      refuse(source, v_key, "is not an FSDP key ferry knows (docs/guide/deepspeed-fsdp.md, \"Coming from FSDP or accelerate\", lists them)");
     }
   }
 }
@@ -453,7 +453,7 @@ FsdpImport translate_fsdp(const json& doc, const std::string& source) {
       } else if (accelerate_ignorable_key(key)) {
         out.ignored.push_back(key);
       } else {
-        refuse(source, key, "is not an accelerate key ferry knows (README \"Coming from FSDP or accelerate\")");
+        refuse(source, key, "is not an accelerate key ferry knows (docs/guide/deepspeed-fsdp.md, \"Coming from FSDP or accelerate\")");
       }
     }
   }

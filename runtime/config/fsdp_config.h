@@ -9,7 +9,7 @@
 //      not an existing file and holds only the Trainer's words.
 // A file starting with '{' (or named *.json) is JSON, any other YAML (yaml-cpp).
 //
-// Every key falls in one of three kinds (README "Coming from FSDP or accelerate"):
+// Every key falls in one of three kinds (docs/guide/deepspeed-fsdp.md, "Coming from FSDP or accelerate"):
 //   mapped    onto ferry's keys: sharding_strategy / reshard_after_forward -> ZeRO stage
 //             (FULL_SHARD 3, SHARD_GRAD_OP 2, NO_SHARD 0, HYBRID_SHARD 3 and
 //             _HYBRID_SHARD_ZERO2 2 with shard_group_size = ranks per node), offload_params

@@ -45,7 +45,7 @@ bool found_no_gpu(const std::vector<DoctorCheck>& checks);
 DoctorCheck check_tf32(const char* value);
 // The largest head size (at most the kernels' 256) whose attention kernels fit in
 // `optin_bytes` of shared memory per block: the largest, backward's dK/dV kernel at 4 warps,
-// takes 96 hs + 1088 accumulator elements (nn/cuda_kernels.cu, backward_kv_shared). The
+// takes 96 hs + 1088 accumulator elements (nn/cuda/attention.cuh, backward_kv_shared). The
 // sequence length does not enter: the kernels are tiled.
 long attention_max_head(long optin_bytes, int accumulator_bytes);
 

@@ -234,7 +234,7 @@ void Engine::build_states(const EngineHooks& hooks) {
   // Adam over host shards. An optimizer on a GPU queues kernels, and stages 1-2 (or
   // stage 3 with parameters on the GPU) write the updated range into device memory, which
   // only this thread may do (the Device contract): those updates run inline.
-  // Its cores and OpenMP team: docs/design.md "Cores: compute, I/O and Adam".
+  // Its cores and OpenMP team: docs/design/zero.md "Cores: compute, I/O and Adam".
   const bool host_update = compute_->host_accessible() || (tiers.optimizer != offload::Tier::device &&
                                                            units_->stage() == 3 && tiers.params != offload::Tier::device);
   worker_ = std::make_unique<UpdateWorker>(

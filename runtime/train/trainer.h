@@ -21,7 +21,7 @@
 // checkpoint throws CheckpointError.
 // Checkpoints: with checkpoint.dir set, run() saves every checkpoint.every_steps steps, at
 // the end, and after the step in which a stop signal arrived (then it returns early).
-// Schedule (docs/design.md, "The overlapped step"): each unit's gradient norm and AdamW
+// Schedule (docs/design/zero.md, "The overlapped step"): each unit's gradient norm and AdamW
 // update run on an UpdateWorker as soon as its gradient is final. Without clipping the
 // update starts at once, during backward; with clipping it waits for the global norm (one
 // scalar all-reduce after backward) and then runs in forward order while train_step
@@ -63,7 +63,7 @@ struct StepStats {
   bool skipped = false;   // fp16: the gradients overflowed; no update was made
   StepBreakdown time;  // this rank's seconds per activity and the step's wall time
   // Bytes this rank copied host -> device and device -> host during the step (PCIe on a
-  // GPU; 0 on the CPU device): docs/design.md, "Bytes over PCIe", gives the minimum.
+  // GPU; 0 on the CPU device): docs/design/zero.md, "Bytes over PCIe", gives the minimum.
   uint64_t to_device_bytes = 0, to_host_bytes = 0;
 };
 
