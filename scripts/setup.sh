@@ -9,7 +9,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config
+  build-essential cmake ninja-build pkg-config
   mpich libmpich-dev
   liburing-dev
   libmimalloc-dev
