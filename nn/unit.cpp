@@ -14,10 +14,11 @@ Tensor UnitSpec::view(const Tensor& flat, size_t index) const {
   return flat.view(t.offset, t.shape);
 }
 
-ResidentUnits::ResidentUnits(Device& device, DType dtype, const std::vector<UnitSpec>& units) {
+ResidentUnits::ResidentUnits(Device& device, DType dtype, const std::vector<UnitSpec>& units,
+                             std::optional<DType> grad_dtype) {
   for (const UnitSpec& u : units) {
     weights.push_back(Tensor::empty(device, dtype, {u.numel}));
-    grads.push_back(Tensor::empty(device, dtype, {u.numel}));
+    grads.push_back(Tensor::empty(device, grad_dtype.value_or(dtype), {u.numel}));
     // Padding between tensors is never written by the model: zero it once so that
     // whole-buffer reductions (norms, checksums) see defined values.
     device.fill(weights.back(), 0.0);

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,10 @@ class UnitAccess {
 // Every unit's weights and gradients resident on one device: the unsharded case.
 class ResidentUnits final : public UnitAccess {
  public:
-  ResidentUnits(Device& device, DType dtype, const std::vector<UnitSpec>& units);
+  // Weights in `dtype`, gradients in `grad_dtype` (the trainer's are f32 whatever the
+  // weights': runtime/zero reduces and updates them in f32); grad_dtype nullopt = dtype.
+  ResidentUnits(Device& device, DType dtype, const std::vector<UnitSpec>& units,
+                std::optional<DType> grad_dtype = std::nullopt);
   Tensor acquire_weights(int unit) override { return weights.at(static_cast<size_t>(unit)); }
   void release_weights(int) override {}
   Tensor acquire_grads(int unit) override { return grads.at(static_cast<size_t>(unit)); }
