@@ -96,6 +96,9 @@ std::function<int()> bench_command(CLI::App& cmd) {
   model->add_option("--attention-kernel", a->opt.attention_kernel,
                     "cuda: attention's kernels, as device.attention_kernel (auto: tensor cores where they can run)")
       ->check(CLI::IsMember({"auto", "simt", "tensor_cores"}));
+  model->add_flag("--predict", a->opt.predict,
+                  "--device cuda: also the roofline ledger's predicted step time and MFU on an H100 and an H200 "
+                  "(alone where there is no GPU)");
   model->add_option("--contexts", a->opt.contexts,
                     "the whole step at these contexts (e.g. 256,1024,4096,8192): the largest config's shape at the "
                     "same tokens per step")

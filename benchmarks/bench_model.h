@@ -31,6 +31,10 @@ struct ModelBenchOptions {
   // cuda: which attention kernels the device runs (auto | simt | tensor_cores,
   // nn/attention_kernel.h), so a run can set the tensor cores against the SIMT kernels.
   std::string attention_kernel = "auto";
+  // cuda: also the roofline ledger's prediction of each configuration on an H100 and an
+  // H200 (benchmarks/bench_predict.h), beside the measurement; where no GPU is present,
+  // the prediction alone.
+  bool predict = false;
 };
 
 // Fills `report` (the headline is the last, largest config). Returns the exit status.

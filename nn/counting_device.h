@@ -27,7 +27,7 @@
 
 namespace ferry::nn {
 
-class CountingDevice final : public Device, public ShapeOnlyOps {
+class CountingDevice : public Device, public ShapeOnlyOps {
  public:
   CountingDevice(std::string label, size_t capacity_bytes, bool host_accessible, DeviceKind kind = DeviceKind::cpu);
 
