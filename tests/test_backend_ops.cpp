@@ -54,6 +54,9 @@ struct Buf {
   bool output = false;
   bool accumulates = false;  // output read before written (+=)
   double lo = -1, hi = 1;    // range of the random values (ids: [0, hi))
+  // Elements before the view in its allocation: a view that starts off the 16-byte
+  // boundary its allocation has (the vectorised kernels must take their scalar path).
+  int64_t offset = 0;
 };
 
 struct OpCase {
@@ -157,17 +160,17 @@ Result run_case(nn::Device& dev, const OpCase& c, const std::vector<std::vector<
     const size_t es = nn::dtype_size(t);
     const int64_t n = nn::shape_numel(b.shape);
     const int64_t guard_elems = static_cast<int64_t>(kGuardBytes / es);
-    Tensor all = Tensor::empty(dev, t, {n + guard_elems});
-    std::vector<unsigned char> bytes(static_cast<size_t>(n + guard_elems) * es, kGuard);
+    Tensor all = Tensor::empty(dev, t, {b.offset + n + guard_elems});
+    std::vector<unsigned char> bytes(static_cast<size_t>(b.offset + n + guard_elems) * es, kGuard);
+    unsigned char* at = bytes.data() + b.offset * es;
     if (b.output && !b.accumulates) {
-      std::memset(bytes.data(), 0xFF, static_cast<size_t>(n) * es);  // NaN in every float format
+      std::memset(at, 0xFF, static_cast<size_t>(n) * es);  // NaN in every float format
     } else {
-      for (int64_t k = 0; k < n; ++k)
-        encode(t, values[i][static_cast<size_t>(k)], bytes.data() + k * es);
+      for (int64_t k = 0; k < n; ++k) encode(t, values[i][static_cast<size_t>(k)], at + k * es);
     }
     dev.copy_from_host(all, bytes.data());
     whole.push_back(all);
-    views.push_back(all.view(0, b.shape));
+    views.push_back(all.view(b.offset, b.shape));
   }
   Result r;
   r.scalar = c.run(dev, views);
@@ -181,10 +184,10 @@ Result run_case(nn::Device& dev, const OpCase& c, const std::vector<std::vector<
     std::vector<unsigned char> bytes(all.nbytes());
     dev.copy_to_host(bytes.data(), all);
     const int64_t n = views[i].numel();
-    for (int64_t k = 0; k < n; ++k)
-      r.outputs[i].push_back(decode(all.dtype(), bytes.data() + k * es));
-    for (size_t k = static_cast<size_t>(n) * es; k < bytes.size(); ++k) {
-      if (bytes[k] != kGuard) r.guard_ok[i] = false;
+    const size_t from = static_cast<size_t>(c.bufs[i].offset) * es, to = from + static_cast<size_t>(n) * es;
+    for (size_t k = from; k < to; k += es) r.outputs[i].push_back(decode(all.dtype(), bytes.data() + k));
+    for (size_t k = 0; k < bytes.size(); ++k) {  // before the view and after it
+      if ((k < from || k >= to) && bytes[k] != kGuard) r.guard_ok[i] = false;
     }
   }
   return r;
@@ -215,7 +218,7 @@ void check_case(nn::Device& dev, const OpCase& c, bool low, uint64_t seed) {
   for (size_t i = 0; i < c.bufs.size(); ++i) {
     if (!c.bufs[i].output) continue;
     BOOST_TEST(got.guard_ok[i],
-               where << ": output " << i << " wrote past its end (guard bytes changed)");
+               where << ": output " << i << " wrote outside its view (guard bytes changed)");
     double scale = 0;
     for (double w : want.outputs[i]) scale = std::max(scale, std::abs(w));
     size_t bad = 0, nonfinite = 0;
@@ -512,6 +515,60 @@ std::vector<OpCase> all_cases() {
                  {Role::wgrad, {1031}, true, true, 0, 1e-3}},
                 [](D& d, const Ts& t) {
                   d.adamw(t[0], t[1], t[2], t[3], {7, 3e-3, 0.9, 0.95, 1e-8, 0.1, 0.5});
+                  return NAN;
+                }});
+  // Shapes for the vectorised kernels (16-byte chunks: 8 bf16 or 4 f32 elements): rows a
+  // multiple of 8 wide, and views that start off the 16-byte boundary (scalar path).
+  constexpr int64_t CV = 40;
+  cs.push_back({"add_bias (rows of 8s)",
+                {{Role::act, {N, CV}, true, true}, {Role::weight, {CV}}},
+                [](D& d, const Ts& t) {
+                  d.add_bias(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"add_bias (misaligned out)",
+                {{Role::act, {N, CV}, true, true, -1, 1, 3}, {Role::weight, {CV}}},
+                [](D& d, const Ts& t) {
+                  d.add_bias(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"accumulate (misaligned src)",
+                {{Role::wgrad, {N, CV}, true, true}, {Role::wgrad, {N, CV}, false, false, -1, 1, 5}},
+                [](D& d, const Ts& t) {
+                  d.accumulate(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"cast (misaligned dst)",
+                {{Role::act, {N, CV}, true, false, -1, 1, 1}, {Role::wgrad, {N, CV}}},
+                [](D& d, const Ts& t) {
+                  d.cast(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"scale (misaligned)", {{Role::act, {N, CV}, true, true, -1, 1, 2}}, [](D& d, const Ts& t) {
+                  d.scale(t[0], 1.75);
+                  return NAN;
+                }});
+  constexpr int64_t HV = 16;
+  cs.push_back({"swiglu_forward (rows of 8s)",
+                {{Role::act, {N, HV}, true}, {Role::act, {N, 2 * HV}, false, false, -3, 3}},
+                [](D& d, const Ts& t) {
+                  d.swiglu_forward(t[0], t[1]);
+                  return NAN;
+                }});
+  cs.push_back({"swiglu_backward (rows of 8s)",
+                {{Role::act, {N, 2 * HV}, true, true},
+                 {Role::act, {N, 2 * HV}, false, false, -3, 3},
+                 {Role::act, {N, HV}}},
+                [](D& d, const Ts& t) {
+                  d.swiglu_backward(t[0], t[1], t[2]);
+                  return NAN;
+                }});
+  cs.push_back({"gelu_backward (misaligned inp)",
+                {{Role::act, {N, HV}, true, true},
+                 {Role::act, {N, HV}, false, false, -4, 4, 3},
+                 {Role::act, {N, HV}}},
+                [](D& d, const Ts& t) {
+                  d.gelu_backward(t[0], t[1], t[2]);
                   return NAN;
                 }});
   return cs;

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <stdexcept>
@@ -154,10 +156,59 @@ struct Narrow<__half> {
   }
 };
 
+// ---- 16-byte vector access ---------------------------------------------------------------
+// Vec<S, W>: W consecutive elements of S moved as whole 16-byte accesses (one 128-bit load
+// or store per 16 bytes on a GPU, against one 2- or 4-byte access per element). Its address
+// must be 16-byte aligned: a GPU faults on a misaligned vector access, and so does the
+// emulation (it aborts naming the address). Launchers check with aligned16 and give the
+// kernels no vector chunks where an operand is misaligned, so the scalar loop does it all.
+inline constexpr int kVecBytes = 16;
+
+template <class S, int W>
+struct alignas(kVecBytes) Vec {
+  static_assert(W * sizeof(S) % kVecBytes == 0, "whole 16-byte accesses");
+  S e[W];
+};
+
+__device__ __forceinline__ void check_vector_address(const void* p) {
+#ifdef FERRY_CUDA_EMULATION
+  if (reinterpret_cast<uintptr_t>(p) % kVecBytes != 0) {
+    // A GPU stops the kernel (cudaErrorMisalignedAddress). Ended here at once: abort's
+    // signal, caught by a test framework inside a fiber, can leave the process hanging.
+    std::fprintf(stderr, "cuda emulation: misaligned 16-byte access at %p\n", p);
+    std::_Exit(134);
+  }
+#else
+  (void)p;
+#endif
+}
+
+template <class S, int W>
+__device__ __forceinline__ Vec<S, W> vec_load(const S* p) {
+  check_vector_address(p);
+  return *reinterpret_cast<const Vec<S, W>*>(p);
+}
+
+template <class S, int W>
+__device__ __forceinline__ void vec_store(S* p, const Vec<S, W>& v) {
+  check_vector_address(p);
+  *reinterpret_cast<Vec<S, W>*>(p) = v;
+}
+
+inline bool aligned16(std::initializer_list<const void*> ps) {
+  return std::all_of(ps.begin(), ps.end(), [](const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % kVecBytes == 0;
+  });
+}
+
 // x[i] loads element i widened to A; x.set(i, v) stores v rounded to the storage type.
-// Built on the host from an Arr whose dtype matches S (by_storage guarantees it).
+// x.load(j, v) / x.store(j, v): elements [j W, j W + W) as one Vec (kWidth: elements per
+// 16 bytes; W a multiple of it). Built on the host from an Arr whose dtype matches S
+// (by_storage guarantees it).
 template <class A, class S>
 struct Operand {
+  static constexpr bool kTyped = true;
+  static constexpr int kWidth = kVecBytes / static_cast<int>(sizeof(S));
   S* p;
   explicit Operand(Arr a) : p(static_cast<S*>(a.p)) {}
   __device__ A operator[](int64_t i) const {
@@ -166,9 +217,26 @@ struct Operand {
   __device__ void set(int64_t i, A v) const {
     p[i] = Narrow<S>::to(v);
   }
+  template <int W>
+  __device__ void load(int64_t j, A (&x)[W]) const {
+    const Vec<S, W> v = vec_load<S, W>(p + j * W);
+    FERRY_UNROLL
+    for (int k = 0; k < W; ++k) x[k] = static_cast<A>(widen(v.e[k]));
+  }
+  template <int W>
+  __device__ void store(int64_t j, const A (&x)[W]) const {
+    Vec<S, W> v;
+    FERRY_UNROLL
+    for (int k = 0; k < W; ++k) v.e[k] = Narrow<S>::to(x[k]);
+    vec_store<S, W>(p + j * W, v);
+  }
 };
+// The per-element switch: never given vector chunks (kTyped false); load/store exist so
+// that the same kernel bodies compile.
 template <class A>
 struct Operand<A, Arr> {
+  static constexpr bool kTyped = false;
+  static constexpr int kWidth = 1;
   Arr a;
   explicit Operand(Arr x) : a(x) {}
   __device__ A operator[](int64_t i) const {
@@ -177,7 +245,29 @@ struct Operand<A, Arr> {
   __device__ void set(int64_t i, A v) const {
     st<A>(a, i, v);
   }
+  template <int W>
+  __device__ void load(int64_t j, A (&x)[W]) const {
+    for (int k = 0; k < W; ++k) x[k] = ld<A>(a, j * W + k);
+  }
+  template <int W>
+  __device__ void store(int64_t j, const A (&x)[W]) const {
+    for (int k = 0; k < W; ++k) st<A>(a, j * W + k, x[k]);
+  }
 };
+
+// Elements per vector chunk of a kernel over these operands: the widest operand's (8 where
+// any is 16-bit), so every operand's part of a chunk is whole 16-byte accesses.
+template <class... Ops>
+inline constexpr int kChunkWidth = std::max({Ops::kWidth...});
+
+// Vector chunks of n elements for operands Ops at these addresses: n / W where every
+// operand is typed and 16-byte aligned, else 0 (the scalar loop takes everything).
+template <class... Ops>
+int64_t vector_chunks(int64_t n, std::initializer_list<const void*> ps) {
+  constexpr bool typed = (Ops::kTyped && ...);
+  if (!typed || !aligned16(ps)) return 0;
+  return n / kChunkWidth<Ops...>;
+}
 
 template <class S>
 struct Storage {
@@ -216,10 +306,79 @@ void by_storage(std::initializer_list<Arr> acts, std::initializer_list<Arr> stat
   f(Storage<Arr>{}, Storage<Arr>{});
 }
 
+// Runs f(Storage<S>{}) for one array's storage: typed for f32, bf16 and f16 with A = float,
+// Storage<Arr> otherwise (kernels that mix storage types per operand, such as cast).
+template <class A, class F>
+void by_type(Arr a, F&& f) {
+  if constexpr (std::is_same_v<A, float>) {
+    switch (a.dtype) {
+      case DType::f32:
+        f(Storage<float>{});
+        return;
+      case DType::bf16:
+        f(Storage<__nv_bfloat16>{});
+        return;
+      case DType::f16:
+        f(Storage<__half>{});
+        return;
+      default:
+        break;
+    }
+  }
+  f(Storage<Arr>{});
+}
+
 // Grid-stride loop over [0, n).
 #define FERRY_FOR_EACH(i, n)                                                \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
        i += int64_t{gridDim.x} * blockDim.x)
+
+// Grid-stride loops of the vectorised kernels: vec(j) for chunk j of W elements, j in
+// [0, chunks), then one(i) for each element i in [chunks W, n) (the tail, or everything
+// where chunks is 0). Both compute an element the same way, so the bits do not depend on
+// which loop took it.
+template <int W, class Vec_, class One>
+__device__ __forceinline__ void for_each_chunk(int64_t n, int64_t chunks, Vec_ vec, One one) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t j = start; j < chunks; j += stride) vec(j);
+  for (int64_t i = chunks * W + start; i < n; i += stride) one(i);
+}
+
+// Blocks for a vectorised loop: one thread per chunk or per tail element.
+inline unsigned grid_for_chunks(int64_t n, int64_t chunks, int W) {
+  return grid_for(std::max(chunks, n - chunks * W));
+}
+
+// Grid-stride loop over the cells of a [rows, cols] array in row-major order, body(i, r, c)
+// with i = r cols + c: each cell's row and column are kept incrementally, one division per
+// thread at the start instead of a 64-bit division and modulo per cell.
+template <class Body>
+__device__ __forceinline__ void for_each_cell(int64_t rows, int64_t cols, Body body) {
+  const int64_t start = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t total = rows * cols;
+  if (start >= total) return;
+  int64_t r = start / cols, c = start % cols;
+  const int64_t dr = stride / cols, dc = stride % cols;
+  for (int64_t i = start; i < total; i += stride) {
+    body(i, r, c);
+    r += dr;
+    c += dc;
+    if (c >= cols) {
+      c -= cols;
+      ++r;
+    }
+  }
+}
+
+// The sum of v over the 32 lanes of a warp, every lane getting it (a butterfly: the same
+// order in every lane, so all hold the same bits).
+template <class A>
+__device__ __forceinline__ A warp_sum(A v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 struct Sum {
   template <class A>

@@ -1,5 +1,6 @@
-// Elementwise kernels (cast, fill, add, accumulate, scale, add_bias), column sums (bias
-// gradients) and the sum of squares (gradient norms): one thread per element, grid-stride.
+// Elementwise kernels (cast, fill, add, accumulate, scale, add_bias): 16 bytes per operand
+// per thread step where the operands allow it (docs/design/cuda.md, "Memory-bound kernels");
+// column sums (bias gradients) and the sum of squares (gradient norms).
 // Also the emulation's block-size switch (nn/cuda_kernels.h).
 #include "nn/cuda/column_reduce.cuh"
 
@@ -9,29 +10,85 @@ using namespace detail;
 
 namespace {
 
-template <class A>
-__global__ void cast_kernel(Arr dst, Arr src, int64_t n) {
-  FERRY_FOR_EACH(i, n) st<A>(dst, i, ld<A>(src, i));
+// Each kernel takes its operands as Operand<A, S> (S the storage type, or Arr for the
+// uncommon mixes) and `chunks` vector chunks (vector_chunks: 0 where an operand is
+// misaligned or untyped): a thread moves 16 bytes per operand per chunk, then the tail
+// elements one by one.
+
+template <class A, class D, class X>
+__global__ void cast_kernel(D dst, X src, int64_t n, int64_t chunks) {
+  constexpr int W = kChunkWidth<D, X>;
+  for_each_chunk<W>(
+      n, chunks,
+      [&](int64_t j) {
+        A x[W];
+        src.load(j, x);
+        dst.store(j, x);
+      },
+      [&](int64_t i) { dst.set(i, src[i]); });
 }
 
-template <class A>
-__global__ void fill_kernel(Arr dst, A value, int64_t n) {
-  FERRY_FOR_EACH(i, n) st<A>(dst, i, value);
+template <class A, class D>
+__global__ void fill_kernel(D dst, A value, int64_t n, int64_t chunks) {
+  constexpr int W = D::kWidth;
+  for_each_chunk<W>(
+      n, chunks,
+      [&](int64_t j) {
+        A x[W];
+        for (A& e : x) e = value;
+        dst.store(j, x);
+      },
+      [&](int64_t i) { dst.set(i, value); });
 }
 
-template <class A>
-__global__ void add_kernel(Arr out, Arr a, Arr b, int64_t n) {
-  FERRY_FOR_EACH(i, n) st<A>(out, i, ld<A>(a, i) + ld<A>(b, i));
+template <class A, class X>
+__global__ void add_kernel(X out, X a, X b, int64_t n, int64_t chunks) {
+  constexpr int W = X::kWidth;
+  for_each_chunk<W>(
+      n, chunks,
+      [&](int64_t j) {
+        A x[W], y[W];
+        a.load(j, x);
+        b.load(j, y);
+        FERRY_UNROLL
+        for (int k = 0; k < W; ++k) x[k] = x[k] + y[k];
+        out.store(j, x);
+      },
+      [&](int64_t i) { out.set(i, a[i] + b[i]); });
 }
 
-template <class A>
-__global__ void scale_kernel(Arr x, A f, int64_t n) {
-  FERRY_FOR_EACH(i, n) st<A>(x, i, ld<A>(x, i) * f);
+template <class A, class X>
+__global__ void scale_kernel(X x, A f, int64_t n, int64_t chunks) {
+  constexpr int W = X::kWidth;
+  for_each_chunk<W>(
+      n, chunks,
+      [&](int64_t j) {
+        A v[W];
+        x.load(j, v);
+        FERRY_UNROLL
+        for (int k = 0; k < W; ++k) v[k] = v[k] * f;
+        x.store(j, v);
+      },
+      [&](int64_t i) { x.set(i, x[i] * f); });
 }
 
-template <class A>
-__global__ void add_bias_kernel(Arr out, Arr bias, int64_t N, int64_t C) {
-  FERRY_FOR_EACH(i, N * C) st<A>(out, i, ld<A>(out, i) + ld<A>(bias, i % C));
+// Rows of C: a thread keeps its cell's column as it strides (for_each_cell), so no per-element
+// modulo; vectorised as chunks of the row when C is a multiple of the chunk width.
+template <class A, class X>
+__global__ void add_bias_kernel(X out, X bias, int64_t N, int64_t C, bool vectors) {
+  constexpr int W = X::kWidth;
+  if (vectors) {
+    for_each_cell(N, C / W, [&](int64_t j, int64_t, int64_t c) {
+      A x[W], b[W];
+      out.load(j, x);
+      bias.load(c, b);
+      FERRY_UNROLL
+      for (int k = 0; k < W; ++k) x[k] = x[k] + b[k];
+      out.store(j, x);
+    });
+  } else {
+    for_each_cell(N, C, [&](int64_t i, int64_t, int64_t c) { out.set(i, out[i] + bias[c]); });
+  }
 }
 
 template <class A>
@@ -60,7 +117,18 @@ void cast(Stream s, Arr dst, Arr src, int64_t n) {
   if (n == 0) return;
   // i32 through double too: every i32 and every f32 is exact there.
   by_acc(wide(dst, src) || dst.dtype == DType::i32 || src.dtype == DType::i32, [&](auto a) {
-    FERRY_LAUNCH(cast_kernel<decltype(a)>, grid_for(n), block_threads(), 0, as_stream(s), dst, src, n);
+    using A = decltype(a);
+    by_type<A>(dst, [&](auto d) {
+      by_type<A>(src, [&](auto x) {
+        using D = Operand<A, typename decltype(d)::type>;
+        using X = Operand<A, typename decltype(x)::type>;
+        const int64_t chunks = vector_chunks<D, X>(n, {dst.p, src.p});
+        auto& kernel = cast_kernel<A, D, X>;  // a reference: FERRY_LAUNCH takes its address
+        constexpr int W = kChunkWidth<D, X>;
+        FERRY_LAUNCH(kernel, grid_for_chunks(n, chunks, W), block_threads(), 0, as_stream(s),
+                     D(dst), X(src), n, chunks);
+      });
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -69,8 +137,13 @@ void fill(Stream s, Arr dst, double value, int64_t n) {
   if (n == 0) return;
   by_acc(wide(dst) || dst.dtype == DType::i32, [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(fill_kernel<A>, grid_for(n), block_threads(), 0, as_stream(s), dst, static_cast<A>(value),
-                 n);
+    by_type<A>(dst, [&](auto d) {
+      using D = Operand<A, typename decltype(d)::type>;
+      const int64_t chunks = vector_chunks<D>(n, {dst.p});
+      auto& kernel = fill_kernel<A, D>;
+      FERRY_LAUNCH(kernel, grid_for_chunks(n, chunks, D::kWidth), block_threads(), 0, as_stream(s),
+                   D(dst), static_cast<A>(value), n, chunks);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -78,7 +151,14 @@ void fill(Stream s, Arr dst, double value, int64_t n) {
 void add(Stream s, Arr out, Arr a, Arr b, int64_t n) {
   if (n == 0) return;
   by_acc(wide(out, a, b), [&](auto t) {
-    FERRY_LAUNCH(add_kernel<decltype(t)>, grid_for(n), block_threads(), 0, as_stream(s), out, a, b, n);
+    using A = decltype(t);
+    by_storage<A>({out, a, b}, {}, [&](auto x, auto) {
+      using X = Operand<A, typename decltype(x)::type>;
+      const int64_t chunks = vector_chunks<X>(n, {out.p, a.p, b.p});
+      auto& kernel = add_kernel<A, X>;
+      FERRY_LAUNCH(kernel, grid_for_chunks(n, chunks, X::kWidth), block_threads(), 0, as_stream(s),
+                   X(out), X(a), X(b), n, chunks);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -91,8 +171,13 @@ void scale(Stream s, Arr x, double factor, int64_t n) {
   if (n == 0) return;
   by_acc(wide(x), [&](auto a) {
     using A = decltype(a);
-    FERRY_LAUNCH(scale_kernel<A>, grid_for(n), block_threads(), 0, as_stream(s), x, static_cast<A>(factor),
-                 n);
+    by_type<A>(x, [&](auto t) {
+      using X = Operand<A, typename decltype(t)::type>;
+      const int64_t chunks = vector_chunks<X>(n, {x.p});
+      auto& kernel = scale_kernel<A, X>;
+      FERRY_LAUNCH(kernel, grid_for_chunks(n, chunks, X::kWidth), block_threads(), 0, as_stream(s),
+                   X(x), static_cast<A>(factor), n, chunks);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
@@ -100,8 +185,15 @@ void scale(Stream s, Arr x, double factor, int64_t n) {
 void add_bias(Stream s, Arr out, Arr bias, int64_t N, int64_t C) {
   if (N * C == 0) return;
   by_acc(wide(out, bias), [&](auto a) {
-    FERRY_LAUNCH(add_bias_kernel<decltype(a)>, grid_for(N * C), block_threads(), 0, as_stream(s), out,
-                 bias, N, C);
+    using A = decltype(a);
+    by_storage<A>({out, bias}, {}, [&](auto x, auto) {
+      using X = Operand<A, typename decltype(x)::type>;
+      const bool vectors = C % X::kWidth == 0 && vector_chunks<X>(C, {out.p, bias.p}) > 0;
+      const int64_t cells = vectors ? N * C / X::kWidth : N * C;
+      auto& kernel = add_bias_kernel<A, X>;
+      FERRY_LAUNCH(kernel, grid_for(cells), block_threads(), 0, as_stream(s), X(out), X(bias), N,
+                   C, vectors);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
