@@ -99,6 +99,27 @@ class DeviceOps {
   virtual void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
                                               const Tensor& targets, double dloss) = 0;
 
+  // The output layer and the loss fused (Liger-Kernel's fused linear cross-entropy): the
+  // scores x @ w^T are made a chunk of rows at a time into device scratch whose size does
+  // not depend on N (nn/linear_cross_entropy.h: the budget and how rows are chunked), so
+  // [N, V] logits, probabilities and their gradient never exist. x[N,C] in the compute
+  // dtype, w[V,C] the head (a tied embedding or its own weight), targets i32[N].
+  // losses[N] (the statistics dtype: f32, f64 for f64 models; its dtype is that of the
+  // softmax) = logsumexp_v(x_n . w_v) - x_n . w_target, 0 where the target is kIgnoreTarget;
+  // the values of softmax_cross_entropy_forward on the stored logits, up to rounding.
+  // A target outside [0, V) is an error as there.
+  virtual void linear_cross_entropy_forward(const Tensor& losses, const Tensor& x, const Tensor& w,
+                                            const Tensor& targets);
+  // dx[N,C] += dloss * (softmax(x w^T) - onehot(target)) @ w and dw[V,C] += its transpose
+  // @ x, the same dloss for every row, ignored rows contributing nothing. Each chunk's
+  // scores are recomputed from x and w, one more head GEMM (2 N V C FLOPs) beside the two
+  // of the gradient: the price of never storing them. dw may be f32 beside bf16 x and w
+  // (the trainer's gradient dtype), as gemm allows. Nothing is kept between the two calls:
+  // backward's softmax is recomputed from the scores, whole rows of which every chunk holds,
+  // in the statistics dtype forward's losses had (f32 for bf16/f16 x, else x's dtype).
+  virtual void linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw, const Tensor& x,
+                                             const Tensor& w, const Tensor& targets, double dloss);
+
   // ---- optimizer ---------------------------------------------------------------------------
   // One AdamW step in place over f32 param, m, v from f32 grad, all of one numel
   // (nn/adamw_formula.h: the formula offload/cpu_adam.h computes on host shards). For runs

@@ -177,38 +177,37 @@ double GPT::forward(UnitAccess& units, const Tensor& tokens, const Tensor& targe
   acts_.lnf_rstd = stat({N});
   dev_.layernorm_forward(acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, acts_.residual.back(),
                          units_.back().view(wf, kLnfW), units_.back().view(wf, kLnfB));
-  acts_.logits = act({N, V});
-  dev_.gemm(acts_.logits, acts_.lnf, false, units_[0].view(wt, kWte), true, 1.0, 0.0);
+  if (!targets.defined()) {
+    acts_.logits = act({N, V});
+    dev_.gemm(acts_.logits, acts_.lnf, false, units_[0].view(wt, kWte), true, 1.0, 0.0);
+  } else {
+    // The head and the loss fused: [N, V] is never stored (nn/linear_cross_entropy.h).
+    acts_.losses = stat({N});
+    dev_.linear_cross_entropy_forward(acts_.losses, acts_.lnf, units_[0].view(wt, kWte), targets);
+  }
   units.release_weights(emb);
   units.release_weights(fin);
   if (!targets.defined()) return 0.0;
-
-  acts_.probs = stat({N, V});
-  acts_.losses = stat({N});
-  dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
   return mean_loss(dev_, acts_.losses, targets);
 }
 
 void GPT::backward(UnitAccess& units) {
-  if (!acts_.probs.defined()) {
+  if (!acts_.losses.defined()) {
     throw std::logic_error("GPT::backward without a forward that had targets");
   }
-  const int64_t B = acts_.B, T = acts_.T, N = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  const int64_t B = acts_.B, T = acts_.T, N = B * T, C = cfg_.n_embd;
   const int emb = 0, fin = num_units() - 1;
 
-  // Head: loss -> logits -> ln_f -> residual stream.
+  // Head: loss -> (fused) logits -> ln_f -> residual stream.
   Tensor dx = act({N, C});
   {
     const Tensor wf = units.acquire_weights(fin), wt = units.acquire_weights(emb);
     const Tensor gf = units.acquire_grads(fin), gt = units.acquire_grads(emb);
     const UnitSpec &uf = units_.back(), &ue = units_[0];
-    const Tensor dlogits = act({N, V});
-    dev_.fill(dlogits, 0.0);
-    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets,
-                                        loss_scale_ / static_cast<double>(loss_tokens_));
     const Tensor dlnf = act({N, C});
-    dev_.gemm(dlnf, dlogits, false, ue.view(wt, kWte), false, 1.0, 0.0);
-    dev_.gemm(ue.view(gt, kWte), dlogits, true, acts_.lnf, false, 1.0, 1.0);
+    dev_.fill(dlnf, 0.0);
+    dev_.linear_cross_entropy_backward(dlnf, ue.view(gt, kWte), acts_.lnf, ue.view(wt, kWte), acts_.targets,
+                                       loss_scale_ / static_cast<double>(loss_tokens_));
     dev_.fill(dx, 0.0);
     dev_.layernorm_backward(dx, uf.view(gf, kLnfW), uf.view(gf, kLnfB), dlnf, acts_.residual.back(),
                             uf.view(wf, kLnfW), acts_.lnf_mean, acts_.lnf_rstd);
@@ -217,7 +216,7 @@ void GPT::backward(UnitAccess& units) {
     units.release_weights(emb);
     units.release_weights(fin);
   }
-  acts_.lnf = acts_.logits = acts_.probs = Tensor{};
+  acts_.lnf = acts_.losses = Tensor{};
 
   const Tensor dres2 = act({N, C}), dxin = act({N, C}), dln = act({N, C}), datty = act({N, C});
   const Tensor dfch = act({N, 4 * C}), dfch_gelu = act({N, 4 * C}), dqkv = act({N, 3 * C});

@@ -54,14 +54,16 @@ class GPT final : public Model {
   void init_unit(int unit, const Tensor& flat, uint64_t seed) const override;
 
   // Forward over tokens [B*T] (i32, on the device). With targets (i32 [B*T]) returns the
-  // mean cross-entropy and keeps what backward() needs; without, returns 0 and only
-  // logits() is meaningful. 1 <= T <= block_size.
+  // mean cross-entropy and keeps what backward() needs; the head and the loss are fused
+  // (DeviceOps::linear_cross_entropy_forward), so no logits are stored. Without targets,
+  // returns 0 and only logits() is meaningful. 1 <= T <= block_size.
   double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B,
                  int64_t T) override;
   // Adds d(mean loss)/d(params) of the last forward into the units' gradient buffers,
   // then frees the activations.
   void backward(UnitAccess& units) override;
-  const Tensor& logits() const override { return acts_.logits; }  // [B*T, V]
+  // [B*T, V] after a forward without targets; undefined after one with targets.
+  const Tensor& logits() const override { return acts_.logits; }
   void free_activations() override;
   void set_activation_checkpointing(bool on) override { checkpoint_ = on; }
   bool activation_checkpointing() const override { return checkpoint_; }
@@ -81,7 +83,7 @@ class GPT final : public Model {
     Tensor tokens, targets;
     std::vector<Tensor> residual;  // n_layer + 1 tensors [B*T, C]: the input of each block, then the output
     std::vector<BlockActs> blocks;
-    Tensor lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+    Tensor lnf, lnf_mean, lnf_rstd, logits, losses;  // logits: only after a forward without targets
   };
 
   Tensor act(Shape shape) const { return Tensor::empty(dev_, dtype_, std::move(shape)); }

@@ -195,26 +195,25 @@ double Llama::forward(UnitAccess& units, const Tensor& tokens, const Tensor& tar
   acts_.xf = act({N, C});
   acts_.rstdf = stat({N});
   dev_.rmsnorm_forward(acts_.xf, acts_.rstdf, acts_.residual.back(), uf.view(wf, kNorm), cfg_.norm_eps);
-  acts_.logits = act({N, V});
-  if (cfg_.tie_embeddings) {
-    const Tensor wt = units.acquire_weights(emb);
-    dev_.gemm(acts_.logits, acts_.xf, false, units_[0].view(wt, kTok), true, 1.0, 0.0);
-    units.release_weights(emb);
+  const Tensor wt = cfg_.tie_embeddings ? units.acquire_weights(emb) : Tensor{};
+  const Tensor head = cfg_.tie_embeddings ? units_[0].view(wt, kTok) : uf.view(wf, kOutput);
+  if (!targets.defined()) {
+    acts_.logits = act({N, V});
+    dev_.gemm(acts_.logits, acts_.xf, false, head, true, 1.0, 0.0);
   } else {
-    dev_.gemm(acts_.logits, acts_.xf, false, uf.view(wf, kOutput), true, 1.0, 0.0);
+    // The head and the loss fused: [N, V] is never stored (nn/linear_cross_entropy.h).
+    acts_.losses = stat({N});
+    dev_.linear_cross_entropy_forward(acts_.losses, acts_.xf, head, targets);
   }
+  if (cfg_.tie_embeddings) units.release_weights(emb);
   units.release_weights(fin);
   if (!targets.defined()) return 0.0;
-
-  acts_.probs = stat({N, V});
-  acts_.losses = stat({N});
-  dev_.softmax_cross_entropy_forward(acts_.losses, acts_.probs, acts_.logits, targets);
   return mean_loss(dev_, acts_.losses, targets);
 }
 
 void Llama::backward(UnitAccess& units) {
-  if (!acts_.probs.defined()) throw std::logic_error("Llama::backward without a forward that had targets");
-  const int64_t B = acts_.B, T = acts_.T, N = B * T, C = cfg_.n_embd, V = cfg_.vocab_size;
+  if (!acts_.losses.defined()) throw std::logic_error("Llama::backward without a forward that had targets");
+  const int64_t B = acts_.B, T = acts_.T, N = B * T, C = cfg_.n_embd;
   const int64_t W = cfg_.qkv_width(), I = cfg_.intermediate;
   const int emb = 0, fin = num_units() - 1;
 
@@ -222,26 +221,25 @@ void Llama::backward(UnitAccess& units) {
   {
     const Tensor wf = units.acquire_weights(fin), gf = units.acquire_grads(fin);
     const UnitSpec& uf = units_.back();
-    const Tensor dlogits = act({N, V});
-    dev_.fill(dlogits, 0.0);
-    dev_.softmax_cross_entropy_backward(dlogits, acts_.probs, acts_.targets, loss_scale_ / static_cast<double>(loss_tokens_));
     const Tensor dxf = act({N, C});
+    dev_.fill(dxf, 0.0);
+    const double dloss = loss_scale_ / static_cast<double>(loss_tokens_);
     if (cfg_.tie_embeddings) {
       const Tensor wt = units.acquire_weights(emb), gt = units.acquire_grads(emb);
-      dev_.gemm(dxf, dlogits, false, units_[0].view(wt, kTok), false, 1.0, 0.0);
-      dev_.gemm(units_[0].view(gt, kTok), dlogits, true, acts_.xf, false, 1.0, 1.0);
+      dev_.linear_cross_entropy_backward(dxf, units_[0].view(gt, kTok), acts_.xf, units_[0].view(wt, kTok),
+                                         acts_.targets, dloss);
       units.release_grads(emb, false);
       units.release_weights(emb);
     } else {
-      dev_.gemm(dxf, dlogits, false, uf.view(wf, kOutput), false, 1.0, 0.0);
-      dev_.gemm(uf.view(gf, kOutput), dlogits, true, acts_.xf, false, 1.0, 1.0);
+      dev_.linear_cross_entropy_backward(dxf, uf.view(gf, kOutput), acts_.xf, uf.view(wf, kOutput), acts_.targets,
+                                         dloss);
     }
     dev_.fill(dx, 0.0);
     dev_.rmsnorm_backward(dx, uf.view(gf, kNorm), dxf, acts_.residual.back(), uf.view(wf, kNorm), acts_.rstdf);
     units.release_grads(fin, true);
     units.release_weights(fin);
   }
-  acts_.xf = acts_.logits = acts_.probs = Tensor{};
+  acts_.xf = acts_.losses = Tensor{};
 
   const Tensor dres2 = act({N, C}), dxin = act({N, C}), dnorm = act({N, C}), datty = act({N, cfg_.q_width()});
   const Tensor dh = act({N, I}), dgu = act({N, 2 * I}), dqkv = act({N, W}), dpre = act({N, W});

@@ -72,7 +72,9 @@ class Llama final : public Model {
 
   double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) override;
   void backward(UnitAccess& units) override;
-  const Tensor& logits() const override { return acts_.logits; }  // [B*T, V]
+  // With targets, forward fuses the head and the loss (DeviceOps::linear_cross_entropy_forward)
+  // and stores no logits: logits() ([B*T, V]) is meaningful after a forward without targets.
+  const Tensor& logits() const override { return acts_.logits; }
   void free_activations() override;
   void set_activation_checkpointing(bool on) override { checkpoint_ = on; }
   bool activation_checkpointing() const override { return checkpoint_; }
@@ -93,7 +95,7 @@ class Llama final : public Model {
     Tensor tokens, targets;
     std::vector<Tensor> residual;  // n_layer + 1: each block's input, then the last output
     std::vector<BlockActs> blocks;
-    Tensor xf, rstdf, logits, probs, losses;
+    Tensor xf, rstdf, logits, losses;  // logits: only after a forward without targets
   };
 
   Tensor act(Shape shape) const { return Tensor::empty(dev_, dtype_, std::move(shape)); }

@@ -21,6 +21,8 @@ class Model {
   virtual void init_unit(int unit, const Tensor& flat, uint64_t seed) const = 0;
   virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
   virtual void backward(UnitAccess& units) = 0;
+  // [B*T, V] after a forward without targets (sampling, evaluation); a forward with
+  // targets fuses the head and the loss and leaves it undefined (nn/linear_cross_entropy.h).
   virtual const Tensor& logits() const = 0;
   virtual void free_activations() = 0;
   virtual void set_activation_checkpointing(bool on) = 0;

@@ -1,0 +1,56 @@
+// The fused output layer and cross-entropy (DeviceOps::linear_cross_entropy_forward and
+// _backward, nn/device_ops.h): how the rows are chunked, and the default every device
+// inherits, written with the device's own ops.
+//
+// Why: the head's [N, V] tensors dominate a step's activation memory at large vocabularies
+// (Llama 3: V = 128,256; at 8k tokens the f32 probabilities alone are 4 GiB, with 2 GiB of
+// bf16 logits and 2 GiB of their gradient). The fused ops hold one chunk of rows instead.
+//
+// Chunking: Nc rows of x at a time against the whole vocabulary, Nc chosen so that the
+// chunk's scratch (bytes_per_score bytes for each of its Nc x V scores) stays within
+// kLinearXentScratchBytes, whatever N is. Whole rows, not a vocabulary split with an online
+// max/sum as Cut Cross-Entropy does: a chunk's softmax is then the plain one, and backward
+// recomputes it from the chunk's scores without a saved log-sum-exp (one more read of
+// memory the GEMM just wrote, 1/C of the GEMM's FLOPs). Nc depends on V and the dtypes
+// only, never on N's split over ranks, so runs stay identical across world sizes.
+//
+// The default (DeviceOps' bodies in linear_cross_entropy.cpp), per chunk:
+//   forward:  scores[Nc,V] = x_c w^T (gemm, x's dtype); softmax_cross_entropy_forward into
+//             probs[Nc,V] (losses' dtype) and losses_c.
+//   backward: the same two, then scores <- 0 and softmax_cross_entropy_backward into it
+//             (the chunk's dlogits, x's dtype); dx_c += dlogits w, dw += dlogits^T x_c.
+// Its scratch: (x's dtype + losses' dtype) bytes per score, allocated from x's device on
+// each call and freed before it returns. Rows' values are those of the unfused path: the
+// same kernels on the same rows (dw's sum over rows is cut at chunk boundaries: rounding).
+// A device with a kernel that does the chunk's softmax, loss and gradient in place in the
+// scores (the CUDA device) overrides both and needs only the scores' bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "nn/tensor.h"
+
+namespace ferry::nn {
+
+// The scratch the fused head holds at once: 64 MiB of scores (and, for the default, the
+// probabilities beside them). Large enough for GEMMs of hundreds of rows at V = 128k in
+// bf16 on a GPU, small beside any device's activations.
+inline constexpr size_t kLinearXentScratchBytes = size_t{64} << 20;
+
+// Rows per chunk for N rows of V scores, bytes_per_score bytes of scratch each: the most
+// that fit kLinearXentScratchBytes, a multiple of 8 when at least 8 (row offsets of bf16
+// chunks stay 16-byte aligned where C is a multiple of 8), at least 1, at most N.
+int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, size_t bytes_per_score);
+
+// Shape and dtype checks both ops share, on every device (std::invalid_argument naming
+// `device` and `op`): x[N,C] and w[V,C] 2-D of one dtype, targets i32[N], `per_row` (losses
+// or nothing) N elements; for backward dx shaped as x and dw as w. Returns {N, C, V}.
+struct LinearXentDims {
+  int64_t N = 0, C = 0, V = 0;
+};
+LinearXentDims check_linear_cross_entropy(const char* device, const char* op, const Tensor& x, const Tensor& w,
+                                          const Tensor& targets, const Tensor& losses, const Tensor& dx = Tensor{},
+                                          const Tensor& dw = Tensor{});
+
+}  // namespace ferry::nn
