@@ -6,9 +6,9 @@
 // device, shapes and dtype (is_causal; on a GPU its flash kernel) is measured in the same
 // run and the ratio printed per context: the peer is a column, never a constant.
 // On the cuda device each of its attention kernels that can run (nn/attention_kernel.h:
-// simt always, tensor_cores with bf16 on compute capability 8.0+) is a row of its own,
-// their repetitions alternated, and the headline compares them (or ferry's fastest with
-// SDPA when --python is given).
+// simt always, tensor_cores (wmma) and mma with bf16 on compute capability 8.0+) is a row
+// of its own, their repetitions alternated, and the headline compares SIMT with the faster
+// tensor-core kernel (or ferry's fastest with SDPA when --python is given).
 #pragma once
 
 #include <string>

@@ -94,8 +94,9 @@ std::function<int()> bench_command(CLI::App& cmd) {
   model->add_option("--device", a->opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   model->add_flag("--bf16", a->opt.bf16, "bf16 weights and activations (fp32 accumulation)");
   model->add_option("--attention-kernel", a->opt.attention_kernel,
-                    "cuda: attention's kernels, as device.attention_kernel (auto: tensor cores where they can run)")
-      ->check(CLI::IsMember({"auto", "simt", "tensor_cores"}));
+                    "cuda: attention's kernels, as device.attention_kernel (auto: mma where it can run, else "
+                    "tensor_cores, else simt)")
+      ->check(CLI::IsMember({"auto", "simt", "tensor_cores", "mma"}));
   model->add_flag("--predict", a->opt.predict,
                   "--device cuda: also the roofline ledger's predicted step time and MFU on an H100 and an H200 "
                   "(alone where there is no GPU)");
@@ -145,7 +146,8 @@ std::function<int()> bench_command(CLI::App& cmd) {
   tokenize->add_option("--python", a->python, "a Python with the tokenizers package: the reference");
   CLI::App* attention = add("attention",
                             "attention forward and backward alone at contexts 256-8192 (12 heads of 64, 8192 tokens "
-                            "per call); with --python, against PyTorch's scaled_dot_product_attention in the same run");
+                            "per call); on a GPU each kernel that can run (simt, tensor_cores, mma) a row; with "
+                            "--python, against PyTorch's scaled_dot_product_attention in the same run");
   threads(attention);
   attention->add_option("--device", a->opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   attention->add_flag("--bf16", a->opt.bf16, "bf16 q, k, v (f32 accumulation)");

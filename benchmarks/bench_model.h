@@ -28,7 +28,7 @@ struct ModelBenchOptions {
   // `threads` each, all cores split among them by default), against FSDP2 over gloo at as
   // many processes when `peers` is given. Ranks share the machine: one rank per core at most is the fair case.
   int ranks = 1;
-  // cuda: which attention kernels the device runs (auto | simt | tensor_cores,
+  // cuda: which attention kernels the device runs (auto | simt | tensor_cores | mma,
   // nn/attention_kernel.h), so a run can set the tensor cores against the SIMT kernels.
   std::string attention_kernel = "auto";
   // cuda: also the roofline ledger's prediction of each configuration on an H100 and an

@@ -63,16 +63,18 @@ struct CudaStatus {
 CudaStatus cuda_status();
 
 // The cuda device on GPU `ordinal` with a budget of `capacity_bytes`, running attention
-// with `attention` (nn/attention_kernel.h; tensor_cores where they cannot run makes the
-// attention ops throw std::invalid_argument saying why). Throws std::runtime_error with
+// with `attention` (nn/attention_kernel.h; tensor_cores or mma where they cannot run makes
+// the attention ops throw std::invalid_argument saying why). Throws std::runtime_error with
 // cuda_status().reason when there is no usable GPU.
 std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal = 0,
                                          AttentionKernel attention = AttentionKernel::automatic);
 
-// What a cuda device's attention runs with ("simt" or "tensor_cores") for activations of
-// `act` (statistics f32) and head size head_size on its GPU, and in *why (when not null)
-// what tensor cores would need there, or "" when they can run. Throws
-// std::invalid_argument for other devices.
+// What a cuda device's attention runs with ("simt", "tensor_cores" or "mma") for
+// activations of `act` (statistics f32) and head size head_size on its GPU, and in *why
+// (when not null) what the kernels it was asked for would need there ("tensor cores need
+// ...", "mma needs ..."; auto: what mma needs, or what the tensor cores need where it falls
+// to SIMT), or "" when they can run. Where the kernels asked for cannot run, the name is
+// the one auto would fall back to. Throws std::invalid_argument for other devices.
 std::string cuda_attention_kernel(Device& device, DType act, int64_t head_size, std::string* why = nullptr);
 
 // The largest budget make_cuda_device(capacity, ordinal) accepts on that GPU now: its free

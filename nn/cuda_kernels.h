@@ -64,6 +64,8 @@ void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr 
 // activations of `act`, statistics of `stats` and head size hs on the current GPU ("needs
 // ..." text), or null when they can.
 const char* tensor_core_attention_obstacle(DType act, DType stats, int64_t hs);
+// The same for AttentionKernel::mma (mma.sync kernels: head sizes 64 and 128).
+const char* mma_attention_obstacle(DType act, DType stats, int64_t hs);
 
 // Attention in memory linear in T (Device::attention_forward/backward): shared memory per
 // block depends on the head size only (at most 256: std::invalid_argument above it, or when

@@ -13,6 +13,8 @@
 #include "nn/cuda/attention_forward.cu"
 #include "nn/cuda/attention_backward.cu"
 #include "nn/cuda/attention_tc.cu"
+#include "nn/cuda/attention_mma.cu"
+#include "nn/cuda/attention_mma_backward.cu"
 #include "nn/cuda/activations.cu"
 #include "nn/cuda/rope.cu"
 #include "nn/cuda/softmax_xent.cu"

@@ -1,7 +1,8 @@
 // What the attention kernel files share (nn/cuda/attention_forward.cu, attention_backward.cu):
 // the SIMT kernels' layout (AttnShape, tiles, rows per warp, shared memory per block), tile
-// loads, the shared-memory checks against the GPU, and the choice between the SIMT and the
-// tensor-core kernels (nn/cuda/attention_wmma.cuh). Inline and templates, in
+// loads, the shared-memory checks against the GPU, and the choice between the SIMT, the
+// wmma tensor-core (nn/cuda/attention_wmma.cuh) and the mma.sync kernels
+// (nn/cuda/attention_mma.cuh). Inline and templates, in
 // ferry::nn::cuda::detail (nn/cuda/common.cuh says why).
 #pragma once
 
@@ -176,21 +177,36 @@ inline int compute_major() {
   return v;
 }
 
-// Whether this launch runs the tensor-core kernels: `kernel` resolved against the operands
-// (the activations `acts`, the statistics `lse`) and the GPU; tensor_cores asked where they
-// cannot run is std::invalid_argument naming the op.
-inline bool use_tensor_cores(AttentionKernel kernel, std::initializer_list<Arr> acts, Arr lse, int64_t hs, const char* op) {
-  if (kernel == AttentionKernel::simt) return false;
+// Which kernels a launch runs: `kernel` resolved against the operands (the activations
+// `acts`, the statistics `lse`) and the GPU. automatic: mma where it can run, else the wmma
+// tensor-core kernels, else SIMT; mma or tensor_cores asked where they cannot run is
+// std::invalid_argument naming the op and what they need.
+enum class AttnPath { simt, wmma, mma };
+
+inline AttnPath attention_path(AttentionKernel kernel, std::initializer_list<Arr> acts, Arr lse, int64_t hs,
+                               const char* op) {
+  if (kernel == AttentionKernel::simt) return AttnPath::simt;
   const DType t = acts.begin()->dtype;
   const bool same = std::all_of(acts.begin(), acts.end(), [t](const Arr& a) { return a.dtype == t; });
-  const char* why = same ? tensor_core_attention_obstacle(t, lse.dtype, hs) : "activations of one dtype, bf16 or f16";
-  if (why == nullptr) return true;
-  if (kernel == AttentionKernel::tensor_cores) {
-    throw std::invalid_argument(std::string(op) + ": device.attention_kernel is tensor_cores, which needs " + why +
-                                " (here: activations " + std::string(dtype_name(t)) + ", statistics " + std::string(dtype_name(lse.dtype)) +
-                                ", head size " + std::to_string(hs) + ")");
+  auto refuse = [&](const char* name, const char* why) {
+    throw std::invalid_argument(std::string(op) + ": device.attention_kernel is " + name + ", which needs " + why +
+                                " (here: activations " + std::string(dtype_name(t)) + ", statistics " +
+                                std::string(dtype_name(lse.dtype)) + ", head size " + std::to_string(hs) + ")");
+  };
+  if (kernel == AttentionKernel::mma || kernel == AttentionKernel::automatic) {
+    const char* why = same ? mma_attention_obstacle(t, lse.dtype, hs) : "activations of one dtype, bf16 or f16";
+    // cp.async moves 16 bytes: every row of every head must start 16-byte aligned (head
+    // sizes of 64 and 128 give that wherever the tensor itself is aligned).
+    const bool aligned = std::all_of(acts.begin(), acts.end(),
+                                     [](const Arr& a) { return reinterpret_cast<uintptr_t>(a.p) % 16 == 0; });
+    if (why == nullptr && !aligned) why = "activations at 16-byte aligned addresses";
+    if (why == nullptr) return AttnPath::mma;
+    if (kernel == AttentionKernel::mma) refuse("mma", why);
   }
-  return false;
+  const char* why = same ? tensor_core_attention_obstacle(t, lse.dtype, hs) : "activations of one dtype, bf16 or f16";
+  if (why == nullptr) return AttnPath::wmma;
+  if (kernel == AttentionKernel::tensor_cores) refuse("tensor_cores", why);
+  return AttnPath::simt;
 }
 
 // Runs f(S{}) with S the 16-bit storage type of dtype t (bf16 or f16).
@@ -229,6 +245,12 @@ void attention_forward_tc(cudaStream_t st, Arr out, Arr lse, Arr qkv, const Attn
                           const int32_t* doc_start);
 void attention_backward_tc(cudaStream_t st, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse, const AttnShape& sh,
                            int64_t B, const int32_t* doc_start, void* rowdot);
+// The mma.sync paths (nn/cuda/attention_mma.cu, attention_mma_backward.cu), entered once
+// attention_path said mma; the same contract.
+void attention_forward_mma(cudaStream_t st, Arr out, Arr lse, Arr qkv, const AttnShape& sh, int64_t B,
+                           const int32_t* doc_start);
+void attention_backward_mma(cudaStream_t st, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse, const AttnShape& sh,
+                            int64_t B, const int32_t* doc_start, void* rowdot);
 
 }  // namespace detail
 

@@ -215,7 +215,12 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse,
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   const int threads = attn_threads(), warps = threads / 32, rows = warps * kRowsPerWarp;
-  if (use_tensor_cores(kernel, {qkv, dout, out}, lse, sh.hs, "attention_backward")) {
+  const AttnPath path = attention_path(kernel, {qkv, dout, out}, lse, sh.hs, "attention_backward");
+  if (path == AttnPath::mma) {
+    attention_backward_mma(as_stream(s), dqkv, dout, qkv, out, lse, sh, B, doc_start, rowdot);
+    return;
+  }
+  if (path == AttnPath::wmma) {
     attention_backward_tc(as_stream(s), dqkv, dout, qkv, out, lse, sh, B, doc_start, rowdot);
     return;
   }

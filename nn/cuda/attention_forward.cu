@@ -113,7 +113,12 @@ void attention_forward(Stream s, Arr out, Arr lse, Arr qkv, int64_t B, int64_t T
   if (B * T == 0) return;
   const AttnShape sh = attn_shape(T, C, NH, KVH);
   const int threads = attn_threads(), warps = threads / 32, rows = warps * kRowsPerWarp;
-  if (use_tensor_cores(kernel, {qkv, out}, lse, sh.hs, "attention_forward")) {
+  const AttnPath path = attention_path(kernel, {qkv, out}, lse, sh.hs, "attention_forward");
+  if (path == AttnPath::mma) {
+    attention_forward_mma(as_stream(s), out, lse, qkv, sh, B, doc_start);
+    return;
+  }
+  if (path == AttnPath::wmma) {
     attention_forward_tc(as_stream(s), out, lse, qkv, sh, B, doc_start);
     return;
   }

@@ -72,10 +72,21 @@ std::string cuda_pci_bus_id(Device& device) {
 std::string cuda_attention_kernel(Device& device, DType act, int64_t head_size, std::string* why) {
   cuda_dev::CudaDevice& d = cuda_device_of(device, "cuda_attention_kernel");
   FERRY_CUDA_CHECK(cudaSetDevice(d.ordinal()));
-  const char* obstacle = cuda::tensor_core_attention_obstacle(act, DType::f32, head_size);
-  if (why != nullptr) *why = obstacle != nullptr ? std::string("tensor cores need ") + obstacle : "";
-  const bool tc = obstacle == nullptr && d.attention_kernel() != AttentionKernel::simt;
-  return std::string(attention_kernel_name(tc ? AttentionKernel::tensor_cores : AttentionKernel::simt));
+  const char* tc = cuda::tensor_core_attention_obstacle(act, DType::f32, head_size);
+  const AttentionKernel k = d.attention_kernel();
+  const std::string tc_why = tc != nullptr ? std::string("tensor cores need ") + tc : "";
+  // Where the kernels asked for cannot run, the name is what auto would fall back to.
+  const AttentionKernel fallback = tc == nullptr ? AttentionKernel::tensor_cores : AttentionKernel::simt;
+  if (k == AttentionKernel::simt || k == AttentionKernel::tensor_cores) {
+    if (why != nullptr) *why = tc_why;
+    return std::string(attention_kernel_name(k == AttentionKernel::simt ? k : fallback));
+  }
+  const char* mma = cuda::mma_attention_obstacle(act, DType::f32, head_size);
+  if (why != nullptr) {
+    // auto falling to SIMT says what the tensor cores need; otherwise what mma needs.
+    *why = mma == nullptr ? "" : k == AttentionKernel::automatic && tc != nullptr ? tc_why : std::string("mma needs ") + mma;
+  }
+  return std::string(attention_kernel_name(mma == nullptr ? AttentionKernel::mma : fallback));
 }
 
 std::string cuda_register_host(Device& device, void* ptr, size_t bytes) {

@@ -301,10 +301,12 @@ const std::vector<Knob>& config_knobs() {
       {"device.memory", F(device.memory), KnobType::bytes, "4GiB", "cap of the device arena: parameters, gradients, optimizer state, activations (cuda: the GPU arena of activations and the units in use)", 1, {}},
       {"device.threads", F(device.threads), KnobType::integer, 0, "CPU threads for the cpu device; 0 = the node's cores divided among the ranks on it", 0, 4096},
       {"device.attention_kernel", F(device.attention_kernel), KnobType::string, "auto",
-       "cuda: attention's kernels: simt (any dtype, head size up to 256), tensor_cores (bf16/f16 activations, "
-       "head size up to 128, compute capability 8.0+; anything else is an error naming what is missing), or auto: "
-       "tensor_cores where they can run, else simt (the cpu device has one kernel)",
-       {}, {}, false, {"auto", "simt", "tensor_cores"}},
+       "cuda: attention's kernels: simt (any dtype, head size up to 256), tensor_cores (wmma; bf16/f16 "
+       "activations, head size up to 128, compute capability 8.0+), mma (FlashAttention-2's register-resident "
+       "mma.sync kernels; bf16/f16 activations, head size 64 or 128, compute capability 8.0+); tensor_cores or mma "
+       "where they cannot run is an error naming what is missing; or auto: mma where it can run, else tensor_cores, "
+       "else simt (the cpu device has one kernel)",
+       {}, {}, false, {"auto", "simt", "tensor_cores", "mma"}},
       {"train.steps", F(train.steps), KnobType::integer, 500,
        "optimizer steps; 0 trains nothing and, with checkpoint.dir, saves the initial weights as step 0", 0, {}},
       {"train.eval_every", F(train.eval_every), KnobType::integer, 100, "validate every this many steps; 0 = only at the end", 0, {}},

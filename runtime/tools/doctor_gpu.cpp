@@ -210,8 +210,9 @@ DoctorCheck check_tf32(const char* value) {
 }
 
 std::string tensor_core_attention_line(int major) {
-  return major >= 8 ? "bf16/f16 attention on tensor cores (heads up to 128; device.attention_kernel auto)"
-                    : "attention on the SIMT kernels only (tensor cores need compute capability 8.0)";
+  return major >= 8 ? "bf16/f16 attention on tensor cores (device.attention_kernel auto: the mma.sync kernels at "
+                      "head sizes 64 and 128, the wmma kernels at other heads up to 128)"
+                    : "attention on the SIMT kernels only (tensor cores, wmma and mma alike, need compute capability 8.0)";
 }
 
 long attention_max_head(long optin_bytes, int accumulator_bytes) {

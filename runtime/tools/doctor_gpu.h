@@ -50,7 +50,8 @@ DoctorCheck check_tf32(const char* value);
 long attention_max_head(long optin_bytes, int accumulator_bytes);
 
 // Which kernels device.attention_kernel auto gives bf16/f16 models on a GPU of compute
-// capability `major`.x: tensor cores from 8.0 (nn/attention_kernel.h), SIMT below.
+// capability `major`.x: tensor cores from 8.0 (mma.sync at head sizes 64 and 128, wmma at
+// the other heads up to 128; nn/attention_kernel.h), SIMT below.
 std::string tensor_core_attention_line(int major);
 // Whether a mapped library's file name is CUDA's or NVIDIA's (libcuda*, libcublas*, libnccl*,
 // libnvidia-*, ...) or another library's CUDA module (UCX's libuct_cuda, Open MPI's

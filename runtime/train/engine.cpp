@@ -45,12 +45,14 @@ std::unique_ptr<nn::Device> make_gpu(const Config& c, comm::Communicator& comm) 
   if (choice.ordinal < 0) throw std::invalid_argument("key 'device.type': cuda with " + choice.problem);
   const nn::AttentionKernel attention = nn::parse_attention_kernel(c.device.attention_kernel).value();
   auto gpu = nn::make_cuda_device(c.device.memory, choice.ordinal, attention);
-  if (attention == nn::AttentionKernel::tensor_cores) {  // refused now, not at the first forward
+  // tensor_cores or mma where they cannot run: refused now, not at the first forward.
+  if (attention == nn::AttentionKernel::tensor_cores || attention == nn::AttentionKernel::mma) {
     const int64_t head = c.model.n_embd / c.model.n_head;
     std::string why;
     nn::cuda_attention_kernel(*gpu, c.zero.compute, head, &why);
     if (!why.empty()) {
-      throw std::invalid_argument("key 'device.attention_kernel': tensor_cores, but " + why + " (this model: " +
+      throw std::invalid_argument("key 'device.attention_kernel': " + std::string(nn::attention_kernel_name(attention)) +
+                                  ", but " + why + " (this model: " +
                                   std::string(nn::dtype_name(c.zero.compute)) + " activations, head size " +
                                   std::to_string(head) + ")");
     }

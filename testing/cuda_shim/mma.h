@@ -2,3 +2,4 @@
 // (see cuda_runtime.h here).
 #pragma once
 #include "testing/emu_wmma.h"
+#include "testing/emu_mma.h"
