@@ -145,7 +145,7 @@ else
 fi
 mkdir -p /tmp/ferry-gpu-check-nvme
 step offload 60 "$ferry" bench step --device cuda --bf16 --nvme-path /tmp/ferry-gpu-check-nvme --json "$out/offload.json"
-for t in test_device test_backend_ops test_cuda_training; do
+for t in test_device test_backend_ops test_fused_ops test_cuda_training; do
   [ -x "$tests/$t" ] && step "$t" 150 "$tests/$t" --log_level=message
 done
 

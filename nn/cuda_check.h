@@ -16,6 +16,7 @@
 #include <string>
 
 // In the CPU-emulated test builds these two are testing/cuda_shim's stand-ins.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

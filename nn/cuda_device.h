@@ -77,6 +77,20 @@ std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal = 0,
 // the one auto would fall back to. Throws std::invalid_argument for other devices.
 std::string cuda_attention_kernel(Device& device, DType act, int64_t head_size, std::string* why = nullptr);
 
+// Whether the cuda device runs linear_forward (nn/device_ops.h) as one cuBLASLt call with its
+// epilogue: 16-bit out, x and w of one dtype, a bias of that dtype, pre (GELU's input) of
+// out's dtype and shape with out's width a multiple of 8 (cuBLASLt's aux leading dimension),
+// no empty dimension; and, checked on the device only, every pointer 16-byte aligned (the
+// arena and the units' tensor alignment give that). Otherwise the unfused ops run. The
+// roofline ledger (nn/ledger_device.h) costs the op by the same rule.
+inline bool linear_forward_fuses(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                 const Tensor& pre) {
+  const DType t = out.dtype();
+  return is_low_precision(t) && x.dtype() == t && w.dtype() == t && out.numel() > 0 && x.dim(-1) > 0 &&
+         (!bias.defined() || (bias.dtype() == t && bias.numel() == out.dim(-1))) &&
+         (!pre.defined() || (pre.dtype() == t && pre.shape() == out.shape() && out.dim(-1) % 8 == 0));
+}
+
 // The largest budget make_cuda_device(capacity, ordinal) accepts on that GPU now: its free
 // memory (cudaMemGetInfo) less the reserve and the slab's rounding room. For tools that
 // size themselves to the GPU (ferry bench model); throws as make_cuda_device does.

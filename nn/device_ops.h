@@ -31,6 +31,15 @@ class DeviceOps {
   // c[M,N] = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x. 2-D tensors.
   virtual void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
                     bool trans_b, double alpha, double beta) = 0;
+  // A linear layer with its epilogue: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be
+  // undefined: no bias). With `pre` defined (same shape and dtype as out), pre receives
+  // x w^T + bias and out = gelu(pre), GELU's tanh form (gelu_forward). Values as gemm,
+  // add_bias and gelu_forward give them, up to one rounding less (the bias and the GELU are
+  // applied to the f32 product before it is rounded to out's dtype). This default runs
+  // those three ops (nn/fused_ops.cpp); the cuda device makes it one cuBLASLt call with a
+  // bias or GELU+bias epilogue where the dtypes allow (nn/cuda/device_linear.cpp).
+  virtual void linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                              const Tensor& pre = Tensor{});
   virtual void add_bias(const Tensor& out, const Tensor& bias) = 0;       // out[N,C] += bias[C]
   virtual void bias_backward(const Tensor& dbias, const Tensor& dout) = 0;  // dbias += sum_n dout
   virtual void add(const Tensor& out, const Tensor& a, const Tensor& b) = 0;  // out = a + b

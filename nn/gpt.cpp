@@ -117,15 +117,15 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   a.ln1_mean = stat({N});
   a.ln1_rstd = stat({N});
   dev_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, W(kLn1W), W(kLn1B));
+  // The linear layers with their bias (and the MLP's GELU) as one op: one cuBLASLt call on
+  // the cuda device (nn/device_ops.h, linear_forward).
   a.qkv = act({N, 3 * C});
-  dev_.gemm(a.qkv, a.ln1, false, W(kQkvW), true, 1.0, 0.0);
-  dev_.add_bias(a.qkv, W(kQkvB));
+  dev_.linear_forward(a.qkv, a.ln1, W(kQkvW), W(kQkvB));
   a.atty = act({N, C});
   a.lse = stat({B, cfg_.n_head, T});
   dev_.attention_forward(a.atty, a.lse, a.qkv.reshape({B, T, 3 * C}), cfg_.n_head, 0, doc_start_);
   const Tensor scratch = act({N, C});
-  dev_.gemm(scratch, a.atty, false, W(kProjW), true, 1.0, 0.0);
-  dev_.add_bias(scratch, W(kProjB));
+  dev_.linear_forward(scratch, a.atty, W(kProjW), W(kProjB));
   a.res2 = act({N, C});
   dev_.add(a.res2, x, scratch);
   a.ln2 = act({N, C});
@@ -133,12 +133,9 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   a.ln2_rstd = stat({N});
   dev_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B));
   a.fch = act({N, 4 * C});
-  dev_.gemm(a.fch, a.ln2, false, W(kFcW), true, 1.0, 0.0);
-  dev_.add_bias(a.fch, W(kFcB));
   a.fch_gelu = act({N, 4 * C});
-  dev_.gelu_forward(a.fch_gelu, a.fch);
-  dev_.gemm(scratch, a.fch_gelu, false, W(kFcProjW), true, 1.0, 0.0);
-  dev_.add_bias(scratch, W(kFcProjB));
+  dev_.linear_forward(a.fch_gelu, a.ln2, W(kFcW), W(kFcB), a.fch);
+  dev_.linear_forward(scratch, a.fch_gelu, W(kFcProjW), W(kFcProjB));
   Tensor& out = acts_.residual[static_cast<size_t>(l + 1)];
   out = act({N, C});
   dev_.add(out, a.res2, scratch);

@@ -3,6 +3,8 @@
 
 #include <utility>
 
+#include "nn/cuda_device.h"
+
 namespace ferry::nn {
 
 LedgerDevice::LedgerDevice(std::string label, size_t capacity_bytes)
@@ -63,6 +65,16 @@ void LedgerDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor&
                         double beta) {
   ShapeOnlyOps::gemm(c, a, ta, b, tb, alpha, beta);
   ledger_.add(op_cost::gemm(c, a, ta, b, tb, beta));
+}
+
+void LedgerDevice::linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                  const Tensor& pre) {
+  if (!linear_forward_fuses(out, x, w, bias, pre)) {
+    DeviceOps::linear_forward(out, x, w, bias, pre);  // records the ops the cuda device runs instead
+    return;
+  }
+  ShapeOnlyOps::gemm(out, x, false, w, true, 1.0, 0.0);
+  ledger_.add(op_cost::linear_forward(out, x, w, bias, pre));
 }
 
 void LedgerDevice::add_bias(const Tensor& out, const Tensor& bias) {

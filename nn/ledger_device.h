@@ -33,6 +33,8 @@ class LedgerDevice final : public CountingDevice {
   void fill(const Tensor& dst, double value) override;
   void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, double alpha,
             double beta) override;
+  void linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& pre) override;
   void add_bias(const Tensor& out, const Tensor& bias) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;

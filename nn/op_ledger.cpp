@@ -92,6 +92,15 @@ OpCost gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb,
   return k;
 }
 
+OpCost linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre) {
+  OpCost k = gemm(out, x, false, w, true, 0.0);
+  k.op = "linear_forward";
+  // The epilogue reads the bias and writes the pre-activation beside the output.
+  k.bytes += bytes_of(bias) + bytes_of(pre);
+  k.min_bytes = k.bytes;
+  return k;
+}
+
 OpCost add_bias(const Tensor& out, const Tensor& bias) {
   const double b = 2.0 * bytes_of(out) + bytes_of(bias);
   return memory_op("add_bias", 1, b, b);

@@ -22,7 +22,7 @@ case "$verb" in
     stage=$(mktemp -d)
     mkdir -p "$stage/bin" "$stage/lib" "$(dirname "$tarball")"
     bins=("$build/examples/ferry")
-    for t in test_device test_backend_ops test_cuda_training test_train; do
+    for t in test_device test_backend_ops test_fused_ops test_cuda_training test_train; do
       [ -x "$build/tests/$t" ] && bins+=("$build/tests/$t")
     done
     cp "${bins[@]}" "$stage/bin/" && strip "$stage"/bin/* 2>/dev/null

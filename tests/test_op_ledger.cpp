@@ -64,7 +64,7 @@ struct Launches {
 constexpr int64_t kB = 2, kT = 32;
 
 // Today's launches per GPT block (see a_gpt_block_stays_within_its_launch_budget).
-constexpr int64_t kForwardBudget = 15, kBackwardBudget = 31;
+constexpr int64_t kForwardBudget = 10, kBackwardBudget = 31;
 
 // Runs zero_grads + forward, then backward, of make(dev)'s model (bf16 weights, f32
 // gradients, as the trainer keeps them) on `dev`; `count()` returns the launches since its

@@ -1,7 +1,10 @@
 // The cuda device's GEMM: cuBLAS (fp32 accumulation; mixed operand types widened to f32
-// scratch from the budget and rounded back once).
+// scratch from the budget and rounded back once), and linear layers with their epilogue
+// (bias, GELU) in one cuBLASLt call.
 #include "nn/cuda/device_impl.h"
 
+#include <array>
+#include <optional>
 #include <stdexcept>
 
 namespace ferry::nn::cuda_dev {
@@ -90,6 +93,104 @@ void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b
   }
   if (!direct) cuda::cast(st(), arr(c), Cm, c.numel());
   debug_sync("gemm (cublasGemmEx)");
+}
+
+// ---- linear layers: one cuBLASLt call with a bias or GELU+bias epilogue ----------------------
+
+bool CudaDevice::lt_fusable(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                            const Tensor& pre) {
+  const DType t = out.dtype();
+  auto aligned = [](const Tensor& v) { return reinterpret_cast<uintptr_t>(v.data()) % 16 == 0; };
+  return linear_forward_fuses(out, x, w, bias, pre) && aligned(out) && aligned(x) && aligned(w) &&
+         (!bias.defined() || aligned(bias)) && (!pre.defined() || aligned(pre)) && t == x.dtype();
+}
+
+void CudaDevice::linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                                const Tensor& pre) {
+  const auto [M, N, K] = checks::gemm(kDev, out, x, false, w, true);
+  if (bias.defined() && bias.numel() != N) fail(kDev, "linear_forward", "bias " + bias.describe() + " for " + out.describe());
+  if (!lt_fusable(out, x, w, bias, pre)) {
+    DeviceOps::linear_forward(out, x, w, bias, pre);
+    return;
+  }
+  // Row-major out[M,N] = x[M,K] w[N,K]^T is, column-major, D[N,M] = op(A) B with A = w
+  // stored K x N (ld K) and transposed, B = x stored K x M (ld K), D = out (ld N); the bias
+  // runs along D's rows (N), and the aux output (pre) is laid out as D.
+  const cudaDataType_t t = cuda_type(out.dtype());
+  const int32_t epilogue = pre.defined() ? (bias.defined() ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                                         : (bias.defined() ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT);
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  struct Release {
+    cublasLtMatmulDesc_t& desc;
+    cublasLtMatrixLayout_t &a, &b, &d;
+    ~Release() {
+      if (desc) cublasLtMatmulDescDestroy(desc);
+      for (cublasLtMatrixLayout_t l : {a, b, d}) {
+        if (l) cublasLtMatrixLayoutDestroy(l);
+      }
+    }
+  } release{desc, a, b, d};
+  FERRY_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  FERRY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  FERRY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)));
+  FERRY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+  if (bias.defined()) {
+    const void* bp = bias.data();
+    FERRY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+    FERRY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
+  }
+  if (pre.defined()) {
+    void* ap = pre.data();
+    const int64_t ld = N;
+    FERRY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ap, sizeof(ap)));
+    FERRY_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof(ld)));
+  }
+  FERRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, t, static_cast<uint64_t>(K), static_cast<uint64_t>(N), K));
+  FERRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, t, static_cast<uint64_t>(K), static_cast<uint64_t>(M), K));
+  FERRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d, t, static_cast<uint64_t>(N), static_cast<uint64_t>(M), N));
+  // The algorithm: cuBLASLt's first choice under two constraints, cached per shape (a
+  // heuristic query costs host time every step otherwise): the workspace ferry gives cuBLAS,
+  // and split-K partials reduced in f32, never in the bf16 output type (cublas_'s
+  // CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, for the same reason).
+  const std::array<int64_t, 5> key = {M, N, K, static_cast<int64_t>(t), epilogue};
+  cublasLtMatmulAlgo_t algo;
+  {
+    std::lock_guard<std::mutex> lock(lt_mu_);
+    auto it = lt_algos_.find(key);
+    if (it == lt_algos_.end()) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      FERRY_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t ws = kCublasWorkspace;
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_INPLACE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+      if (st == CUBLAS_STATUS_SUCCESS) {
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                  sizeof(schemes));
+      }
+      if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulAlgoGetHeuristic(lt_, desc, a, b, d, d, pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+        // No algorithm for this epilogue here: the unfused ops, and not asked again.
+        lt_algos_.emplace(key, std::nullopt);
+        DeviceOps::linear_forward(out, x, w, bias, pre);
+        return;
+      }
+      it = lt_algos_.emplace(key, result.algo).first;
+    }
+    if (!it->second) {
+      DeviceOps::linear_forward(out, x, w, bias, pre);
+      return;
+    }
+    algo = *it->second;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  FERRY_CUBLAS_CHECK(cublasLtMatmul(lt_, desc, &one, w.data(), a, x.data(), b, &zero, out.data(), d, out.data(), d, &algo,
+                                    cublas_ws_, kCublasWorkspace, compute_));
+  debug_sync("linear_forward (cublasLtMatmul)");
 }
 
 FERRY_CUDA_ABI_END

@@ -7,6 +7,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <optional>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -93,6 +96,8 @@ class CudaDevice final : public Device, private DeviceClock {
 
   void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             double alpha, double beta) override;
+  void linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                      const Tensor& pre) override;
   void add_bias(const Tensor& out, const Tensor& bias) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;
@@ -216,7 +221,12 @@ class CudaDevice final : public Device, private DeviceClock {
   cudaStream_t compute_ = nullptr, h2d_ = nullptr, d2h_ = nullptr;
   cudaEvent_t compute_done_ = nullptr, copy_done_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  void* cublas_ws_ = nullptr;
+  void* cublas_ws_ = nullptr;  // cuBLAS's and cuBLASLt's (both on the compute stream)
+  cublasLtHandle_t lt_ = nullptr;
+  // linear_forward's cuBLASLt algorithm per (M, N, K, type, epilogue); nullopt: none, unfused.
+  std::mutex lt_mu_;
+  std::map<std::array<int64_t, 5>, std::optional<cublasLtMatmulAlgo_t>> lt_algos_;
+  bool lt_fusable(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre);
   int* err_ = nullptr;            // device int[3]: flag, index, value
   int* err_host_ = nullptr;       // pinned int[3 * kErrorSlots]
   double* partial_ = nullptr;     // device double[kSumSquaresBlocks + 1]

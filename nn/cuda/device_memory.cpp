@@ -49,6 +49,7 @@ CudaDevice::CudaDevice(size_t capacity, int ordinal, AttentionKernel attention)
                                          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   FERRY_CUDA_CHECK(cudaMalloc(&cublas_ws_, kCublasWorkspace));
   FERRY_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_, kCublasWorkspace));
+  FERRY_CUBLAS_CHECK(cublasLtCreate(&lt_));
   FERRY_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&err_), kErrorBytes));
   // On the compute stream: the legacy stream's cudaMemset is not ordered before the
   // non-blocking compute stream's kernels.
@@ -100,6 +101,7 @@ CudaDevice::~CudaDevice() {
   cudaStreamSynchronize(h2d_);
   cudaStreamSynchronize(d2h_);
   cublasDestroy(cublas_);
+  cublasLtDestroy(lt_);
   cudaFree(cublas_ws_);
   cudaFree(err_);
   cudaFreeHost(err_host_);
