@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda_precondition.h"
@@ -35,6 +36,7 @@
 #include "testing/emu_cuda_api.h"  // ferry_emu::compute_major
 #endif
 #include "nn/gpt.h"
+#include "nn/linear_cross_entropy.h"
 #include "nn/rng.h"
 #include "staged_comparison.h"
 #include "testing/reference_attention.h"
@@ -508,6 +510,37 @@ std::vector<OpCase> all_cases() {
                   d.softmax_cross_entropy_backward(t[0], t[1], t[2], 1.0 / N);
                   return NAN;
                 }});
+  // The fused head (nn/linear_cross_entropy.h) with its scratch budget cut to 600 bytes:
+  // every device goes through several chunks of rows and a shorter last one (the CPU
+  // device 2 rows at a time, at 6 or 8 bytes of scratch per score).
+  struct SmallChunks {
+    SmallChunks() { nn::set_linear_cross_entropy_scratch_bytes(600); }
+    ~SmallChunks() { nn::set_linear_cross_entropy_scratch_bytes(0); }
+  };
+  for (const int64_t lo : {int64_t{0}, int64_t{-1}}) {  // -1: kIgnoreTarget among the targets
+    const std::string ignored = lo < 0 ? " (ignored targets)" : "";
+    cs.push_back({"linear_cross_entropy_forward" + ignored,
+                  {{Role::stat, {N}, true},
+                   {Role::act, {N, C}},
+                   {Role::weight, {V, C}},
+                   {Role::ids, {N}, false, false, static_cast<double>(lo), V}},
+                  [](D& d, const Ts& t) {
+                    const SmallChunks small;
+                    d.linear_cross_entropy_forward(t[0], t[1], t[2], t[3]);
+                    return NAN;
+                  }});
+    cs.push_back({"linear_cross_entropy_backward" + ignored,
+                  {{Role::act, {N, C}, true, true},
+                   {Role::wgrad, {V, C}, true, true},
+                   {Role::act, {N, C}},
+                   {Role::weight, {V, C}},
+                   {Role::ids, {N}, false, false, static_cast<double>(lo), V}},
+                  [](D& d, const Ts& t) {
+                    const SmallChunks small;
+                    d.linear_cross_entropy_backward(t[0], t[1], t[2], t[3], t[4], 0.5);
+                    return NAN;
+                  }});
+  }
   cs.push_back({"adamw",
                 {{Role::wgrad, {1031}, true, true},
                  {Role::wgrad, {1031}},
@@ -571,12 +604,94 @@ std::vector<OpCase> all_cases() {
                   d.gelu_backward(t[0], t[1], t[2]);
                   return NAN;
                 }});
+  // The norms' typed kernels: a warp per row (rows of 40), a block per row (rows of 1048:
+  // more than a warp holds), and a misaligned view (the generic kernel).
+  for (const auto& [tag, rows, width, offset] :
+       {std::tuple<const char*, int64_t, int64_t, int64_t>{" (rows of 8s)", N, CV, 0},
+        {" (wide rows)", 5, 1048, 0},
+        {" (misaligned inp)", N, CV, 1}}) {
+    const int64_t R = rows, W = width, O = offset;
+    cs.push_back({std::string("layernorm_forward") + tag,
+                  {{Role::act, {R, W}, true},
+                   {Role::stat, {R}, true},
+                   {Role::stat, {R}, true},
+                   {Role::act, {R, W}, false, false, -1, 1, O},
+                   {Role::weight, {W}},
+                   {Role::weight, {W}}},
+                  [](D& d, const Ts& t) {
+                    d.layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5]);
+                    return NAN;
+                  }});
+    cs.push_back({std::string("layernorm_backward") + tag,
+                  {{Role::act, {R, W}, true, true},
+                   {Role::wgrad, {W}, true, true},
+                   {Role::wgrad, {W}, true, true},
+                   {Role::act, {R, W}},
+                   {Role::act, {R, W}, false, false, -1, 1, O},
+                   {Role::weight, {W}},
+                   {Role::stat, {R}, false, false, -0.2, 0.2},
+                   {Role::stat, {R}, false, false, 0.5, 2}},
+                  [](D& d, const Ts& t) {
+                    d.layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
+                    return NAN;
+                  }});
+    cs.push_back({std::string("rmsnorm_forward") + tag,
+                  {{Role::act, {R, W}, true},
+                   {Role::stat, {R}, true},
+                   {Role::act, {R, W}, false, false, -1, 1, O},
+                   {Role::weight, {W}}},
+                  [](D& d, const Ts& t) {
+                    d.rmsnorm_forward(t[0], t[1], t[2], t[3], 1e-5);
+                    return NAN;
+                  }});
+    cs.push_back({std::string("rmsnorm_backward") + tag,
+                  {{Role::act, {R, W}, true, true},
+                   {Role::wgrad, {W}, true, true},
+                   {Role::act, {R, W}},
+                   {Role::act, {R, W}, false, false, -1, 1, O},
+                   {Role::weight, {W}},
+                   {Role::stat, {R}, false, false, 0.5, 2}},
+                  [](D& d, const Ts& t) {
+                    d.rmsnorm_backward(t[0], t[1], t[2], t[3], t[4], t[5]);
+                    return NAN;
+                  }});
+  }
+  constexpr int64_t VV = 64;
+  for (int64_t O : {int64_t{0}, int64_t{3}}) {
+    const std::string tag = O ? " (misaligned logits)" : " (rows of 8s)";
+    cs.push_back({"softmax_cross_entropy_forward" + tag,
+                  {{Role::stat, {N}, true},
+                   {Role::stat, {N, VV}, true},
+                   {Role::act, {N, VV}, false, false, -6, 6, O},
+                   {Role::ids, {N}, false, false, -1, VV}},
+                  [](D& d, const Ts& t) {
+                    d.softmax_cross_entropy_forward(t[0], t[1], t[2], t[3]);
+                    return NAN;
+                  }});
+    cs.push_back({"softmax_cross_entropy_backward" + tag,
+                  {{Role::act, {N, VV}, true, true, -1, 1, O},
+                   {Role::stat, {N, VV}, false, false, 0, 0.1},
+                   {Role::ids, {N}, false, false, -1, VV}},
+                  [](D& d, const Ts& t) {
+                    d.softmax_cross_entropy_backward(t[0], t[1], t[2], 1.0 / N);
+                    return NAN;
+                  }});
+  }
+  cs.push_back({"adamw (misaligned grad)",
+                {{Role::wgrad, {1031}, true, true},
+                 {Role::wgrad, {1031}, false, false, -1, 1, 1},
+                 {Role::wgrad, {1031}, true, true},
+                 {Role::wgrad, {1031}, true, true, 0, 1e-3}},
+                [](D& d, const Ts& t) {
+                  d.adamw(t[0], t[1], t[2], t[3], {7, 3e-3, 0.9, 0.95, 1e-8, 0.1, 0.5});
+                  return NAN;
+                }});
   return cs;
 }
 
 // adamw's tensors are f32 on every device: the oracle runs it in f32 too.
 bool oracle_in_f32(const OpCase& c) {
-  return c.name == "adamw";
+  return c.name.rfind("adamw", 0) == 0;
 }
 
 // Runs the cases `only` accepts (all by default); seeds follow the full list either way.
@@ -655,6 +770,14 @@ BOOST_AUTO_TEST_CASE(cuda_kernels_at_the_gpu_block_sizes) {
                                           "layernorm_backward (tall)",
                                           "rmsnorm_forward",
                                           "rmsnorm_backward (tall)",
+                                          "layernorm_forward (rows of 8s)",
+                                          "layernorm_backward (wide rows)",
+                                          "rmsnorm_forward (wide rows)",
+                                          "rmsnorm_backward (rows of 8s)",
+                                          "add_bias (rows of 8s)",
+                                          "swiglu_backward (rows of 8s)",
+                                          "softmax_cross_entropy_forward (rows of 8s)",
+                                          "softmax_cross_entropy_backward (rows of 8s)",
                                           "attention_forward kv_heads=1",
                                           "attention_backward kv_heads=1",
                                           "swiglu_backward",
