@@ -686,6 +686,31 @@ std::vector<OpCase> all_cases() {
                   d.adamw(t[0], t[1], t[2], t[3], {7, 3e-3, 0.9, 0.95, 1e-8, 0.1, 0.5});
                   return NAN;
                 }});
+  // In place, as a model rotates q and k: rotary pairs read before either half is written.
+  cs.push_back({"rope_forward (in place)", {{Role::act, {N, 17}, true, true}}, [](D& d, const Ts& t) {
+                  d.rope_forward(t[0], t[0], T, 2, 6, 10000.0);
+                  return NAN;
+                }});
+  cs.push_back({"embedding_forward (rows of 8s)",
+                {{Role::act, {N, CV}, true},
+                 {Role::ids, {N}, false, false, 0, V},
+                 {Role::weight, {V, CV}},
+                 {Role::weight, {T + 2, CV}}},
+                [](D& d, const Ts& t) {
+                  d.embedding_forward(t[0], t[1], t[2], t[3], T);
+                  return NAN;
+                }});
+  cs.push_back({"embedding_forward (misaligned out)",
+                {{Role::act, {N, CV}, true, false, -1, 1, 3},
+                 {Role::ids, {N}, false, false, 0, V},
+                 {Role::weight, {V, CV}},
+                 {Role::weight, {T + 2, CV}}},
+                [](D& d, const Ts& t) {
+                  d.embedding_forward(t[0], t[1], t[2], t[3], T);
+                  return NAN;
+                }});
+  cs.push_back({"sum_squares (misaligned)", {{Role::act, {N, CV}, false, false, -1, 1, 1}},
+                [](D& d, const Ts& t) { return d.sum_squares(t[0]); }});
   return cs;
 }
 
@@ -778,6 +803,8 @@ BOOST_AUTO_TEST_CASE(cuda_kernels_at_the_gpu_block_sizes) {
                                           "swiglu_backward (rows of 8s)",
                                           "softmax_cross_entropy_forward (rows of 8s)",
                                           "softmax_cross_entropy_backward (rows of 8s)",
+                                          "embedding_forward (rows of 8s)",
+                                          "rope_forward (in place)",
                                           "attention_forward kv_heads=1",
                                           "attention_backward kv_heads=1",
                                           "swiglu_backward",

@@ -91,14 +91,25 @@ __global__ void add_bias_kernel(X out, X bias, int64_t N, int64_t C, bool vector
   }
 }
 
-template <class A>
-__global__ void sum_squares_kernel(Arr x, int64_t n, double* partial) {
+// Squares summed in double per thread (16-byte chunks of x where aligned, then the tail),
+// then over the block; one partial per block.
+template <class X>
+__global__ void sum_squares_kernel(X x, int64_t n, int64_t chunks, double* partial) {
+  constexpr int W = X::kWidth;
   __shared__ double scratch[32];
   double s = 0;
-  FERRY_FOR_EACH(i, n) {
-    const double v = ld<double>(x, i);
-    s += v * v;
-  }
+  for_each_chunk<W>(
+      n, chunks,
+      [&](int64_t j) {
+        double v[W];
+        x.load(j, v);
+        FERRY_UNROLL
+        for (int k = 0; k < W; ++k) s += v[k] * v[k];
+      },
+      [&](int64_t i) {
+        const double v = x[i];
+        s += v * v;
+      });
   s = block_reduce(s, scratch, Sum{});
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
@@ -209,8 +220,13 @@ void column_sums(Stream s, Arr dst, Arr src, int64_t N, int64_t C) {
 }
 
 void sum_squares(Stream s, Arr x, int64_t n, double* partial) {
-  FERRY_LAUNCH(sum_squares_kernel<double>, kSumSquaresBlocks, block_threads(), 0, as_stream(s), x, n,
-               partial);
+  by_type<float>(x, [&](auto t) {  // the storage type only: the sum is in double
+    using X = Operand<double, typename decltype(t)::type>;
+    const int64_t chunks = vector_chunks<X>(n, {x.p});
+    auto& kernel = sum_squares_kernel<X>;  // a reference: FERRY_LAUNCH takes its address
+    FERRY_LAUNCH(kernel, kSumSquaresBlocks, block_threads(), 0, as_stream(s), X(x), n, chunks,
+                 partial);
+  });
   FERRY_CUDA_CHECK_LAUNCH();
   FERRY_LAUNCH(sum_partials_kernel, 1, 32, 0, as_stream(s), partial, kSumSquaresBlocks);
   FERRY_CUDA_CHECK_LAUNCH();

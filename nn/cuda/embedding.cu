@@ -8,18 +8,34 @@ using namespace detail;
 
 namespace {
 
-template <class A>
-__global__ void embedding_forward_kernel(Arr out, const int32_t* tokens, Arr wte, Arr wpe,
-                                         int64_t N, int64_t T, int64_t C, int64_t V, int* err) {
-  FERRY_FOR_EACH(i, N * C) {
-    const int64_t n = i / C, c = i % C;
+// out[n] = wte[tokens[n]] + wpe[n % T], row by row: each thread keeps its cell's row and
+// column as it strides (for_each_cell), in 16-byte chunks of the row when C is a multiple of
+// the chunk width and the three arrays are aligned.
+template <class A, class X>
+__global__ void embedding_forward_kernel(X out, const int32_t* tokens, X wte, X wpe, int64_t N,
+                                         int64_t T, int64_t C, int64_t V, bool vectors, bool narrow,
+                                         int* err) {
+  constexpr int W = X::kWidth;
+  const int64_t cols = vectors ? C / W : C;
+  for_each_cell(N, cols, [&](int64_t i, int64_t n, int64_t c) {
     const int32_t tok = tokens[n];
     if (tok < 0 || tok >= V) {
       if (c == 0) report(err, n, tok);
-      continue;
+      return;
     }
-    st<A>(out, i, ld<A>(wte, int64_t{tok} * C + c) + ld<A>(wpe, (n % T) * C + c));
-  }
+    // 32-bit modulo where the row count allows it (narrow): a 64-bit one is a long call.
+    const int64_t t = narrow ? int64_t{static_cast<uint32_t>(n) % static_cast<uint32_t>(T)} : n % T;
+    if (vectors) {
+      A x[W], p[W];
+      wte.load(int64_t{tok} * cols + c, x);
+      wpe.load(t * cols + c, p);
+      FERRY_UNROLL
+      for (int k = 0; k < W; ++k) x[k] = x[k] + p[k];
+      out.store(i, x);
+    } else {
+      out.set(i, wte[int64_t{tok} * C + c] + wpe[t * C + c]);
+    }
+  });
 }
 
 // dwte[tokens[n]] += dout[n] for every n: rows sharing a token add into one dwte row. Each
@@ -71,8 +87,15 @@ void embedding_forward(Stream s, Arr out, const int32_t* tokens, Arr wte, Arr wp
                        int64_t T, int64_t C, int64_t V, int* err) {
   if (N * C == 0) return;
   by_acc(wide(out, wte, wpe), [&](auto a) {
-    FERRY_LAUNCH(embedding_forward_kernel<decltype(a)>, grid_for(N * C), block_threads(), 0, as_stream(s),
-                 out, tokens, wte, wpe, N, T, C, V, err);
+    using A = decltype(a);
+    by_storage<A>({out, wte, wpe}, {}, [&](auto x, auto) {
+      using X = Operand<A, typename decltype(x)::type>;
+      const bool vectors = C % X::kWidth == 0 && vector_chunks<X>(C, {out.p, wte.p, wpe.p}) > 0;
+      auto& kernel = embedding_forward_kernel<A, X>;  // a reference: FERRY_LAUNCH takes its address
+      FERRY_LAUNCH(kernel, grid_for(vectors ? N * C / X::kWidth : N * C), block_threads(), 0,
+                   as_stream(s), X(out), tokens, X(wte), X(wpe), N, T, C, V, vectors,
+                   N <= INT32_MAX, err);
+    });
   });
   FERRY_CUDA_CHECK_LAUNCH();
 }
