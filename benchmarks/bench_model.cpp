@@ -308,7 +308,7 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
   std::unique_ptr<nn::Device> owned;
   nn::CpuDevice* cpu = nullptr;
   const auto attention = nn::parse_attention_kernel(opt.attention_kernel);
-  if (!attention) throw std::invalid_argument("--attention-kernel must be auto, simt or tensor_cores");
+  if (!attention) throw std::invalid_argument("--attention-kernel must be auto, simt, tensor_cores or mma");
   if (gpu) {
     // The GPT-2 shapes below need more than the CPU's 8 GiB: the GPU's free memory is the cap.
     try {

@@ -307,7 +307,7 @@ GpuRates hopper_rates(const std::string& gpu, double hbm_bytes_per_s, const std:
                       AttentionKernel attention) {
   GpuRates r;
   r.gpu = gpu;
-  r.attention = attention == AttentionKernel::automatic ? AttentionKernel::tensor_cores : attention;
+  r.attention = attention == AttentionKernel::automatic ? AttentionKernel::mma : attention;  // auto's choice on Hopper
   r.gemm_bf16 = {678e12,
                  "measured: cuBLAS bf16 at GPT-2 124M's shapes on an H100, 2026-11-25 (docs/design/measured.md); "
                  "the H200 has the same tensor cores and clocks"};
@@ -331,9 +331,14 @@ Rate GpuRates::attention_rate(bool backward, int64_t hs, int64_t T) const {
                     : Rate{5.16e12 * kClock,
                            "measured: SIMT flash forward, H100, hs 64, T 1024 (ncu 2.5 ms per layer at base clock)"};
   }
+  // The wmma kernels and the mma.sync kernels (FlashAttention-2's own design; mma runs head
+  // sizes 64 and 128 only, auto's other heads take wmma) alike: never timed, so half of
+  // FlashAttention-2's published rate, until a GPU run measures them.
+  const bool mma = attention == AttentionKernel::mma && (hs == 64 || hs == 128);
   return {0.5 * fa2_h100(backward, hs, T),
-          std::string("assumption (never timed): half of FlashAttention-2's H100 ") + (backward ? "backward" : "forward") +
-              " rate at head size " + (hs <= 64 ? "64" : "128") + " (FlashAttention-3 paper, arXiv 2407.08608)"};
+          std::string("assumption (never timed): the ") + (mma ? "mma.sync" : "wmma tensor-core") +
+              " kernels at half of FlashAttention-2's H100 " + (backward ? "backward" : "forward") + " rate at head size " +
+              (hs <= 64 ? "64" : "128") + " (FlashAttention-3 paper, arXiv 2407.08608)"};
 }
 
 GpuRates h100_rates(AttentionKernel attention) {

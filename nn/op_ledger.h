@@ -100,7 +100,7 @@ struct GpuRates {
   Rate gemm_bf16, gemm_f32;  // FLOP/s
   Rate memory;               // bytes/s
   Rate launch;               // seconds per launch, added to each op's time
-  AttentionKernel attention = AttentionKernel::tensor_cores;
+  AttentionKernel attention = AttentionKernel::mma;  // automatic resolves to mma (auto's choice)
   // FLOP/s of the attention kernels at head size hs and context T (the kernels that run
   // for `attention`; see the .cpp for each figure's source).
   Rate attention_rate(bool backward, int64_t hs, int64_t T) const;

@@ -161,6 +161,10 @@ BOOST_AUTO_TEST_CASE(attention_rates_come_from_the_measured_or_the_published_cur
   BOOST_TEST(tc.attention_rate(false, 128, 4096).value == 0.5 * 319e12);
   BOOST_TEST(tc.attention_rate(false, 64, 100).value == 0.5 * 180e12);
   BOOST_TEST(tc.attention_rate(false, 64, 1024).source.find("assumption") != std::string::npos);
+  // auto is mma on an H100 (head sizes 64 and 128; wmma at the others), by the same rule.
+  BOOST_TEST(tc.attention_rate(false, 64, 1024).source.find("mma.sync") != std::string::npos);
+  BOOST_TEST(tc.attention_rate(false, 96, 1024).source.find("wmma") != std::string::npos);
+  BOOST_TEST(nn::h100_rates(nn::AttentionKernel::mma).attention_rate(true, 128, 2048).value == 0.5 * 291e12);
   const nn::GpuRates simt = nn::h100_rates(nn::AttentionKernel::simt);
   BOOST_TEST(simt.attention_rate(false, 64, 1024).value > 6e12);  // the measured 5.16 at base clock, scaled
   BOOST_TEST(simt.attention_rate(false, 64, 1024).value < 7e12);

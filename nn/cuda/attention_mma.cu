@@ -142,16 +142,6 @@ __global__ void flash_forward_mma_kernel(S* out, float* lse, const S* qkv, AttnS
 #endif
 }
 
-// Runs f(std::integral_constant<int, HS>{}) for the head sizes the mma kernels are built for.
-template <class F>
-void by_mma_head(int64_t hs, F&& f) {
-  if (hs == 64) {
-    f(std::integral_constant<int, 64>{});
-  } else {
-    f(std::integral_constant<int, 128>{});
-  }
-}
-
 }  // namespace
 
 const char* mma_attention_obstacle(DType act, DType stats, int64_t hs) {

@@ -182,6 +182,17 @@ __device__ __forceinline__ void store2(S* p, uint32_t v) {
 #endif
 }
 
+// Runs f(std::integral_constant<int, HS>{}) for the head size hs (64 or 128: what
+// mma_attention_obstacle lets through).
+template <class F>
+void by_mma_head(int64_t hs, F&& f) {
+  if (hs == 64) {
+    f(std::integral_constant<int, 64>{});
+  } else {
+    f(std::integral_constant<int, 128>{});
+  }
+}
+
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 }  // namespace detail
