@@ -1,6 +1,7 @@
 #include "nn/linear_cross_entropy.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "nn/device.h"
@@ -8,9 +9,20 @@
 
 namespace ferry::nn {
 
+namespace {
+std::atomic<size_t> scratch_override{0};
+}  // namespace
+
+size_t linear_cross_entropy_scratch_bytes() {
+  const size_t set = scratch_override.load(std::memory_order_relaxed);
+  return set != 0 ? set : kLinearXentScratchBytes;
+}
+
+void set_linear_cross_entropy_scratch_bytes(size_t bytes) { scratch_override.store(bytes, std::memory_order_relaxed); }
+
 int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, size_t bytes_per_score) {
   const size_t row_bytes = static_cast<size_t>(std::max<int64_t>(V, 1)) * std::max<size_t>(bytes_per_score, 1);
-  int64_t rows = static_cast<int64_t>(kLinearXentScratchBytes / row_bytes);
+  int64_t rows = static_cast<int64_t>(linear_cross_entropy_scratch_bytes() / row_bytes);
   if (rows >= 8) rows -= rows % 8;
   return std::clamp<int64_t>(rows, 1, std::max<int64_t>(N, 1));
 }

@@ -33,14 +33,26 @@
 
 namespace ferry::nn {
 
-// The scratch the fused head holds at once: 64 MiB of scores (and, for the default, the
-// probabilities beside them). Large enough for GEMMs of hundreds of rows at V = 128k in
-// bf16 on a GPU, small beside any device's activations.
-inline constexpr size_t kLinearXentScratchBytes = size_t{64} << 20;
+// The scratch the fused head holds at once: 1 GiB of scores (and, for the default, the
+// probabilities beside them). Why so much: every chunk adds into all of dw, so a GPU reads
+// and writes dw (f32: 1 GiB at Llama 3.2 1B's head) once per chunk, and small chunks make
+// thin GEMMs. Measured on an H200 at N = 8192, C = 2048, V = 128,256 (bf16, f32 dw), one
+// forward and backward of the head: unfused 19.8 ms (8 GiB of [N, V] tensors); fused with
+// 64 MiB 148.9 ms, 512 MiB 34.9 ms, 1 GiB 31.4 ms, 2 GiB 29.9 ms. The same on every device,
+// so `ferry plan`'s count is the GPU's; never more than the unfused head held (6 or 8 bytes
+// a score for at most N rows, where that held 8 or 16 for all N).
+inline constexpr size_t kLinearXentScratchBytes = size_t{1} << 30;
+
+// The budget in force: kLinearXentScratchBytes unless a test has set another. Tests set a
+// few hundred bytes to cut small shapes into many chunks (tests/test_backend_ops.cpp runs
+// every device through several chunks and a shorter last one); 0 restores the default.
+// Process-wide and atomic; set it only while no op runs.
+size_t linear_cross_entropy_scratch_bytes();
+void set_linear_cross_entropy_scratch_bytes(size_t bytes);
 
 // Rows per chunk for N rows of V scores, bytes_per_score bytes of scratch each: the most
-// that fit kLinearXentScratchBytes, a multiple of 8 when at least 8 (row offsets of bf16
-// chunks stay 16-byte aligned where C is a multiple of 8), at least 1, at most N.
+// that fit the budget, a multiple of 8 when at least 8 (row offsets of bf16 chunks stay
+// 16-byte aligned where C is a multiple of 8), at least 1, at most N.
 int64_t linear_cross_entropy_chunk_rows(int64_t N, int64_t V, size_t bytes_per_score);
 
 // Shape and dtype checks both ops share, on every device (std::invalid_argument naming

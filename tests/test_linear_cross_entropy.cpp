@@ -78,6 +78,15 @@ double error(const std::vector<double>& got, const std::vector<double>& start, c
   return std::sqrt(diff / std::max(norm, 1e-300));
 }
 
+// The tests below cut rows into chunks at a 64 MiB budget (1 GiB by default), so that
+// shapes quick on a CPU still make several chunks.
+struct Budget64MiB {
+  Budget64MiB() { nn::set_linear_cross_entropy_scratch_bytes(size_t{64} << 20); }
+  ~Budget64MiB() { nn::set_linear_cross_entropy_scratch_bytes(0); }
+  Budget64MiB(const Budget64MiB&) = delete;
+  Budget64MiB& operator=(const Budget64MiB&) = delete;
+};
+
 struct Case {
   const char* name;
   DType compute, grad;  // x, w (and dx) in `compute`; dw in `grad`
@@ -87,8 +96,9 @@ struct Case {
 }  // namespace
 
 // Several chunks with a shorter last one: V = 40,000 makes chunks of 208 rows in f32 (8
-// bytes of scratch per score) and 272 in bf16 (6), N = 300 is a multiple of neither.
+// bytes of scratch per score) and 272 in bf16 (6) at 64 MiB; N = 300 is a multiple of neither.
 BOOST_AUTO_TEST_CASE(forward_and_backward_match_the_unfused_formula_in_f64) {
+  const Budget64MiB budget;
   nn::CpuDevice dev(size_t{1} << 30, 2);
   const int64_t N = 300, C = 8, V = 40000;
   const double dloss = 0.75;
@@ -141,8 +151,10 @@ BOOST_AUTO_TEST_CASE(forward_and_backward_match_the_unfused_formula_in_f64) {
 
 // The head's memory does not grow with N x V: at N = 4096 and V = 32,000 (f32), the
 // unfused path holds 500 MiB of logits and as much of probabilities and of their gradient;
-// the fused ops' peak above x, w, dx, dw and the losses is the chunk's scratch.
+// the fused ops' peak above x, w, dx, dw and the losses is the chunk's scratch (at 64 MiB;
+// at the default 1 GiB this shape would be one chunk).
 BOOST_AUTO_TEST_CASE(peak_memory_is_the_chunk_budget_not_tokens_times_vocabulary) {
+  const Budget64MiB budget;
   nn::CpuDevice dev(size_t{2} << 30, 2);
   const int64_t N = 4096, C = 32, V = 32000;
   const Tensor x = test::random_tensor(dev, DType::f32, {N, C}, 1, 0.5);
@@ -165,8 +177,8 @@ BOOST_AUTO_TEST_CASE(peak_memory_is_the_chunk_budget_not_tokens_times_vocabulary
                                                           << nn::format_bytes(unfused));
   // The chunk's losses (backward) and the arena's alignment beside the budget.
   const size_t slack = 64 * 1024;
-  BOOST_TEST(forward_peak <= nn::kLinearXentScratchBytes + slack);
-  BOOST_TEST(backward_peak <= nn::kLinearXentScratchBytes + slack);
+  BOOST_TEST(forward_peak <= nn::linear_cross_entropy_scratch_bytes() + slack);
+  BOOST_TEST(backward_peak <= nn::linear_cross_entropy_scratch_bytes() + slack);
   BOOST_TEST(backward_peak * 4 < unfused);
   // And the values are still the loss: each row's against a direct f64 sum on 3 rows.
   for (int64_t n : {int64_t{0}, int64_t{2047}, N - 1}) {
@@ -187,11 +199,12 @@ BOOST_AUTO_TEST_CASE(peak_memory_is_the_chunk_budget_not_tokens_times_vocabulary
 }
 
 BOOST_AUTO_TEST_CASE(chunk_rows_fill_the_budget_and_stay_within_n) {
-  // 64 MiB of f32 scores and probabilities at Llama 3's vocabulary: 64 rows (65.4 less 8's remainder).
-  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(8192, 128256, 8) == 64);
-  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(8192, 128256, 2) == 256);  // bf16 scores alone
-  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(10, 256, 8) == 10);        // small heads: one chunk
-  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(10, int64_t{1} << 30, 8) == 1);  // never 0
+  // 1 GiB of bf16 scores and f32 probabilities at Llama 3's vocabulary: 1392 rows (1395.1
+  // less 8's remainder), 6 chunks of 8192 tokens.
+  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(8192, 128256, 6) == 1392);
+  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(8192, 128256, 2) == 4184);  // bf16 scores alone
+  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(10, 256, 8) == 10);         // small heads: one chunk
+  BOOST_TEST(nn::linear_cross_entropy_chunk_rows(10, int64_t{1} << 40, 8) == 1);  // never 0
 }
 
 BOOST_AUTO_TEST_CASE(mismatched_shapes_are_refused_naming_the_op) {
