@@ -133,16 +133,24 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_follows_the_cpu_trainer_for_200_steps_in_bf16,
   const Run cpu = train(doc(200), {"bf16.enabled=true"});
   const Run gpu = train(doc(200), {"bf16.enabled=true", "device.type=cuda"});
   BOOST_TEST(gpu.log.find("device: cuda:") != std::string::npos);
-  double worst = 0;
+  // Two bf16 trajectories round differently and, after some tens of steps, drift apart
+  // chaotically: on the H100 and H200 the 20-step windows agreed to 3e-4 over steps 1-40
+  // and then differed by up to 0.043 (row kernels), 0.086 (flash) and 0.112 (mma
+  // attention, fused head, GEMM epilogues) with the same validation loss at step 200 (2.739
+  // and 2.741 against the CPU's 2.699; docs/design/gpu-questions.md, Q2). So the kernels'
+  // error is held where the trajectories have not diverged yet, the first 40 steps, and
+  // the end by the validation loss; the middle windows are printed, not held.
+  double worst = 0, early = 0;
   for (size_t w = 0; w < 200; w += 20) {
     const double gap = std::abs(window_mean(gpu, w, 20) - window_mean(cpu, w, 20));
     BOOST_TEST_MESSAGE("steps " << w + 1 << "-" << w + 20 << ": cpu " << window_mean(cpu, w, 20)
                                 << ", cuda " << window_mean(gpu, w, 20) << ", gap " << gap);
     worst = std::max(worst, gap);
+    if (w < 40) early = std::max(early, gap);
   }
-  BOOST_TEST_MESSAGE("worst window gap " << worst << "; validation cpu " << cpu.val << ", cuda "
-                                         << gpu.val);
-  BOOST_TEST(worst < 0.1);
+  BOOST_TEST_MESSAGE("worst window gap " << worst << " (steps 1-40: " << early << "); validation cpu " << cpu.val
+                                         << ", cuda " << gpu.val);
+  BOOST_TEST(early < 0.01);
   BOOST_TEST(std::abs(gpu.val - cpu.val) < 0.05);
   BOOST_TEST(window_mean(gpu, 180, 20) < gpu.losses[0] - 2.0);
 }
