@@ -604,10 +604,12 @@ std::vector<OpCase> all_cases() {
                   d.gelu_backward(t[0], t[1], t[2]);
                   return NAN;
                 }});
-  // The norms' typed kernels: a warp per row (rows of 40), a block per row (rows of 1048:
-  // more than a warp holds), and a misaligned view (the generic kernel).
+  // The norms' typed kernels: 8 lanes per row (rows of 40), a warp per row (rows of 264), a
+  // block per row (rows of 1048: more than a warp holds), and a misaligned view (the
+  // generic kernel).
   for (const auto& [tag, rows, width, offset] :
        {std::tuple<const char*, int64_t, int64_t, int64_t>{" (rows of 8s)", N, CV, 0},
+        {" (warp rows)", N, 264, 0},
         {" (wide rows)", 5, 1048, 0},
         {" (misaligned inp)", N, CV, 1}}) {
     const int64_t R = rows, W = width, O = offset;
@@ -799,6 +801,8 @@ BOOST_AUTO_TEST_CASE(cuda_kernels_at_the_gpu_block_sizes) {
                                           "layernorm_backward (wide rows)",
                                           "rmsnorm_forward (wide rows)",
                                           "rmsnorm_backward (rows of 8s)",
+                                          "layernorm_backward (warp rows)",
+                                          "rmsnorm_forward (warp rows)",
                                           "add_bias (rows of 8s)",
                                           "swiglu_backward (rows of 8s)",
                                           "softmax_cross_entropy_forward (rows of 8s)",

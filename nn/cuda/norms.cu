@@ -1,5 +1,5 @@
-// LayerNorm (GPT-2) and RMSNorm (Llama), forward and the input gradient: a warp per row
-// (a block for wide rows) with the row in registers and 16-byte accesses for the common
+// LayerNorm (GPT-2) and RMSNorm (Llama), forward and the input gradient: 8 lanes or a warp
+// per row (a block for wide rows) with the row in registers and 16-byte accesses for the common
 // dtypes, one block per row with per-element loads for the rest (docs/design/cuda.md,
 // "Memory-bound kernels"); the weight gradients are column reductions
 // (nn/cuda/column_reduce.cuh).
@@ -33,51 +33,63 @@ struct RmsNormParamsTerm {  // dw += x * rstd * dout
   }
 };
 
-// ---- normalisation, typed: a warp (or a block) per row, the row in registers ---------------
+// ---- normalisation, typed: a few lanes, a warp or a block per row, the row in registers ----
 // For operands of one storage type S (activations and weights f32, bf16 or f16; statistics
 // f32), 16-byte aligned, rows a multiple of W = 16 / sizeof(S) wide. A row is C / W chunks;
 // a group of G threads owns it, thread g the chunks g, g + G, ... (at most K = kRowFloats /
 // W of them, held as floats in registers), so the row is read from memory once: summed,
-// then normalised from the registers. G is a warp (kWarpRows: blockDim / 32 rows per block,
-// reductions by shuffles alone) where the row fits in 32 K chunks (C <= 1024), else the
-// block (one row per block, as the generic kernels): C <= 256 K W = 8192 on a GPU.
-// Wider rows, other mixes and misaligned views take the generic kernels below.
+// then normalised from the registers. G is the narrowest that holds the row: 8 lanes
+// (C <= 256: a warp does 4 rows, as for q/k norms over heads of 64 or 128), a warp
+// (C <= 1024), both reducing by shuffles alone, else the block (one row per block, block
+// reductions: C <= 256 K W = 8192 on a GPU). Wider rows, other mixes and misaligned views
+// take the generic kernels below. The shuffles take every lane of a warp, so lanes past
+// the last row stay to the end with no chunks (live false) instead of returning.
 constexpr int kRowFloats = 32;
+constexpr int kBlockRows = 0;  // G: the whole block per row
 
 template <class S>
 constexpr int kRowChunks = kRowFloats / Operand<float, S>::kWidth;  // K
 
-template <bool kWarpRows>
+template <int G>
 struct RowGroup {
-  int size;     // G
+  int size;     // threads per row
   int g;        // this thread's place in its row's group
   int64_t row;  // the row it works on
-  __device__ RowGroup() {
-    size = kWarpRows ? 32 : static_cast<int>(blockDim.x);
-    g = kWarpRows ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(threadIdx.x);
-    row = kWarpRows ? blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5) : int64_t{blockIdx.x};
-  }
-  // The sum over the group, in every thread (scratch: 32 floats, block groups only).
-  __device__ float sum(float v, float* scratch) const {
-    if constexpr (kWarpRows) {
-      (void)scratch;
-      return warp_sum(v);
+  bool live;    // row < N
+  __device__ explicit RowGroup(int64_t N) {
+    if constexpr (G == kBlockRows) {
+      size = static_cast<int>(blockDim.x);
+      g = static_cast<int>(threadIdx.x);
+      row = blockIdx.x;
     } else {
+      size = G;
+      g = static_cast<int>(threadIdx.x % G);
+      row = blockIdx.x * int64_t{blockDim.x / G} + threadIdx.x / G;
+    }
+    live = row < N;
+  }
+  // The sum over the group, in every thread (scratch: 32 floats, block groups only). Lane
+  // groups: a butterfly within the G lanes (xor offsets below G stay inside the group).
+  __device__ float sum(float v, float* scratch) const {
+    if constexpr (G == kBlockRows) {
       return block_reduce(v, scratch, Sum{});
+    } else {
+      (void)scratch;
+      for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      return v;
     }
   }
 };
 
-template <class S, bool kWarpRows>
+template <class S, int G>
 __global__ void layernorm_forward_typed_kernel(Operand<float, S> out, Operand<float, float> mean,
                                                Operand<float, float> rstd, Operand<float, S> inp,
                                                Operand<float, S> w, Operand<float, S> b, int64_t N,
                                                int C) {
   constexpr int W = Operand<float, S>::kWidth, K = kRowChunks<S>;
   __shared__ float scratch[32];
-  const RowGroup<kWarpRows> grp;
-  if (grp.row >= N) return;  // a whole warp (warp rows); never for block rows
-  const int chunks = C / W;
+  const RowGroup<G> grp(N);
+  const int chunks = grp.live ? C / W : 0;
   const int64_t base = grp.row * chunks;
   float x[K][W];
   float s = 0;
@@ -113,24 +125,23 @@ __global__ void layernorm_forward_typed_kernel(Operand<float, S> out, Operand<fl
     for (int e = 0; e < W; ++e) x[k][e] = (x[k][e] - m) * r * wv[e] + bv[e];
     out.store(base + c, x[k]);
   }
-  if (grp.g == 0) {
+  if (grp.g == 0 && grp.live) {
     mean.set(grp.row, m);
     rstd.set(grp.row, r);
   }
 }
 
-template <class S, bool kWarpRows>
+template <class S, int G>
 __global__ void layernorm_backward_typed_kernel(Operand<float, S> dinp, Operand<float, S> dout,
                                                 Operand<float, S> inp, Operand<float, S> w,
                                                 Operand<float, float> mean,
                                                 Operand<float, float> rstd, int64_t N, int C) {
   constexpr int W = Operand<float, S>::kWidth, K = kRowChunks<S>;
   __shared__ float scratch[32];
-  const RowGroup<kWarpRows> grp;
-  if (grp.row >= N) return;
-  const int chunks = C / W;
+  const RowGroup<G> grp(N);
+  const int chunks = grp.live ? C / W : 0;
   const int64_t base = grp.row * chunks;
-  const float m = mean[grp.row], r = rstd[grp.row];
+  const float m = grp.live ? mean[grp.row] : 0.0f, r = grp.live ? rstd[grp.row] : 0.0f;
   float norm[K][W], dnorm[K][W];
   float dm = 0, dnm = 0;
   FERRY_UNROLL
@@ -163,15 +174,14 @@ __global__ void layernorm_backward_typed_kernel(Operand<float, S> dinp, Operand<
   }
 }
 
-template <class S, bool kWarpRows>
+template <class S, int G>
 __global__ void rmsnorm_forward_typed_kernel(Operand<float, S> out, Operand<float, float> rstd,
                                              Operand<float, S> inp, Operand<float, S> w, int64_t N,
                                              int C, float eps) {
   constexpr int W = Operand<float, S>::kWidth, K = kRowChunks<S>;
   __shared__ float scratch[32];
-  const RowGroup<kWarpRows> grp;
-  if (grp.row >= N) return;
-  const int chunks = C / W;
+  const RowGroup<G> grp(N);
+  const int chunks = grp.live ? C / W : 0;
   const int64_t base = grp.row * chunks;
   float x[K][W];
   float ss = 0;
@@ -195,20 +205,19 @@ __global__ void rmsnorm_forward_typed_kernel(Operand<float, S> out, Operand<floa
     for (int e = 0; e < W; ++e) x[k][e] = x[k][e] * r * wv[e];
     out.store(base + c, x[k]);
   }
-  if (grp.g == 0) rstd.set(grp.row, r);
+  if (grp.g == 0 && grp.live) rstd.set(grp.row, r);
 }
 
-template <class S, bool kWarpRows>
+template <class S, int G>
 __global__ void rmsnorm_backward_typed_kernel(Operand<float, S> dinp, Operand<float, S> dout,
                                               Operand<float, S> inp, Operand<float, S> w,
                                               Operand<float, float> rstd, int64_t N, int C) {
   constexpr int W = Operand<float, S>::kWidth, K = kRowChunks<S>;
   __shared__ float scratch[32];
-  const RowGroup<kWarpRows> grp;
-  if (grp.row >= N) return;
-  const int chunks = C / W;
+  const RowGroup<G> grp(N);
+  const int chunks = grp.live ? C / W : 0;
   const int64_t base = grp.row * chunks;
-  const float r = rstd[grp.row];
+  const float r = grp.live ? rstd[grp.row] : 0.0f;
   float x[K][W], wd[K][W];  // the input and w * dout
   float wdx = 0;
   FERRY_UNROLL
@@ -239,20 +248,21 @@ __global__ void rmsnorm_backward_typed_kernel(Operand<float, S> dinp, Operand<fl
   }
 }
 
-// Which typed kernel suits rows of C for storage S at these addresses: 1 warp rows, 2 block
-// rows, 0 none (the generic kernels).
+// Threads per row (G) of the typed kernel for rows of C of storage S at these addresses:
+// 8, 32 or kBlockRows; -1: none (the generic kernels).
 template <class S>
-int row_mode(int64_t C, std::initializer_list<const void*> ps) {
+int row_group(int64_t C, std::initializer_list<const void*> ps) {
   constexpr int W = Operand<float, S>::kWidth, K = kRowChunks<S>;
-  if (C % W != 0 || !aligned16(ps)) return 0;
+  if (C % W != 0 || !aligned16(ps)) return -1;
   const int64_t chunks = C / W;
-  if (chunks <= 32 * K) return 1;
-  return chunks <= int64_t{block_threads()} * K ? 2 : 0;
+  if (chunks <= 8 * K) return 8;
+  if (chunks <= 32 * K) return 32;
+  return chunks <= int64_t{block_threads()} * K ? kBlockRows : -1;
 }
 
 // Blocks for a typed row kernel over N rows.
-inline unsigned row_blocks(int mode, int64_t N) {
-  const int64_t rows_per_block = mode == 1 ? block_threads() / 32 : 1;
+inline unsigned row_blocks(int G, int64_t N) {
+  const int64_t rows_per_block = G == kBlockRows ? 1 : block_threads() / G;
   return static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
 }
 
@@ -340,7 +350,7 @@ __global__ void rmsnorm_backward_rows_kernel(Arr dinp, Arr dout, Arr inp, Arr w,
 
 }  // namespace
 
-// Each launcher runs one row kernel (typed where row_mode allows, generic otherwise) and,
+// Each launcher runs one row kernel (typed where row_group allows, generic otherwise) and,
 // for the backward passes, the weight gradients' column reduction: the same launches as
 // before the typed kernels.
 
@@ -349,26 +359,28 @@ void layernorm_forward(Stream s, Arr out, Arr mean, Arr rstd, Arr inp, Arr w, Ar
   if (N == 0) return;
   by_acc(wide(out, mean, rstd, inp, w, b), [&](auto a) {
     using A = decltype(a);
-    int mode = 0;
+    int mode = -1;  // threads per row of the typed kernel; -1: the generic one
     by_storage<A>({out, inp, w, b}, {mean, rstd}, [&](auto x, auto) {
       using S = typename decltype(x)::type;
       if constexpr (!std::is_same_v<S, Arr>) {
-        mode = row_mode<S>(C, {out.p, inp.p, w.p, b.p});
-        if (mode == 0) return;
+        mode = row_group<S>(C, {out.p, inp.p, w.p, b.p});
+        if (mode < 0) return;
         using X = Operand<float, S>;
         using Y = Operand<float, float>;
         auto launch = [&](auto& kernel) {  // a reference: FERRY_LAUNCH takes its address
           FERRY_LAUNCH(kernel, row_blocks(mode, N), block_threads(), 0, as_stream(s), X(out),
                        Y(mean), Y(rstd), X(inp), X(w), X(b), N, static_cast<int>(C));
         };
-        if (mode == 1) {
-          launch(layernorm_forward_typed_kernel<S, true>);
+        if (mode == 8) {
+          launch(layernorm_forward_typed_kernel<S, 8>);
+        } else if (mode == 32) {
+          launch(layernorm_forward_typed_kernel<S, 32>);
         } else {
-          launch(layernorm_forward_typed_kernel<S, false>);
+          launch(layernorm_forward_typed_kernel<S, kBlockRows>);
         }
       }
     });
-    if (mode != 0) return;
+    if (mode >= 0) return;
     FERRY_LAUNCH(layernorm_forward_kernel<A>, static_cast<unsigned>(N), block_threads(), 0,
                  as_stream(s), out, mean, rstd, inp, w, b, C);
   });
@@ -380,26 +392,28 @@ void layernorm_backward(Stream s, Arr dinp, Arr dw, Arr db, Arr dout, Arr inp, A
   if (N == 0) return;
   by_acc(wide(dinp, dw, db, dout, inp, w, mean, rstd), [&](auto a) {
     using A = decltype(a);
-    int mode = 0;
+    int mode = -1;  // threads per row of the typed kernel; -1: the generic one
     by_storage<A>({dinp, dout, inp, w}, {mean, rstd}, [&](auto x, auto) {
       using S = typename decltype(x)::type;
       if constexpr (!std::is_same_v<S, Arr>) {
-        mode = row_mode<S>(C, {dinp.p, dout.p, inp.p, w.p});
-        if (mode == 0) return;
+        mode = row_group<S>(C, {dinp.p, dout.p, inp.p, w.p});
+        if (mode < 0) return;
         using X = Operand<float, S>;
         using Y = Operand<float, float>;
         auto launch = [&](auto& kernel) {  // a reference: FERRY_LAUNCH takes its address
           FERRY_LAUNCH(kernel, row_blocks(mode, N), block_threads(), 0, as_stream(s), X(dinp),
                        X(dout), X(inp), X(w), Y(mean), Y(rstd), N, static_cast<int>(C));
         };
-        if (mode == 1) {
-          launch(layernorm_backward_typed_kernel<S, true>);
+        if (mode == 8) {
+          launch(layernorm_backward_typed_kernel<S, 8>);
+        } else if (mode == 32) {
+          launch(layernorm_backward_typed_kernel<S, 32>);
         } else {
-          launch(layernorm_backward_typed_kernel<S, false>);
+          launch(layernorm_backward_typed_kernel<S, kBlockRows>);
         }
       }
     });
-    if (mode == 0) {
+    if (mode < 0) {
       FERRY_LAUNCH(layernorm_backward_rows_kernel<A>, static_cast<unsigned>(N), block_threads(), 0,
                    as_stream(s), dinp, dout, inp, w, mean, rstd, C);
     }
@@ -419,26 +433,28 @@ void rmsnorm_forward(Stream s, Arr out, Arr rstd, Arr inp, Arr w, int64_t N, int
   if (N == 0) return;
   by_acc(wide(out, rstd, inp, w), [&](auto a) {
     using A = decltype(a);
-    int mode = 0;
+    int mode = -1;  // threads per row of the typed kernel; -1: the generic one
     by_storage<A>({out, inp, w}, {rstd}, [&](auto x, auto) {
       using S = typename decltype(x)::type;
       if constexpr (!std::is_same_v<S, Arr>) {
-        mode = row_mode<S>(C, {out.p, inp.p, w.p});
-        if (mode == 0) return;
+        mode = row_group<S>(C, {out.p, inp.p, w.p});
+        if (mode < 0) return;
         using X = Operand<float, S>;
         using Y = Operand<float, float>;
         auto launch = [&](auto& kernel) {  // a reference: FERRY_LAUNCH takes its address
           FERRY_LAUNCH(kernel, row_blocks(mode, N), block_threads(), 0, as_stream(s), X(out),
                        Y(rstd), X(inp), X(w), N, static_cast<int>(C), static_cast<float>(eps));
         };
-        if (mode == 1) {
-          launch(rmsnorm_forward_typed_kernel<S, true>);
+        if (mode == 8) {
+          launch(rmsnorm_forward_typed_kernel<S, 8>);
+        } else if (mode == 32) {
+          launch(rmsnorm_forward_typed_kernel<S, 32>);
         } else {
-          launch(rmsnorm_forward_typed_kernel<S, false>);
+          launch(rmsnorm_forward_typed_kernel<S, kBlockRows>);
         }
       }
     });
-    if (mode != 0) return;
+    if (mode >= 0) return;
     FERRY_LAUNCH(rmsnorm_forward_kernel<A>, static_cast<unsigned>(N), block_threads(), 0,
                  as_stream(s), out, rstd, inp, w, C, eps);
   });
@@ -450,26 +466,28 @@ void rmsnorm_backward(Stream s, Arr dinp, Arr dw, Arr dout, Arr inp, Arr w, Arr 
   if (N == 0) return;
   by_acc(wide(dinp, dw, dout, inp, w, rstd), [&](auto a) {
     using A = decltype(a);
-    int mode = 0;
+    int mode = -1;  // threads per row of the typed kernel; -1: the generic one
     by_storage<A>({dinp, dout, inp, w}, {rstd}, [&](auto x, auto) {
       using S = typename decltype(x)::type;
       if constexpr (!std::is_same_v<S, Arr>) {
-        mode = row_mode<S>(C, {dinp.p, dout.p, inp.p, w.p});
-        if (mode == 0) return;
+        mode = row_group<S>(C, {dinp.p, dout.p, inp.p, w.p});
+        if (mode < 0) return;
         using X = Operand<float, S>;
         using Y = Operand<float, float>;
         auto launch = [&](auto& kernel) {  // a reference: FERRY_LAUNCH takes its address
           FERRY_LAUNCH(kernel, row_blocks(mode, N), block_threads(), 0, as_stream(s), X(dinp),
                        X(dout), X(inp), X(w), Y(rstd), N, static_cast<int>(C));
         };
-        if (mode == 1) {
-          launch(rmsnorm_backward_typed_kernel<S, true>);
+        if (mode == 8) {
+          launch(rmsnorm_backward_typed_kernel<S, 8>);
+        } else if (mode == 32) {
+          launch(rmsnorm_backward_typed_kernel<S, 32>);
         } else {
-          launch(rmsnorm_backward_typed_kernel<S, false>);
+          launch(rmsnorm_backward_typed_kernel<S, kBlockRows>);
         }
       }
     });
-    if (mode == 0) {
+    if (mode < 0) {
       FERRY_LAUNCH(rmsnorm_backward_rows_kernel<A>, static_cast<unsigned>(N), block_threads(), 0,
                    as_stream(s), dinp, dout, inp, w, rstd, C);
     }
