@@ -386,7 +386,12 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
   }
   std::vector<std::vector<std::string>> predicted_table;
   std::vector<std::string> predicted_sources;
-  if (opt.predict && owned) report.columns.insert(report.columns.end(), {"H100 predicted MFU", "measured / predicted"});
+  // Beside a measurement, the prediction for the GPU at hand: the H200's on an H200, else the H100's.
+  const bool on_h200 = owned && owned->name().find("H200") != std::string::npos;
+  if (opt.predict && owned) {
+    report.columns.insert(report.columns.end(),
+                          {std::string(on_h200 ? "H200" : "H100") + " predicted MFU", "measured / predicted"});
+  }
   for (const Case& k : cases) {
     if (!opt.only.empty() && opt.only != k.name) continue;
     const int64_t head_dim = k.llama ? k.llama->head_dim() : k.cfg.n_embd / k.cfg.n_head;
@@ -471,7 +476,8 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
     std::vector<std::string> row = {k.name, std::to_string(model.num_parameters()), std::to_string(N),
                                     fixed(tokens_per_s, 0), fixed(gflops, 1), fixed(ref, 1), fixed(gflops / ref, 3)};
     if (peak_column) row.push_back(fixed(gflops / kBf16PeakGflops, 3));
-    if (prediction) row.insert(row.end(), {fixed(prediction->h100.mfu, 3), fixed(secs / prediction->h100.seconds, 2)});
+    const Prediction::Gpu* predicted = prediction ? (on_h200 ? &prediction->h200 : &prediction->h100) : nullptr;
+    if (predicted) row.insert(row.end(), {fixed(predicted->mfu, 3), fixed(secs / predicted->seconds, 2)});
     nlohmann::json jrow = {{"config", k.name},
                            {"params", model.num_parameters()},
                            {"n_layer", k.cfg.n_layer},
@@ -500,7 +506,8 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
     jrow["architecture"] = k.llama ? "llama" : "gpt2";
     if (prediction) {
       jrow["predicted"] = prediction->to_json();
-      jrow["measured_over_predicted_h100"] = secs / prediction->h100.seconds;
+      jrow["measured_over_predicted"] = secs / predicted->seconds;
+      jrow["predicted_for"] = predicted->name;
     }
     if (gpu) jrow["attention_kernel"] = nn::cuda_attention_kernel(dev, dtype, k.llama ? k.llama->head_dim() : k.cfg.n_embd / k.cfg.n_head);
     report.table.push_back(row);

@@ -303,14 +303,12 @@ double fa2_h100(bool backward, int64_t hs, int64_t T) {
   return v[i] * 1e12;
 }
 
-GpuRates hopper_rates(const std::string& gpu, double hbm_bytes_per_s, const std::string& hbm_source,
+GpuRates hopper_rates(const std::string& gpu, double hbm_bytes_per_s, const std::string& hbm_source, Rate gemm_bf16,
                       AttentionKernel attention) {
   GpuRates r;
   r.gpu = gpu;
   r.attention = attention == AttentionKernel::automatic ? AttentionKernel::mma : attention;  // auto's choice on Hopper
-  r.gemm_bf16 = {678e12,
-                 "measured: cuBLAS bf16 at GPT-2 124M's shapes on an H100, 2026-11-25 (docs/design/measured.md); "
-                 "the H200 has the same tensor cores and clocks"};
+  r.gemm_bf16 = gemm_bf16;
   r.gemm_f32 = {50e12, "assumption: 75% of the 67 TFLOP/s fp32 datasheet rate (ferry's fp32 GEMMs use no TF32)"};
   r.memory = {0.85 * hbm_bytes_per_s, "85% of " + hbm_source};
   r.launch = {2e-6, "assumption: 2 us between back-to-back kernels on one stream"};
@@ -319,34 +317,64 @@ GpuRates hopper_rates(const std::string& gpu, double hbm_bytes_per_s, const std:
 
 }  // namespace
 
-Rate GpuRates::attention_rate(bool backward, int64_t hs, int64_t T) const {
-  if (attention == AttentionKernel::simt) {
-    // The flash kernels with SIMT arithmetic on the H100 at B 8, 12 heads of 64, T 1024
-    // (ncu, docs/design/measured.md): forward 2.5 ms, backward 3.0 + 3.0 ms per layer, at
-    // ncu's default locked base clock (1,590 MHz); a training step runs at up to 1,980 MHz,
-    // and the step's 107.6 ms agrees with the kernel times scaled by 1590/1980, not as read.
-    constexpr double kClock = 1980.0 / 1590.0;
-    return backward ? Rate{5.375e12 * kClock,
-                           "measured: SIMT flash backward, H100, hs 64, T 1024 (ncu 6.0 ms per layer at base clock)"}
-                    : Rate{5.16e12 * kClock,
-                           "measured: SIMT flash forward, H100, hs 64, T 1024 (ncu 2.5 ms per layer at base clock)"};
+namespace {
+
+// Attention kernels timed on an H200 (2026-11-27, `ferry bench attention --device cuda --bf16`
+// in benchmarks/gpu_check.sh: 12 heads of 64, 8,192 tokens per call, bf16), TFLOP/s counted
+// causal (nn/op_ledger.h), by context. The H100 has the same multiprocessors and clocks, and
+// these kernels are bound by them, not by HBM: the same figures serve it.
+struct MeasuredCurve {
+  std::array<int64_t, 4> T;
+  std::array<double, 4> forward, backward;
+};
+constexpr MeasuredCurve kMmaH200 = {{256, 1024, 4096, 8192}, {53.7, 99.1, 136.1, 147.4}, {23.2, 49.1, 69.8, 77.1}};
+constexpr MeasuredCurve kWmmaH200 = {{256, 1024, 4096, 8192}, {14.1, 21.1, 24.9, 26.2}, {6.0, 11.6, 16.0, 18.0}};
+constexpr MeasuredCurve kSimtH200 = {{256, 1024, 4096, 8192}, {4.7, 5.7, 6.4, 6.6}, {4.8, 6.2, 6.9, 7.1}};
+
+// Linear in log2(T) between the measured contexts, flat outside them.
+double at_context(const MeasuredCurve& c, bool backward, int64_t T) {
+  const auto& v = backward ? c.backward : c.forward;
+  if (T <= c.T.front()) return v.front() * 1e12;
+  for (size_t i = 0; i + 1 < c.T.size(); ++i) {
+    if (T <= c.T[i + 1]) {
+      const double a = std::log2(static_cast<double>(c.T[i])), b = std::log2(static_cast<double>(c.T[i + 1]));
+      const double f = (std::log2(static_cast<double>(T)) - a) / (b - a);
+      return (v[i] + f * (v[i + 1] - v[i])) * 1e12;
+    }
   }
-  // The wmma kernels and the mma.sync kernels (FlashAttention-2's own design; mma runs head
-  // sizes 64 and 128 only, auto's other heads take wmma) alike: never timed, so half of
-  // FlashAttention-2's published rate, until a GPU run measures them.
-  const bool mma = attention == AttentionKernel::mma && (hs == 64 || hs == 128);
-  return {0.5 * fa2_h100(backward, hs, T),
-          std::string("assumption (never timed): the ") + (mma ? "mma.sync" : "wmma tensor-core") +
-              " kernels at half of FlashAttention-2's H100 " + (backward ? "backward" : "forward") + " rate at head size " +
-              (hs <= 64 ? "64" : "128") + " (FlashAttention-3 paper, arXiv 2407.08608)"};
+  return v.back() * 1e12;
+}
+
+}  // namespace
+
+Rate GpuRates::attention_rate(bool backward, int64_t hs, int64_t T) const {
+  const std::string pass = backward ? "backward" : "forward";
+  const MeasuredCurve* curve = attention == AttentionKernel::simt ? &kSimtH200
+                               : attention == AttentionKernel::mma && (hs == 64 || hs == 128) ? &kMmaH200
+                                                                                               : &kWmmaH200;
+  const char* name = curve == &kSimtH200 ? "SIMT flash" : curve == &kMmaH200 ? "mma.sync" : "wmma tensor-core";
+  if (hs <= 64) {
+    return {at_context(*curve, backward, T), std::string("measured: the ") + name + " kernels' " + pass +
+                                                 " on an H200, head size 64, interpolated at T " + std::to_string(T) +
+                                                 " (docs/design/measured.md)"};
+  }
+  // Head size 128 has not been timed: the head-size-64 figure, scaled as FlashAttention-2's
+  // published H100 curve scales from 64 to 128 at that context (an assumption, said so).
+  const double scale = fa2_h100(backward, 128, T) / fa2_h100(backward, 64, T);
+  return {at_context(*curve, backward, T) * scale,
+          std::string("assumption: the ") + name + " kernels' " + pass +
+              " measured at head size 64 on an H200, scaled to 128 as FlashAttention-2's H100 curve scales"};
 }
 
 GpuRates h100_rates(AttentionKernel attention) {
-  return hopper_rates("H100 SXM 80 GB", 3.35e12, "the H100's 3.35 TB/s HBM3 (datasheet)", attention);
+  return hopper_rates("H100 SXM 80 GB", 3.35e12, "the H100's 3.35 TB/s HBM3 (datasheet)",
+                      {678e12, "measured: cuBLAS bf16 at GPT-2 124M's shapes on an H100, 2026-11-25"}, attention);
 }
 
 GpuRates h200_rates(AttentionKernel attention) {
-  return hopper_rates("H200 141 GB", 4.8e12, "the H200's 4.8 TB/s HBM3e (datasheet)", attention);
+  return hopper_rates("H200 141 GB", 4.8e12, "the H200's 4.8 TB/s HBM3e (datasheet)",
+                      {748e12, "measured: cuBLAS bf16 at GPT-2 124M's shapes on an H200, 2026-11-27 (804 at Llama 1B's)"},
+                      attention);
 }
 
 // ---- the ledger ------------------------------------------------------------------------------------

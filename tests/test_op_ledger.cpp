@@ -153,22 +153,26 @@ BOOST_AUTO_TEST_CASE(an_op_takes_its_launches_plus_the_slower_of_compute_and_mem
 }
 
 BOOST_AUTO_TEST_CASE(attention_rates_come_from_the_measured_or_the_published_curve) {
+  // auto is the mma kernels on Hopper: measured on the H200 at head size 64 (TFLOP/s by T).
   const nn::GpuRates tc = nn::h100_rates(nn::AttentionKernel::automatic);
-  // Never timed: half of FlashAttention-2's H100 rate, at the published context at or below T.
-  BOOST_TEST(tc.attention_rate(false, 64, 1024).value == 0.5 * 229e12);
-  BOOST_TEST(tc.attention_rate(false, 64, 1500).value == 0.5 * 229e12);
-  BOOST_TEST(tc.attention_rate(true, 64, 2048).value == 0.5 * 264e12);
-  BOOST_TEST(tc.attention_rate(false, 128, 4096).value == 0.5 * 319e12);
-  BOOST_TEST(tc.attention_rate(false, 64, 100).value == 0.5 * 180e12);
-  BOOST_TEST(tc.attention_rate(false, 64, 1024).source.find("assumption") != std::string::npos);
-  // auto is mma on an H100 (head sizes 64 and 128; wmma at the others), by the same rule.
+  BOOST_TEST(tc.attention_rate(false, 64, 1024).value == 99.1e12, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(tc.attention_rate(true, 64, 1024).value == 49.1e12, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(tc.attention_rate(false, 64, 100).value == 53.7e12, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(tc.attention_rate(false, 64, 16384).value == 147.4e12, boost::test_tools::tolerance(1e-9));
+  // Between measured contexts: linear in log2 T (2048 is halfway from 1024 to 4096).
+  BOOST_TEST(tc.attention_rate(false, 64, 2048).value == 0.5 * (99.1e12 + 136.1e12), boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(tc.attention_rate(false, 64, 1024).source.find("measured") != std::string::npos);
   BOOST_TEST(tc.attention_rate(false, 64, 1024).source.find("mma.sync") != std::string::npos);
+  // A head size mma does not run takes wmma; head size 128 was not timed: scaled, and said so.
   BOOST_TEST(tc.attention_rate(false, 96, 1024).source.find("wmma") != std::string::npos);
-  BOOST_TEST(nn::h100_rates(nn::AttentionKernel::mma).attention_rate(true, 128, 2048).value == 0.5 * 291e12);
+  const nn::Rate h128 = tc.attention_rate(true, 128, 2048);
+  BOOST_TEST(h128.source.find("assumption") != std::string::npos);
+  BOOST_TEST(h128.value == tc.attention_rate(true, 64, 2048).value * 291.0 / 264.0, boost::test_tools::tolerance(1e-9));
+  const nn::GpuRates wmma = nn::h100_rates(nn::AttentionKernel::tensor_cores);
+  BOOST_TEST(wmma.attention_rate(false, 64, 1024).value == 21.1e12, boost::test_tools::tolerance(1e-9));
   const nn::GpuRates simt = nn::h100_rates(nn::AttentionKernel::simt);
-  BOOST_TEST(simt.attention_rate(false, 64, 1024).value > 6e12);  // the measured 5.16 at base clock, scaled
-  BOOST_TEST(simt.attention_rate(false, 64, 1024).value < 7e12);
-  BOOST_TEST(simt.attention_rate(true, 64, 1024).source.find("measured") != std::string::npos);
+  BOOST_TEST(simt.attention_rate(true, 64, 4096).value == 6.9e12, boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(simt.attention_rate(true, 64, 1024).source.find("SIMT") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(every_op_of_a_bf16_step_moves_at_least_its_floor_and_none_widens) {
