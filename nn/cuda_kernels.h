@@ -91,6 +91,14 @@ void softmax_cross_entropy_forward(Stream s, Arr losses, Arr probs, Arr logits,
                                    const int32_t* targets, int64_t N, int64_t V, int* err);
 void softmax_cross_entropy_backward(Stream s, Arr dlogits, Arr probs, const int32_t* targets,
                                     int64_t N, int64_t V, double dloss);
+// The fused output layer's rows (nn/cuda/linear_xent.cu): scores [N, V] of one chunk in the
+// compute dtype. Forward writes losses[N] (the target flag as softmax_cross_entropy_forward);
+// backward replaces each row of scores with dloss (softmax - onehot(target)), zeros where the
+// target is kIgnoreTarget.
+void linear_xent_forward_rows(Stream s, Arr losses, Arr scores, const int32_t* targets, int64_t N,
+                              int64_t V, int* err);
+void linear_xent_backward_rows(Stream s, Arr scores, const int32_t* targets, int64_t N, int64_t V,
+                               double dloss);
 void adamw(Stream s, float* p, const float* g, float* m, float* v, int64_t n,
            const AdamWConstants& k);
 

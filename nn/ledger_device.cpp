@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "nn/cuda_device.h"
+#include "nn/linear_cross_entropy.h"
 
 namespace ferry::nn {
 
@@ -206,6 +207,23 @@ void LedgerDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const T
                                                   double dloss) {
   ShapeOnlyOps::softmax_cross_entropy_backward(dlogits, probs, targets, dloss);
   ledger_.add(op_cost::softmax_cross_entropy_backward(dlogits, probs));
+}
+
+void LedgerDevice::linear_cross_entropy_forward(const Tensor& losses, const Tensor& x, const Tensor& w,
+                                                const Tensor& targets) {
+  linear_cross_entropy_forward_in_place(*this, "ledger", losses, x, w, targets,
+                                        [&](const Tensor& lc, const Tensor& scores, const Tensor&) {
+                                          ledger_.add(op_cost::linear_xent_forward_rows(lc, scores));
+                                        });
+  flags_pending_ = true;
+}
+
+void LedgerDevice::linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                                                 const Tensor& targets, double) {
+  linear_cross_entropy_backward_in_place(*this, "ledger", dx, dw, x, w, targets,
+                                         [&](const Tensor& scores, const Tensor&) {
+                                           ledger_.add(op_cost::linear_xent_backward_rows(scores));
+                                         });
 }
 
 void LedgerDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

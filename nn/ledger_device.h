@@ -69,6 +69,12 @@ class LedgerDevice final : public CountingDevice {
   void gelu_backward(const Tensor& dinp, const Tensor& inp, const Tensor& dout) override;
   void softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits,
                                      const Tensor& targets) override;
+  // The cuda device's fused head: its chunk loop (nn/linear_cross_entropy.h) with the row
+  // kernels' costs; the GEMMs recorded as gemm.
+  void linear_cross_entropy_forward(const Tensor& losses, const Tensor& x, const Tensor& w,
+                                    const Tensor& targets) override;
+  void linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                                     const Tensor& targets, double dloss) override;
   void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs, const Tensor& targets,
                                       double dloss) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,

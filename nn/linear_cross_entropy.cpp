@@ -106,4 +106,36 @@ void DeviceOps::linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw
   }
 }
 
+void linear_cross_entropy_forward_in_place(DeviceOps& ops, const char* device, const Tensor& losses, const Tensor& x,
+                                           const Tensor& w, const Tensor& targets, const LinearXentForwardRows& rows) {
+  const LinearXentDims d = check_linear_cross_entropy(device, "linear_cross_entropy_forward", x, w, targets, losses);
+  if (d.N == 0) return;
+  const int64_t per = linear_cross_entropy_chunk_rows(d.N, d.V, dtype_size(x.dtype()));
+  const Tensor scratch = Tensor::empty(x.device(), x.dtype(), {per, d.V});
+  for (int64_t r0 = 0; r0 < d.N; r0 += per) {
+    const int64_t n = std::min(per, d.N - r0);
+    const Tensor scores = row_block(scratch, 0, n);
+    ops.gemm(scores, row_block(x, r0, n), false, w, true, 1.0, 0.0);
+    rows(elem_block(losses, r0, n), scores, elem_block(targets, r0, n));
+  }
+}
+
+void linear_cross_entropy_backward_in_place(DeviceOps& ops, const char* device, const Tensor& dx, const Tensor& dw,
+                                            const Tensor& x, const Tensor& w, const Tensor& targets,
+                                            const LinearXentBackwardRows& rows) {
+  const LinearXentDims d =
+      check_linear_cross_entropy(device, "linear_cross_entropy_backward", x, w, targets, Tensor{}, dx, dw);
+  if (d.N == 0) return;
+  const int64_t per = linear_cross_entropy_chunk_rows(d.N, d.V, dtype_size(x.dtype()));
+  const Tensor scratch = Tensor::empty(x.device(), x.dtype(), {per, d.V});
+  for (int64_t r0 = 0; r0 < d.N; r0 += per) {
+    const int64_t n = std::min(per, d.N - r0);
+    const Tensor scores = row_block(scratch, 0, n), xc = row_block(x, r0, n);
+    ops.gemm(scores, xc, false, w, true, 1.0, 0.0);
+    rows(scores, elem_block(targets, r0, n));
+    ops.gemm(row_block(dx, r0, n), scores, false, w, false, 1.0, 1.0);
+    ops.gemm(dw, scores, true, xc, false, 1.0, 1.0);
+  }
+}
+
 }  // namespace ferry::nn

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <string>
 #include <utility>
 
 namespace ferry::nn {
@@ -266,6 +267,15 @@ OpCost softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, 
 OpCost softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs) {
   const double x = bytes_of(probs) + 2.0 * bytes_of(dlogits);
   return memory_op("softmax_cross_entropy_backward", 1, x, x);
+}
+
+OpCost linear_xent_forward_rows(const Tensor& losses, const Tensor& scores) {
+  return memory_op("linear_xent_forward_rows", 1, 2.0 * bytes_of(scores) + bytes_of(losses),
+                   bytes_of(scores) + bytes_of(losses));
+}
+
+OpCost linear_xent_backward_rows(const Tensor& scores) {
+  return memory_op("linear_xent_backward_rows", 1, 3.0 * bytes_of(scores), 2.0 * bytes_of(scores));
 }
 
 OpCost adamw(const Tensor& param) {

@@ -87,6 +87,11 @@ OpCost gelu_forward(const Tensor& out, const Tensor& inp);
 OpCost gelu_backward(const Tensor& dinp);
 OpCost softmax_cross_entropy_forward(const Tensor& losses, const Tensor& probs, const Tensor& logits);
 OpCost softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs);
+// The fused head's row kernels on one chunk's scores (nn/cuda/linear_xent.cu); its GEMMs
+// are recorded as gemm. Forward: two reads of the scores (max, sum); backward: the same and
+// the rewrite in place. Floor: one read (and, backward, one write).
+OpCost linear_xent_forward_rows(const Tensor& losses, const Tensor& scores);
+OpCost linear_xent_backward_rows(const Tensor& scores);
 OpCost adamw(const Tensor& param);
 }  // namespace op_cost
 

@@ -18,5 +18,6 @@
 #include "nn/cuda/activations.cu"
 #include "nn/cuda/rope.cu"
 #include "nn/cuda/softmax_xent.cu"
+#include "nn/cuda/linear_xent.cu"
 #include "nn/cuda/adamw.cu"
 // NOLINTEND(bugprone-suspicious-include)

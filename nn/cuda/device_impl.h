@@ -141,6 +141,11 @@ class CudaDevice final : public Device, private DeviceClock {
                                      const Tensor& logits, const Tensor& targets) override;
   void softmax_cross_entropy_backward(const Tensor& dlogits, const Tensor& probs,
                                       const Tensor& targets, double dloss) override;
+  // The fused head with nn/cuda/linear_xent.cu's in-place rows (no f32 probabilities).
+  void linear_cross_entropy_forward(const Tensor& losses, const Tensor& x, const Tensor& w,
+                                    const Tensor& targets) override;
+  void linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                                     const Tensor& targets, double dloss) override;
   void adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
              const AdamWStep& step) override;
 

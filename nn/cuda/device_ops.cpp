@@ -1,6 +1,7 @@
 // The cuda device's model ops: shape checks (nn/op_checks.h) and the launchers of
 // nn/cuda_kernels.h on the compute stream; the value-error flags of embedding and loss.
 #include "nn/cuda/device_impl.h"
+#include "nn/linear_cross_entropy.h"
 
 namespace ferry::nn::cuda_dev {
 FERRY_CUDA_ABI_BEGIN
@@ -234,6 +235,26 @@ void CudaDevice::softmax_cross_entropy_backward(const Tensor& dlogits, const Ten
   }
   cuda::softmax_cross_entropy_backward(st(), arr(dlogits), arr(probs), targets.data_as<int32_t>(),
                                        N, V, dloss);
+}
+
+void CudaDevice::linear_cross_entropy_forward(const Tensor& losses, const Tensor& x, const Tensor& w,
+                                              const Tensor& targets) {
+  linear_cross_entropy_forward_in_place(
+      *this, kDev, losses, x, w, targets, [&](const Tensor& lc, const Tensor& scores, const Tensor& tc) {
+        cuda::linear_xent_forward_rows(st(), arr(lc), arr(scores), tc.data_as<int32_t>(), scores.dim(0),
+                                       scores.dim(1), err_ + 3 * kTargetSlot);
+      });
+  flag_limit_[kTargetSlot] = w.dim(0);
+  flags_pending_ = true;
+}
+
+void CudaDevice::linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                                               const Tensor& targets, double dloss) {
+  linear_cross_entropy_backward_in_place(*this, kDev, dx, dw, x, w, targets,
+                                         [&](const Tensor& scores, const Tensor& tc) {
+                                           cuda::linear_xent_backward_rows(st(), arr(scores), tc.data_as<int32_t>(),
+                                                                           scores.dim(0), scores.dim(1), dloss);
+                                         });
 }
 
 void CudaDevice::adamw(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
