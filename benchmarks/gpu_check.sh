@@ -137,7 +137,9 @@ if [ -n "$ncu" ] && [ -z "${GPU_CHECK_NO_NCU:-}" ]; then
     echo "== Llama 1B (B 4, T 2048), one forward+backward"; kernel_table <(grep '^"' "$out/logs/ncu_llama.csv"); } \
     >"$out/kernels.txt" 2>&1
 else
-  echo "kernels      skipped: ${GPU_CHECK_NO_NCU:+GPU_CHECK_NO_NCU set}${GPU_CHECK_NO_NCU:-no ncu on this machine}" >>"$summary"
+  why="no ncu on this machine"
+  [ -n "${GPU_CHECK_NO_NCU:-}" ] && why="GPU_CHECK_NO_NCU is set"
+  echo "kernels      skipped: $why" >>"$summary"
 fi
 if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   step attention 80 "$ferry" bench attention --device cuda --bf16 --python python3 --json "$out/attention.json"
