@@ -1,7 +1,8 @@
 # ferry's front door. CMake is the real build; this file names the jobs.
 #   make run     install what is missing, build, train the tiny GPT on the bundled corpus
 #   make test    install what is missing, build, run every test (release build, then ASan+UBSan build,
-#                then the parsers' fuzz targets briefly: make test-fuzz)
+#                then the parsers' fuzz targets briefly: make test-fuzz), each build beside the
+#                tests before it
 #   make test-tsan  build with ThreadSanitizer, run the tests that start threads (not part of make test)
 #   make bench   run the benchmarks (ferry bench model, attention, comm, adam, io, ckpt, step), JSON results under out/
 #   make clean   remove build folders and outputs
@@ -30,8 +31,11 @@ setup:
 UNITY   ?= -DFERRY_UNITY_BUILD=ON
 GEN     ?= -G Ninja
 
+# FERRY_SPLIT_TESTS, on in both folders of make test: each Boost unit test case runs in one
+# of them, the sanitizer build but for a few cases that take minutes there (tests/CMakeLists.txt);
+# here the unit tests are targets built on demand (cmake --build build --target test_hf).
 $(BUILD)/CMakeCache.txt:
-	cmake -S . -B $(BUILD) $(GEN) -DCMAKE_BUILD_TYPE=Release $(UNITY) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(GEN) -DCMAKE_BUILD_TYPE=Release $(UNITY) -DFERRY_SPLIT_TESTS=ON $(CMAKE_FLAGS)
 
 STAGE = @echo "[make] $$(date +%T) $@"
 CTEST = OMP_WAIT_POLICY=passive ctest -j $(JOBS) --output-on-failure
@@ -44,7 +48,7 @@ build: setup $(BUILD)/CMakeCache.txt
 # build already compiles them with -Werror, and ASan's shadow memory and the CUDA driver
 # need special settings to share a process.
 $(ASAN)/CMakeCache.txt:
-	cmake -S . -B $(ASAN) $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=ON -DFERRY_CUDA=OFF $(UNITY) $(CMAKE_FLAGS)
+	cmake -S . -B $(ASAN) $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_SANITIZE=ON -DFERRY_CUDA=OFF $(UNITY) -DFERRY_SPLIT_TESTS=ON $(CMAKE_FLAGS)
 
 build-asan: setup $(ASAN)/CMakeCache.txt
 	$(STAGE)
@@ -104,8 +108,29 @@ test-fuzz: build-fuzz
 	$(STAGE)
 	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run_fuzzers.sh $(FUZZ)
 
-test: test-release test-asan test-fuzz
+# make test: the release build, then each test stage with the next stage's build beside it
+# at the lowest priority (nice 19): the build takes only the cycles the tests leave idle
+# (a test of one process that runs alone, the last long test), so the tests' timings are
+# theirs and the cores stay busy. A build beside writes to its log, shown when it fails
+# and summed up by its [make] lines when it ends. Measured: docs/design/testing.md, "CI time".
+test: build
+	$(call beside,test-release,build-asan,$(ASAN)/build.log)
+	$(call beside,test-asan,build-fuzz,$(FUZZ)/build.log)
+	@$(MAKE) --no-print-directory test-fuzz
 	$(STAGE) done
+
+# $(call beside,TARGET,BUILD,LOG): make TARGET while make BUILD runs at nice 19 into LOG;
+# fails if either does (a failed TARGET stops BUILD at once).
+define beside
+	@mkdir -p $(dir $(3)); echo "[make] $$(date +%T) $(2) beside $(1), at nice 19 (its output: $(3))"
+	@setsid nice -n 19 sh -c '$(MAKE) --no-print-directory $(2); st=$$?; echo "[make] $$(date +%T) $(2) ended"; exit $$st' \
+	    >$(3) 2>&1 & bg=$$!; \
+	  $(MAKE) --no-print-directory $(1); fg=$$?; \
+	  if [ $$fg -ne 0 ]; then kill -TERM -- -$$bg 2>/dev/null; wait $$bg; exit $$fg; fi; \
+	  wait $$bg; st=$$?; grep '^\[make\]' $(3) | sed 's/$$/ (beside)/'; \
+	  if [ $$st -ne 0 ]; then tail -n 80 $(3); echo "make: $(2) failed beside $(1) (its whole output: $(3))"; fi; \
+	  exit $$st
+endef
 
 # With FERRY_PEERS_PYTHON exported (scripts/make_peers_env.sh prints it), model, adam, io and
 # step also measure their peers in the same run (PyTorch eager and FSDP2, DeepSpeed's CPU
