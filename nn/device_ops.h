@@ -123,7 +123,8 @@ class DeviceOps {
   // @ x, the same dloss for every row, ignored rows contributing nothing. Each chunk's
   // scores are recomputed from x and w, one more head GEMM (2 N V C FLOPs) beside the two
   // of the gradient: the price of never storing them. dw may be f32 beside bf16 x and w
-  // (the trainer's gradient dtype), as gemm allows. Nothing is kept between the two calls:
+  // (the trainer's gradient dtype), as gemm allows; an undefined dw (a frozen head) skips
+  // its GEMM. Nothing is kept between the two calls:
   // backward's softmax is recomputed from the scores, whole rows of which every chunk holds,
   // in the statistics dtype forward's losses had (f32 for bf16/f16 x, else x's dtype).
   virtual void linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw, const Tensor& x,

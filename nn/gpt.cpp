@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "nn/linear.h"
 #include "nn/rng.h"
 
 namespace ferry::nn {
@@ -111,21 +112,22 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   const int64_t N = B * T, C = cfg_.n_embd;
   const UnitSpec& u = units_[static_cast<size_t>(1 + l)];
   auto W = [&](size_t i) { return u.view(w, i); };
+  auto L = [&](size_t wi, size_t bi) { return unit_linear(u, w, Tensor{}, wi, bi); };
   BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
   const Tensor& x = acts_.residual[static_cast<size_t>(l)];
   a.ln1 = act({N, C});
   a.ln1_mean = stat({N});
   a.ln1_rstd = stat({N});
   dev_.layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, W(kLn1W), W(kLn1B));
-  // The linear layers with their bias (and the MLP's GELU) as one op: one cuBLASLt call on
-  // the cuda device (nn/device_ops.h, linear_forward).
+  // The linear layers (nn/linear.h) with their bias (and the MLP's GELU) as one op: one
+  // cuBLASLt call on the cuda device (nn/device_ops.h, linear_forward).
   a.qkv = act({N, 3 * C});
-  dev_.linear_forward(a.qkv, a.ln1, W(kQkvW), W(kQkvB));
+  linear_forward(dev_, L(kQkvW, kQkvB), a.qkv, a.ln1);
   a.atty = act({N, C});
   a.lse = stat({B, cfg_.n_head, T});
   dev_.attention_forward(a.atty, a.lse, a.qkv.reshape({B, T, 3 * C}), cfg_.n_head, 0, doc_start_);
   const Tensor scratch = act({N, C});
-  dev_.linear_forward(scratch, a.atty, W(kProjW), W(kProjB));
+  linear_forward(dev_, L(kProjW, kProjB), scratch, a.atty);
   a.res2 = act({N, C});
   dev_.add(a.res2, x, scratch);
   a.ln2 = act({N, C});
@@ -134,8 +136,8 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   dev_.layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, W(kLn2W), W(kLn2B));
   a.fch = act({N, 4 * C});
   a.fch_gelu = act({N, 4 * C});
-  dev_.linear_forward(a.fch_gelu, a.ln2, W(kFcW), W(kFcB), a.fch);
-  dev_.linear_forward(scratch, a.fch_gelu, W(kFcProjW), W(kFcProjB));
+  linear_forward(dev_, L(kFcW, kFcB), a.fch_gelu, a.ln2, a.fch);
+  linear_forward(dev_, L(kFcProjW, kFcProjB), scratch, a.fch_gelu);
   Tensor& out = acts_.residual[static_cast<size_t>(l + 1)];
   out = act({N, C});
   dev_.add(out, a.res2, scratch);
@@ -203,11 +205,12 @@ void GPT::backward(UnitAccess& units) {
     const UnitSpec &uf = units_.back(), &ue = units_[0];
     const Tensor dlnf = act({N, C});
     dev_.fill(dlnf, 0.0);
-    dev_.linear_cross_entropy_backward(dlnf, ue.view(gt, kWte), acts_.lnf, ue.view(wt, kWte), acts_.targets,
+    // A frozen wte (tied head) gets no weight gradient: ue.grad_view is undefined.
+    dev_.linear_cross_entropy_backward(dlnf, ue.grad_view(gt, kWte), acts_.lnf, ue.view(wt, kWte), acts_.targets,
                                        loss_scale_ / static_cast<double>(loss_tokens_));
     dev_.fill(dx, 0.0);
-    dev_.layernorm_backward(dx, uf.view(gf, kLnfW), uf.view(gf, kLnfB), dlnf, acts_.residual.back(),
-                            uf.view(wf, kLnfW), acts_.lnf_mean, acts_.lnf_rstd);
+    dev_.layernorm_backward(dx, grad_or_scratch(dev_, uf, gf, kLnfW, dtype_), grad_or_scratch(dev_, uf, gf, kLnfB, dtype_),
+                            dlnf, acts_.residual.back(), uf.view(wf, kLnfW), acts_.lnf_mean, acts_.lnf_rstd);
     units.release_grads(emb, false);
     units.release_grads(fin, true);
     units.release_weights(emb);
@@ -230,33 +233,26 @@ void GPT::backward(UnitAccess& units) {
     }
     const Tensor g = units.acquire_grads(unit);
     auto W = [&](size_t i) { return u.view(w, i); };
-    auto G = [&](size_t i) { return u.view(g, i); };
+    auto G = [&](size_t i) { return grad_or_scratch(dev_, u, g, i, dtype_); };
+    auto L = [&](size_t wi, size_t bi) { return unit_linear(u, w, g, wi, bi); };
     BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
     const Tensor& x = acts_.residual[static_cast<size_t>(l)];
 
     // MLP branch: out = res2 + c_proj(gelu(c_fc(ln_2(res2)))); dx is d(out).
     dev_.copy(dres2, dx);
-    dev_.gemm(dfch_gelu, dx, false, W(kFcProjW), false, 1.0, 0.0);
-    dev_.gemm(G(kFcProjW), dx, true, a.fch_gelu, false, 1.0, 1.0);
-    dev_.bias_backward(G(kFcProjB), dx);
+    linear_backward(dev_, L(kFcProjW, kFcProjB), dfch_gelu, dx, a.fch_gelu);
     dev_.fill(dfch, 0.0);
     dev_.gelu_backward(dfch, a.fch, dfch_gelu);
-    dev_.gemm(dln, dfch, false, W(kFcW), false, 1.0, 0.0);
-    dev_.gemm(G(kFcW), dfch, true, a.ln2, false, 1.0, 1.0);
-    dev_.bias_backward(G(kFcB), dfch);
+    linear_backward(dev_, L(kFcW, kFcB), dln, dfch, a.ln2);
     dev_.layernorm_backward(dres2, G(kLn2W), G(kLn2B), dln, a.res2, W(kLn2W), a.ln2_mean, a.ln2_rstd);
 
     // Attention branch: res2 = x + c_proj(attn(c_attn(ln_1(x)))).
     dev_.copy(dxin, dres2);
-    dev_.gemm(datty, dres2, false, W(kProjW), false, 1.0, 0.0);
-    dev_.gemm(G(kProjW), dres2, true, a.atty, false, 1.0, 1.0);
-    dev_.bias_backward(G(kProjB), dres2);
+    linear_backward(dev_, L(kProjW, kProjB), datty, dres2, a.atty);
     dev_.fill(dqkv, 0.0);
     dev_.attention_backward(dqkv.reshape({B, T, 3 * C}), datty, a.qkv.reshape({B, T, 3 * C}), a.atty, a.lse,
                             cfg_.n_head, 0, doc_start_);
-    dev_.gemm(dln, dqkv, false, W(kQkvW), false, 1.0, 0.0);
-    dev_.gemm(G(kQkvW), dqkv, true, a.ln1, false, 1.0, 1.0);
-    dev_.bias_backward(G(kQkvB), dqkv);
+    linear_backward(dev_, L(kQkvW, kQkvB), dln, dqkv, a.ln1);
     dev_.layernorm_backward(dxin, G(kLn1W), G(kLn1B), dln, x, W(kLn1W), a.ln1_mean, a.ln1_rstd);
     dev_.copy(dx, dxin);
 
@@ -266,7 +262,11 @@ void GPT::backward(UnitAccess& units) {
   }
 
   const Tensor ge = units.acquire_grads(emb);
-  dev_.embedding_backward(units_[0].view(ge, kWte), units_[0].view(ge, kWpe), dx, acts_.tokens, T);
+  const UnitSpec& ue = units_[0];
+  if (ue.tensors[kWte].trainable || ue.tensors[kWpe].trainable) {  // nothing to compute when both are frozen
+    dev_.embedding_backward(grad_or_scratch(dev_, ue, ge, kWte, dtype_), grad_or_scratch(dev_, ue, ge, kWpe, dtype_),
+                            dx, acts_.tokens, T);
+  }
   units.release_grads(emb, true);
   free_activations();
 }

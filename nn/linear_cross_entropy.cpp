@@ -102,7 +102,7 @@ void DeviceOps::linear_cross_entropy_backward(const Tensor& dx, const Tensor& dw
     fill(dscores, 0.0);
     softmax_cross_entropy_backward(dscores, probs, tc, dloss);
     gemm(row_block(dx, r0, n), dscores, false, w, false, 1.0, 1.0);
-    gemm(dw, dscores, true, xc, false, 1.0, 1.0);
+    if (dw.defined()) gemm(dw, dscores, true, xc, false, 1.0, 1.0);  // undefined: a frozen head
   }
 }
 
@@ -134,7 +134,7 @@ void linear_cross_entropy_backward_in_place(DeviceOps& ops, const char* device, 
     ops.gemm(scores, xc, false, w, true, 1.0, 0.0);
     rows(scores, elem_block(targets, r0, n));
     ops.gemm(row_block(dx, r0, n), scores, false, w, false, 1.0, 1.0);
-    ops.gemm(dw, scores, true, xc, false, 1.0, 1.0);
+    if (dw.defined()) ops.gemm(dw, scores, true, xc, false, 1.0, 1.0);  // undefined: a frozen head
   }
 }
 

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "nn/linear.h"
 #include "nn/rng.h"
 
 namespace ferry::nn {
@@ -22,6 +23,11 @@ size_t slot(const LlamaConfig& c, size_t i) {
   if (i > kBqkv && !c.qkv_bias) --at;
   if (i > kKNorm && !c.qk_norm) at -= 2;
   return at;
+}
+
+// The qkv projection as a linear layer: its bias where the configuration has one (Qwen2).
+Linear qkv_linear(const LlamaConfig& c, const UnitSpec& u, const Tensor& w, const Tensor& g) {
+  return unit_linear(u, w, g, slot(c, kWqkv), c.qkv_bias ? slot(c, kBqkv) : kNoBias);
 }
 
 }  // namespace
@@ -131,14 +137,14 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   const int64_t N = B * T, C = cfg_.n_embd, W = cfg_.qkv_width(), I = cfg_.intermediate;
   const UnitSpec& u = units_[static_cast<size_t>(1 + l)];
   auto Wt = [&](size_t i) { return u.view(w, slot(cfg_, i)); };
+  auto L = [&](size_t wi) { return unit_linear(u, w, Tensor{}, slot(cfg_, wi)); };
   BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
   const Tensor& x = acts_.residual[static_cast<size_t>(l)];
   a.xn = act({N, C});
   a.rstd1 = stat({N});
   dev_.rmsnorm_forward(a.xn, a.rstd1, x, Wt(kAttnNorm), cfg_.norm_eps);
   a.qkv = act({N, W});
-  dev_.gemm(a.qkv, a.xn, false, Wt(kWqkv), true, 1.0, 0.0);
-  if (cfg_.qkv_bias) dev_.add_bias(a.qkv, Wt(kBqkv));
+  linear_forward(dev_, qkv_linear(cfg_, u, w, Tensor{}), a.qkv, a.xn);
   if (cfg_.qk_norm) head_norm_.forward(a.qkv, Wt(kQNorm), Wt(kKNorm), a.qk);
   // q and k rotated in place; backward's attention reads the rotated values.
   dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
@@ -146,17 +152,17 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   a.lse = stat({B, cfg_.n_head, T});
   dev_.attention_forward(a.atty, a.lse, a.qkv.reshape({B, T, W}), cfg_.n_head, cfg_.n_kv_head, doc_start_);
   const Tensor scratch = act({N, C});
-  dev_.gemm(scratch, a.atty, false, Wt(kWo), true, 1.0, 0.0);
+  linear_forward(dev_, L(kWo), scratch, a.atty);
   a.res2 = act({N, C});
   dev_.add(a.res2, x, scratch);
   a.xn2 = act({N, C});
   a.rstd2 = stat({N});
   dev_.rmsnorm_forward(a.xn2, a.rstd2, a.res2, Wt(kFfnNorm), cfg_.norm_eps);
   a.gate_up = act({N, 2 * I});
-  dev_.gemm(a.gate_up, a.xn2, false, Wt(kWGateUp), true, 1.0, 0.0);
+  linear_forward(dev_, L(kWGateUp), a.gate_up, a.xn2);
   a.h = act({N, I});
   dev_.swiglu_forward(a.h, a.gate_up);
-  dev_.gemm(scratch, a.h, false, Wt(kWDown), true, 1.0, 0.0);
+  linear_forward(dev_, L(kWDown), scratch, a.h);
   Tensor& out = acts_.residual[static_cast<size_t>(l + 1)];
   out = act({N, C});
   dev_.add(out, a.res2, scratch);
@@ -224,18 +230,20 @@ void Llama::backward(UnitAccess& units) {
     const Tensor dxf = act({N, C});
     dev_.fill(dxf, 0.0);
     const double dloss = loss_scale_ / static_cast<double>(loss_tokens_);
+    // A frozen head gets no weight gradient (grad_view undefined).
     if (cfg_.tie_embeddings) {
       const Tensor wt = units.acquire_weights(emb), gt = units.acquire_grads(emb);
-      dev_.linear_cross_entropy_backward(dxf, units_[0].view(gt, kTok), acts_.xf, units_[0].view(wt, kTok),
+      dev_.linear_cross_entropy_backward(dxf, units_[0].grad_view(gt, kTok), acts_.xf, units_[0].view(wt, kTok),
                                          acts_.targets, dloss);
       units.release_grads(emb, false);
       units.release_weights(emb);
     } else {
-      dev_.linear_cross_entropy_backward(dxf, uf.view(gf, kOutput), acts_.xf, uf.view(wf, kOutput), acts_.targets,
-                                         dloss);
+      dev_.linear_cross_entropy_backward(dxf, uf.grad_view(gf, kOutput), acts_.xf, uf.view(wf, kOutput),
+                                         acts_.targets, dloss);
     }
     dev_.fill(dx, 0.0);
-    dev_.rmsnorm_backward(dx, uf.view(gf, kNorm), dxf, acts_.residual.back(), uf.view(wf, kNorm), acts_.rstdf);
+    dev_.rmsnorm_backward(dx, grad_or_scratch(dev_, uf, gf, kNorm, dtype_), dxf, acts_.residual.back(),
+                          uf.view(wf, kNorm), acts_.rstdf);
     units.release_grads(fin, true);
     units.release_weights(fin);
   }
@@ -253,33 +261,29 @@ void Llama::backward(UnitAccess& units) {
     }
     const Tensor g = units.acquire_grads(unit);
     auto Wt = [&](size_t i) { return u.view(w, slot(cfg_, i)); };
-    auto G = [&](size_t i) { return u.view(g, slot(cfg_, i)); };
+    auto G = [&](size_t i) { return grad_or_scratch(dev_, u, g, slot(cfg_, i), dtype_); };
+    auto L = [&](size_t wi) { return unit_linear(u, w, g, slot(cfg_, wi)); };
     BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
     const Tensor& x = acts_.residual[static_cast<size_t>(l)];
 
     // MLP branch: out = res2 + w_down(swiglu(w_gate_up(norm(res2)))).
     dev_.copy(dres2, dx);
-    dev_.gemm(dh, dx, false, Wt(kWDown), false, 1.0, 0.0);
-    dev_.gemm(G(kWDown), dx, true, a.h, false, 1.0, 1.0);
+    linear_backward(dev_, L(kWDown), dh, dx, a.h);
     dev_.fill(dgu, 0.0);
     dev_.swiglu_backward(dgu, a.gate_up, dh);
-    dev_.gemm(dnorm, dgu, false, Wt(kWGateUp), false, 1.0, 0.0);
-    dev_.gemm(G(kWGateUp), dgu, true, a.xn2, false, 1.0, 1.0);
+    linear_backward(dev_, L(kWGateUp), dnorm, dgu, a.xn2);
     dev_.rmsnorm_backward(dres2, G(kFfnNorm), dnorm, a.res2, Wt(kFfnNorm), a.rstd2);
 
     // Attention branch: res2 = x + wo(attention(rope(wqkv(norm(x))))).
     dev_.copy(dxin, dres2);
-    dev_.gemm(datty, dres2, false, Wt(kWo), false, 1.0, 0.0);
-    dev_.gemm(G(kWo), dres2, true, a.atty, false, 1.0, 1.0);
+    linear_backward(dev_, L(kWo), datty, dres2, a.atty);
     dev_.fill(dqkv, 0.0);
     dev_.attention_backward(dqkv.reshape({B, T, W}), datty, a.qkv.reshape({B, T, W}), a.atty, a.lse, cfg_.n_head,
                             cfg_.n_kv_head, doc_start_);
     dev_.fill(dpre, 0.0);
     dev_.rope_backward(dpre, dqkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
     if (cfg_.qk_norm) head_norm_.backward(dpre, G(kQNorm), G(kKNorm), Wt(kQNorm), Wt(kKNorm), a.qk);
-    if (cfg_.qkv_bias) dev_.bias_backward(G(kBqkv), dpre);
-    dev_.gemm(dnorm, dpre, false, Wt(kWqkv), false, 1.0, 0.0);
-    dev_.gemm(G(kWqkv), dpre, true, a.xn, false, 1.0, 1.0);
+    linear_backward(dev_, qkv_linear(cfg_, u, w, g), dnorm, dpre, a.xn);
     dev_.rmsnorm_backward(dxin, G(kAttnNorm), dnorm, x, Wt(kAttnNorm), a.rstd1);
     dev_.copy(dx, dxin);
 
@@ -289,9 +293,11 @@ void Llama::backward(UnitAccess& units) {
   }
 
   const Tensor ge = units.acquire_grads(emb);
-  const Tensor no_positions = act({T, C});  // the zero position table's gradient, dropped
-  dev_.fill(no_positions, 0.0);
-  dev_.embedding_backward(units_[0].view(ge, kTok), no_positions, dx, acts_.tokens, T);
+  if (units_[0].tensors[kTok].trainable) {  // a frozen embedding: nothing to compute
+    const Tensor no_positions = act({T, C});  // the zero position table's gradient, dropped
+    dev_.fill(no_positions, 0.0);
+    dev_.embedding_backward(units_[0].grad_view(ge, kTok), no_positions, dx, acts_.tokens, T);
+  }
   units.release_grads(emb, true);
   free_activations();
 }

@@ -98,6 +98,7 @@ class Llama final : public Model {
     Tensor xf, rstdf, logits, losses;  // logits: only after a forward without targets
   };
 
+  std::vector<UnitSpec>& mutable_units() override { return units_; }
   Tensor act(Shape shape) const { return Tensor::empty(dev_, dtype_, std::move(shape)); }
   Tensor stat(Shape shape) const { return Tensor::empty(dev_, stat_dtype(dtype_), std::move(shape)); }
   void block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T);

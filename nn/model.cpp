@@ -64,4 +64,27 @@ void Model::write_values(Device& dev, const Tensor& view, const std::vector<doub
   dev.cast(view, staged);
 }
 
+void Model::freeze(const std::vector<std::string>& tensor_names) {
+  std::vector<UnitSpec>& units = mutable_units();
+  for (const std::string& name : tensor_names) {
+    bool found = false;
+    for (UnitSpec& u : units) {
+      for (size_t i = 0; i < u.tensors.size() && !found; ++i) {
+        if (u.tensors[i].name != name) continue;
+        u.set_trainable(i, false);
+        found = true;
+      }
+    }
+    if (!found) throw std::invalid_argument("freeze: the model has no tensor named '" + name + "'");
+  }
+}
+
+Tensor Model::grad_or_scratch(Device& dev, const UnitSpec& u, const Tensor& grads, size_t index, DType dtype) {
+  Tensor g = u.grad_view(grads, index);
+  if (g.defined()) return g;
+  g = Tensor::empty(dev, grads.defined() ? grads.dtype() : dtype, u.tensors.at(index).shape);
+  dev.fill(g, 0.0);
+  return g;
+}
+
 }  // namespace ferry::nn

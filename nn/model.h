@@ -17,6 +17,11 @@ class Model {
   virtual ~Model() = default;
   virtual const std::vector<UnitSpec>& units() const = 0;
   int num_units() const { return static_cast<int>(units().size()); }
+  // Freezes the tensors named (TensorSpec::trainable: read only, no gradient computed or
+  // kept), which lays their units out again: call it before anything is built on units().
+  // Throws std::invalid_argument for a name no tensor has. Nothing in the runtime freezes
+  // tensors yet (adapters will: docs/design/nn.md, "Trainable and frozen tensors").
+  void freeze(const std::vector<std::string>& tensor_names);
   int64_t num_parameters() const;  // distinct parameters, padding excluded
   virtual void init_unit(int unit, const Tensor& flat, uint64_t seed) const = 0;
   virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
@@ -55,6 +60,7 @@ class Model {
   static DType stat_dtype(DType compute) { return is_low_precision(compute) ? DType::f32 : compute; }
   // Throws std::invalid_argument naming `model` unless `dtype` is one a model computes in.
   static void check_dtype(const char* model, DType dtype);
+  virtual std::vector<UnitSpec>& mutable_units() = 0;
   double loss_scale_ = 1.0;
   Tensor doc_start_;
   // The pieces every model's forward and init_unit share.
@@ -72,6 +78,12 @@ class Model {
   int64_t deferred_tokens_ = 1;
   // Writes `host` (f64, view.numel() values) into `view`, cast to its dtype.
   static void write_values(Device& dev, const Tensor& view, const std::vector<double>& host);
+  // Tensor `index`'s gradient inside unit `u`'s `grads`; for a frozen tensor, a zeroed
+  // scratch tensor of its shape on `dev` (in grads' dtype, or `dtype` where the unit has no
+  // gradient buffer), written and dropped: for the ops that compute a parameter's gradient
+  // together with their input's (the norms, the embedding), whose input gradient a frozen
+  // parameter still needs.
+  static Tensor grad_or_scratch(Device& dev, const UnitSpec& u, const Tensor& grads, size_t index, DType dtype);
 };
 
 }  // namespace ferry::nn

@@ -2,11 +2,37 @@
 
 namespace ferry::nn {
 
+namespace {
+int64_t aligned(int64_t n) { return (n + kTensorAlign - 1) / kTensorAlign * kTensorAlign; }
+}  // namespace
+
 void UnitSpec::add(std::string tensor_name, Shape shape, bool decay) {
   TensorSpec t{std::move(tensor_name), std::move(shape), 0, decay};
-  t.offset = (numel + kTensorAlign - 1) / kTensorAlign * kTensorAlign;
-  numel = t.offset + t.numel();
   tensors.push_back(std::move(t));
+  lay_out();
+}
+
+void UnitSpec::set_trainable(size_t index, bool trainable) {
+  tensors.at(index).trainable = trainable;
+  lay_out();
+}
+
+// The trainable tensors at aligned offsets in their order, then the frozen ones: with all
+// trainable, each offset is the previous end rounded up, as it always was.
+void UnitSpec::lay_out() {
+  int64_t end = 0;
+  for (TensorSpec& t : tensors) {
+    if (!t.trainable) continue;
+    t.offset = aligned(end);
+    end = t.offset + t.numel();
+  }
+  trainable_numel = end;
+  for (TensorSpec& t : tensors) {
+    if (t.trainable) continue;
+    t.offset = aligned(end);
+    end = t.offset + t.numel();
+  }
+  numel = end;
 }
 
 Tensor UnitSpec::view(const Tensor& flat, size_t index) const {
@@ -14,20 +40,29 @@ Tensor UnitSpec::view(const Tensor& flat, size_t index) const {
   return flat.view(t.offset, t.shape);
 }
 
+Tensor UnitSpec::grad_view(const Tensor& grads, size_t index) const {
+  const TensorSpec& t = tensors.at(index);
+  if (!t.trainable || !grads.defined()) return Tensor{};
+  return grads.view(t.offset, t.shape);
+}
+
 ResidentUnits::ResidentUnits(Device& device, DType dtype, const std::vector<UnitSpec>& units,
                              std::optional<DType> grad_dtype) {
   for (const UnitSpec& u : units) {
     weights.push_back(Tensor::empty(device, dtype, {u.numel}));
-    grads.push_back(Tensor::empty(device, grad_dtype.value_or(dtype), {u.numel}));
     // Padding between tensors is never written by the model: zero it once so that
     // whole-buffer reductions (norms, checksums) see defined values.
     device.fill(weights.back(), 0.0);
+    grads.emplace_back();
+    if (u.trainable_numel == 0) continue;  // nothing trained: no gradient buffer
+    grads.back() = Tensor::empty(device, grad_dtype.value_or(dtype), {u.trainable_numel});
     device.fill(grads.back(), 0.0);
   }
 }
 
 void ResidentUnits::zero_grads() {
-  for (Tensor& g : grads) g.device().fill(g, 0.0);
+  for (Tensor& g : grads)
+    if (g.defined()) g.device().fill(g, 0.0);
 }
 
 }  // namespace ferry::nn

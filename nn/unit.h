@@ -26,20 +26,41 @@ struct TensorSpec {
   Shape shape;
   int64_t offset = 0;  // elements from the start of the unit's flat buffer
   bool decay = false;  // weight decay applies (matrices and embeddings, not biases or norms)
+  // Trained (a gradient, reduced and updated) or frozen (read only: no gradient is computed
+  // for it, nor kept, reduced or updated). Every tensor of today's models is trainable;
+  // adapters freeze the base (docs/design/nn.md, "Trainable and frozen tensors").
+  bool trainable = true;
   int64_t numel() const { return shape_numel(shape); }
 };
 
+// A unit's layout. Its flat buffer holds the trainable tensors first, in the order they
+// were added, then the frozen ones: the trainable ones are its first `trainable_numel`
+// elements, which is all a gradient buffer of the unit holds (same offsets). Tensor
+// indices are the order of add() whatever the layout; a unit whose tensors are all
+// trainable is laid out exactly as they were added.
 struct UnitSpec {
   std::string name;  // "embedding", "block.3", "final"
   std::vector<TensorSpec> tensors;
-  int64_t numel = 0;  // flat length including alignment padding
-  // Appends a tensor at the next aligned offset.
+  int64_t numel = 0;            // flat length including alignment padding
+  int64_t trainable_numel = 0;  // the trainable tensors' span at the start (numel when all are)
+  // Adds a tensor, trainable, at the next aligned offset of its region.
   void add(std::string tensor_name, Shape shape, bool decay);
+  // Marks tensor `index` trainable or frozen, which lays the unit out again (offsets move).
+  void set_trainable(size_t index, bool trainable);
+  bool all_trainable() const { return trainable_numel == numel; }
   Tensor view(const Tensor& flat, size_t index) const;  // tensor `index` inside `flat`
+  // Tensor `index` inside the unit's gradient buffer `grads` ([trainable_numel]); undefined
+  // for a frozen tensor or an undefined `grads` (no gradient to write).
+  Tensor grad_view(const Tensor& grads, size_t index) const;
+
+ private:
+  void lay_out();
 };
 
 // What the model calls to reach parameters. Calls come from the thread running the model.
-// acquire_* return flat [unit.numel] tensors valid until the matching release_*.
+// acquire_weights returns a flat [unit.numel] tensor, acquire_grads a flat
+// [unit.trainable_numel] one (undefined when the unit has no trainable tensor), each valid
+// until the matching release_*.
 // Gradient buffers are accumulated into (+=); release_grads(u, complete=true) tells that
 // this micro-batch has added everything it will to unit u (a unit whose weights are used
 // twice, like a tied embedding, is released with complete=false the first time).
@@ -57,6 +78,7 @@ class ResidentUnits final : public UnitAccess {
  public:
   // Weights in `dtype`, gradients in `grad_dtype` (the trainer's are f32 whatever the
   // weights': runtime/zero reduces and updates them in f32); grad_dtype nullopt = dtype.
+  // Gradient buffers hold each unit's trainable span only (UnitSpec::trainable_numel).
   ResidentUnits(Device& device, DType dtype, const std::vector<UnitSpec>& units,
                 std::optional<DType> grad_dtype = std::nullopt);
   Tensor acquire_weights(int unit) override { return weights.at(static_cast<size_t>(unit)); }

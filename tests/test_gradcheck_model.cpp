@@ -5,9 +5,12 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 #include "nn/cpu_device.h"
 #include "nn/gpt.h"
+#include "nn/ledger_device.h"
 #include "nn/llama.h"
 #include "test_util.h"
 
@@ -252,4 +255,108 @@ BOOST_AUTO_TEST_CASE(qwen3_head_norms_and_own_head_size) {
     const std::vector<double> ck(units.grads[u].data_as<double>(), units.grads[u].data_as<double>() + units.grads[u].numel());
     BOOST_TEST(ck == plain[u], boost::test_tools::per_element());
   }
+}
+
+// Frozen tensors (nn/unit.h, nn/linear.h): a frozen tensor has no place in its unit's
+// gradient buffer (a unit of only frozen tensors has none) and no gradient is computed for
+// it; the loss and every trainable tensor's gradient stay those of the all-trainable
+// model, bit for bit. Frozen here: a whole block, the tied embedding (so the fused head
+// computes no weight gradient), a projection, a bias and norm gains.
+BOOST_AUTO_TEST_CASE(frozen_tensors_get_no_gradient_and_change_no_other) {
+  nn::CpuDevice dev(1 << 28);
+  nn::LlamaConfig lc;
+  lc.n_layer = 2;
+  lc.n_head = 2;
+  lc.n_kv_head = 1;
+  lc.n_embd = 8;
+  lc.intermediate = 6;
+  lc.vocab_size = 11;
+  lc.block_size = 6;
+  lc.qkv_bias = true;
+  lc.qk_norm = true;
+  const nn::GPTConfig gc{2, 2, 8, 11, 6};
+  struct Case {
+    bool llama;
+    std::vector<std::string> frozen;
+  };
+  std::vector<std::string> gpt_frozen = {"wte", "h.1.mlp.c_fc.weight", "h.1.ln_1.bias", "ln_f.weight"};
+  std::vector<std::string> llama_frozen = {"tok_embeddings.weight", "layers.1.attention.wqkv.weight",
+                                           "layers.1.attention.q_norm.weight", "norm.weight", "output.weight"};
+  const std::vector<nn::UnitSpec> gpt_units = nn::GPT::layout(gc), llama_units = nn::Llama::layout(lc);
+  for (const nn::TensorSpec& t : gpt_units[1].tensors) gpt_frozen.push_back(t.name);  // block 0, whole
+  for (const nn::TensorSpec& t : llama_units[1].tensors) llama_frozen.push_back(t.name);
+  for (const Case& c : {Case{false, gpt_frozen}, Case{true, llama_frozen}}) {
+    auto make = [&]() -> std::unique_ptr<nn::Model> {
+      if (c.llama) return std::make_unique<nn::Llama>(lc, dev, DType::f64);
+      return std::make_unique<nn::GPT>(gc, dev, DType::f64);
+    };
+    std::unique_ptr<nn::Model> all = make(), part = make();
+    part->freeze(c.frozen);
+    BOOST_CHECK_THROW(make()->freeze({"no.such.tensor"}), std::invalid_argument);
+    nn::ResidentUnits ua(dev, DType::f64, all->units()), up(dev, DType::f64, part->units());
+    for (int u = 0; u < all->num_units(); ++u) all->init_unit(u, ua.weights[static_cast<size_t>(u)], 7);
+    for (Tensor& w : ua.weights) dev.accumulate(w, test::random_tensor(dev, DType::f64, w.shape(), 97, 0.3));
+    // The same weights in the frozen model's layout: trainable tensors first in each unit.
+    for (size_t u = 0; u < ua.weights.size(); ++u) {
+      const nn::UnitSpec &sa = all->units()[u], &sp = part->units()[u];
+      int64_t end = 0;
+      for (size_t i = 0; i < sa.tensors.size(); ++i) {
+        dev.copy(sp.view(up.weights[u], i), sa.view(ua.weights[u], i));
+        if (sp.tensors[i].trainable) {
+          BOOST_TEST(sp.tensors[i].offset + sp.tensors[i].numel() <= sp.trainable_numel);
+          end = std::max(end, sp.tensors[i].offset + sp.tensors[i].numel());
+        } else {
+          BOOST_TEST(sp.tensors[i].offset >= sp.trainable_numel);
+        }
+      }
+      BOOST_TEST(sp.trainable_numel == end);
+      BOOST_TEST(sp.numel >= sa.numel - static_cast<int64_t>(sa.tensors.size()) * nn::kTensorAlign);
+      BOOST_TEST(up.grads[u].defined() == (sp.trainable_numel > 0));
+      if (up.grads[u].defined()) BOOST_TEST(up.grads[u].numel() == sp.trainable_numel);
+    }
+    BOOST_TEST(!up.grads[1].defined());  // block 0 is frozen whole
+    const int64_t B = 2, T = 5;
+    Tensor tokens = Tensor::empty(dev, DType::i32, {B * T}), targets = Tensor::empty(dev, DType::i32, {B * T});
+    nn::Rng rng(11);
+    for (int64_t i = 0; i < B * T; ++i) {
+      tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+      targets.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+    }
+    const double la = all->forward(ua, tokens, targets, B, T), lp = part->forward(up, tokens, targets, B, T);
+    BOOST_TEST(la == lp);
+    all->backward(ua);
+    part->backward(up);
+    int trained = 0;
+    for (size_t u = 0; u < ua.weights.size(); ++u) {
+      const nn::UnitSpec &sa = all->units()[u], &sp = part->units()[u];
+      for (size_t i = 0; i < sa.tensors.size(); ++i) {
+        const Tensor gp = sp.grad_view(up.grads[u], i);
+        BOOST_TEST(gp.defined() == sp.tensors[i].trainable, sp.tensors[i].name);
+        if (!gp.defined()) continue;
+        const Tensor ga = sa.grad_view(ua.grads[u], i);
+        BOOST_TEST(std::memcmp(ga.data(), gp.data(), static_cast<size_t>(ga.numel()) * 8) == 0, sa.tensors[i].name);
+        ++trained;
+      }
+    }
+    BOOST_TEST(trained > 5);
+  }
+}
+
+// What a frozen weight saves: its weight-gradient GEMM, 2 N x in x out FLOPs of backward,
+// counted by the op ledger (nn/op_ledger.h) over one forward and backward.
+BOOST_AUTO_TEST_CASE(a_frozen_weight_runs_no_gradient_gemm) {
+  const nn::GPTConfig gc{2, 2, 8, 11, 6};
+  const int64_t B = 2, T = 5, N = B * T, C = 8;
+  auto flops = [&](const std::vector<std::string>& frozen) {
+    nn::LedgerDevice dev("ledger", size_t{1} << 28);
+    nn::GPT model(gc, dev, DType::f32);
+    model.freeze(frozen);
+    nn::ResidentUnits units(dev, DType::f32, model.units());
+    Tensor tokens = Tensor::empty(dev, DType::i32, {N}), targets = Tensor::empty(dev, DType::i32, {N});
+    model.forward(units, tokens, targets, B, T);
+    model.backward(units);
+    return dev.ledger().flops();
+  };
+  const double all = flops({}), fc = flops({"h.1.mlp.c_fc.weight"});
+  BOOST_TEST(all - fc == 2.0 * N * (4 * C) * C);
 }

@@ -177,6 +177,7 @@ std::vector<nn::UnitSpec> CheckpointReader::layout() const {
       nn::UnitSpec spec;
       spec.name = u.at("name").get<std::string>();
       spec.numel = integer<int64_t>(u.at("numel"), mpath, std::string("unit ") + spec.name + "'s numel");
+      spec.trainable_numel = spec.numel;  // a checkpoint's tensors are all trained ones
       for (const json& t : u.at("tensors")) {
         nn::TensorSpec ts{t.at("name").get<std::string>(), {}, integer<int64_t>(t.at("offset"), mpath, "a tensor's offset"),
                           t.at("decay").get<bool>()};

@@ -54,6 +54,14 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     throw std::invalid_argument("ShardedUnits: gradients land on the host as shards, from stage 1 (DeepSpeed's rule)");
   }
   if (land_) reductions_.set_landing(place_.host);
+  // Frozen tensors (nn/unit.h) need their own shards, no gradients and no optimizer state:
+  // the adapters' work (issue 40). Until then every tensor a run shards is trained.
+  for (const nn::UnitSpec& u : units) {
+    if (!u.all_trainable()) {
+      throw std::invalid_argument("ShardedUnits: unit " + u.name +
+                                  " has frozen tensors; sharded training of frozen tensors is not built yet");
+    }
+  }
   const size_t n = units.size();
   full_w_.resize(n);
   compute_w_.resize(n);

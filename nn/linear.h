@@ -1,0 +1,41 @@
+// The linear layer the models call: y = x W^T (+ b), forward and backward.
+//
+// Every weight matrix a model multiplies by goes through here, so that what a layer is (a
+// trained weight, a frozen one, and with adapters a low-rank pair beside a frozen or
+// quantized base) is a property of its parameters and not a second path through each
+// model. What a layer's backward computes follows the tensors it is given: an undefined
+// dw is a frozen weight (its gradient GEMM is not run), an undefined db a frozen or absent
+// bias, an undefined dx an input that needs no gradient.
+#pragma once
+
+#include <cstddef>
+
+#include "nn/device.h"
+#include "nn/unit.h"
+
+namespace ferry::nn {
+
+struct Linear {
+  Tensor w;   // [out, in], the weight as y = x w^T uses it
+  Tensor b;   // [out]; undefined: no bias
+  Tensor dw;  // w's gradient, accumulated into (+=); undefined: w is frozen
+  Tensor db;  // b's gradient, accumulated into; undefined: no bias, or a frozen one
+};
+
+// The linear layer whose weight is tensor `w_index` of unit `u` and whose bias is tensor
+// `b_index` (kNoBias: none), viewed inside the unit's `weights` and, for backward, its
+// `grads` (UnitSpec::grad_view: frozen tensors and an undefined `grads` give no gradient).
+constexpr size_t kNoBias = static_cast<size_t>(-1);
+Linear unit_linear(const UnitSpec& u, const Tensor& weights, const Tensor& grads, size_t w_index,
+                   size_t b_index = kNoBias);
+
+// y[N,out] = x[N,in] w^T + b. With `pre` defined (shaped as y), pre = x w^T + b and
+// y = gelu(pre) (DeviceOps::linear_forward: one cuBLASLt call with its epilogue on the cuda
+// device).
+void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor& x, const Tensor& pre = Tensor{});
+
+// From dy[N,out] and the forward's input x[N,in]: dx = dy w (overwritten; skipped when dx
+// is undefined), dw += dy^T x and db += the column sums of dy, each only where defined.
+void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tensor& dy, const Tensor& x);
+
+}  // namespace ferry::nn
