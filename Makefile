@@ -120,18 +120,20 @@ test: build
 	$(STAGE) done
 
 # $(call beside,TARGET,BUILD,LOG): make TARGET while make BUILD runs at nice 19 into LOG;
-# fails if either does (a failed TARGET stops BUILD at once). setsid gives BUILD a process
+# fails if either does (a failed TARGET, or an interrupt, stops BUILD at once). Like every
+# recipe line naming $(MAKE), this one runs under make -n too. setsid gives BUILD a process
 # group to stop, and with it a session: where the kernel groups sessions for scheduling
 # (autogroup, /proc/sys/kernel/sched_autogroup_enabled), a nice value counts only inside its
 # group and the two groups would share the cores half and half (measured: the tests at 55%,
 # the build at 45%); the group's own nice (/proc/self/autogroup) puts BUILD behind again.
 define beside
 	@mkdir -p $(dir $(3)); echo "[make] $$(date +%T) $(2) beside $(1), at nice 19 (its output: $(3))"
-	@setsid nice -n 19 sh -c 'echo 19 >/proc/self/autogroup 2>/dev/null; \
+	@setsid nice -n 19 sh -c 'echo 19 2>/dev/null >/proc/self/autogroup; \
 	    $(MAKE) --no-print-directory $(2); st=$$?; echo "[make] $$(date +%T) $(2) ended"; exit $$st' \
 	    >$(3) 2>&1 & bg=$$!; \
+	  trap 'kill -TERM -$$bg 2>/dev/null; exit 130' INT TERM HUP; \
 	  $(MAKE) --no-print-directory $(1); fg=$$?; \
-	  if [ $$fg -ne 0 ]; then kill -TERM -- -$$bg 2>/dev/null; wait $$bg; exit $$fg; fi; \
+	  if [ $$fg -ne 0 ]; then kill -TERM -$$bg 2>/dev/null; wait $$bg; exit $$fg; fi; \
 	  wait $$bg; st=$$?; grep '^\[make\]' $(3) | sed 's/$$/ (beside)/'; \
 	  if [ $$st -ne 0 ]; then tail -n 80 $(3); echo "make: $(2) failed beside $(1) (its whole output: $(3))"; fi; \
 	  exit $$st

@@ -43,7 +43,7 @@ json doc(int world, int64_t steps) {
   const int micro = world == 4 ? 3 : 2;
   const int accum = 12 / (micro * world);
   return {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 16}}},
-          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
           {"device", {{"memory", "64MiB"}, {"threads", 1}}},
           {"train_micro_batch_size_per_gpu", micro},
           {"gradient_accumulation_steps", accum},

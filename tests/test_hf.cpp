@@ -40,7 +40,7 @@ const char* const kModels[] = {"gpt2", "llama3", "llama-tied-bf16", "mistral", "
 
 json doc(const std::string& folder, int64_t steps = 0) {
   return {{"model", {{"init_from", folder}, {"block_size", 16}}},
-          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
           {"device", {{"memory", "256MiB"}, {"threads", 1}}},
           {"train_micro_batch_size_per_gpu", 2},
           {"optimizer", {{"params", {{"lr", 0.001}}}}},

@@ -29,7 +29,7 @@ struct TempDir : test::TempDir {
 
 json doc(int stage, const std::string& opt, const std::string& par, const std::string& nvme) {
   json d = {{"model", {{"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 16}}},
-            {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+            {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
             {"device", {{"memory", "64MiB"}, {"threads", 2}}},
             {"train_micro_batch_size_per_gpu", 4},
             {"gradient_accumulation_steps", 2},

@@ -32,7 +32,7 @@ namespace {
 Config config_for(int stage, const std::string& opt, const std::string& par, const std::string& nvme, int world,
                   int64_t channels, bool checkpointing = false, bool llama = false) {
   json d = {{"model", {{"n_layer", 3}, {"n_head", 4}, {"n_embd", channels}, {"block_size", 32}, {"vocab_size", 256}}},
-            {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+            {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
             {"device", {{"memory", "512MiB"}, {"threads", 1}}},
             {"train_micro_batch_size_per_gpu", 2},
             {"activation_checkpointing", {{"enabled", checkpointing}}},
@@ -222,7 +222,7 @@ BOOST_AUTO_TEST_CASE(plan_of_a_70b_model_is_cheap) {
   json d = {{"model",
              {{"arch", "llama"}, {"n_layer", 80}, {"n_head", 64}, {"n_kv_head", 8}, {"n_embd", 8192},
               {"intermediate_size", 28672}, {"block_size", 4096}, {"vocab_size", 128256}}},
-            {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+            {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
             {"device", {{"memory", "80GiB"}}},
             {"train_micro_batch_size_per_gpu", 1},
             {"zero_optimization", {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}}}};

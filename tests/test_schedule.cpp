@@ -31,7 +31,7 @@ namespace {
 
 json doc(int stage, const std::string& opt, const std::string& par, const fs::path& nvme, double clip) {
   return {{"model", {{"n_layer", 3}, {"n_head", 2}, {"n_embd", 32}, {"block_size", 16}}},
-          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/examples/data/kjv.txt"}}},
+          {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
           {"device", {{"memory", "64MiB"}, {"threads", 1}}},
           {"train_micro_batch_size_per_gpu", 2},
           {"gradient_accumulation_steps", 2},
