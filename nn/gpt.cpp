@@ -209,8 +209,9 @@ void GPT::backward(UnitAccess& units) {
     dev_.linear_cross_entropy_backward(dlnf, ue.grad_view(gt, kWte), acts_.lnf, ue.view(wt, kWte), acts_.targets,
                                        loss_scale_ / static_cast<double>(loss_tokens_));
     dev_.fill(dx, 0.0);
-    dev_.layernorm_backward(dx, grad_or_scratch(dev_, uf, gf, kLnfW, dtype_), grad_or_scratch(dev_, uf, gf, kLnfB, dtype_),
-                            dlnf, acts_.residual.back(), uf.view(wf, kLnfW), acts_.lnf_mean, acts_.lnf_rstd);
+    dev_.layernorm_backward(dx, grad_or_scratch(dev_, uf, gf, kLnfW, dtype_),
+                            grad_or_scratch(dev_, uf, gf, kLnfB, dtype_), dlnf, acts_.residual.back(),
+                            uf.view(wf, kLnfW), acts_.lnf_mean, acts_.lnf_rstd);
     units.release_grads(emb, false);
     units.release_grads(fin, true);
     units.release_weights(emb);
