@@ -291,7 +291,10 @@ void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b,
   if (a.dtype() != c.dtype() || b.dtype() != c.dtype()) {
     fail("gemm", "needs one dtype: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
   }
-  const auto [M, N, K] = checks::gemm("cpu", c, a, ta, b, tb);
+  // Named copies, not a structured binding: a lambda capturing a binding is C++20 that
+  // clang 14 refuses (docs/design/testing.md, "CI time": a clang sanitizer build).
+  const checks::GemmDims dims = checks::gemm("cpu", c, a, ta, b, tb);
+  const int64_t M = dims.M, N = dims.N, K = dims.K;
   dispatch("gemm", c.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::gemm<T>(ptr<T>(c), ptr<T>(a), ptr<T>(b), M, N, K, ta, tb, static_cast<T>(alpha),

@@ -81,7 +81,7 @@ class LedgerDevice final : public CountingDevice {
              const AdamWStep& step) override;
 
  private:
-  void check_errors();
+  void check_errors() override;
   OpLedger ledger_;
   bool flags_pending_ = false;
 };

@@ -346,7 +346,8 @@ BOOST_AUTO_TEST_CASE(trainer_fsdp2_file_every_key_accounted) {
   }
   BOOST_TEST(c.fsdp.ignored.size() == 4u);
   const json doc = json::parse(std::ifstream(file));
-  for (const auto& [key, value] : doc.items()) {
+  for (const auto& item : doc.items()) {
+    const std::string key = item.key();  // not a structured binding: the lambda below captures it (clang 14)
     const bool listed = contains(c.fsdp.ignored, key) ||
                         std::any_of(c.fsdp.resolved.begin(), c.fsdp.resolved.end(),
                                     [&](const std::string& line) { return line.starts_with(key + " = "); });
