@@ -15,7 +15,8 @@
 # against PyTorch's SDPA where python3 has torch) 100; model (`ferry bench model --device
 # cuda --bf16 --predict`: GPT-2 124M/350M with the real vocabulary, Llama 1B, each with the
 # roofline ledger's prediction beside it) 150; kernels (ncu's duration of every kernel of
-# one GPT-2 124M forward+backward, set against the ledger: the calibration) 90; offload
+# one GPT-2 124M forward+backward, set against the ledger: the calibration) 90, then the
+# longest of them once more with ncu's sections (why it takes its time) 40; offload
 # (`ferry bench step --device cuda --bf16`) 60; the CUDA tests 150. Exit status: 0 every
 # step passed; 1 a step failed (summary.txt names it); 3 no GPU here.
 set -u
@@ -136,6 +137,16 @@ if [ -n "$ncu" ] && [ -z "${GPU_CHECK_NO_NCU:-}" ]; then
   { echo "== GPT-2 124M (B 8, T 1024), one forward+backward"; kernel_table <(grep '^"' "$out/logs/ncu_gpt2.csv")
     echo "== Llama 1B (B 4, T 2048), one forward+backward"; kernel_table <(grep '^"' "$out/logs/ncu_llama.csv"); } \
     >"$out/kernels.txt" 2>&1
+  # The GPT-2 step's longest kernel, one launch, with the sections that say why it takes its
+  # time (throughput against the ceilings, occupancy and its limiter, warp stall reasons):
+  # what the next session works on, read without spending device time on it.
+  top=$(awk 'f && NF { print $1; exit } /^kernel /{ f = 1 }' "$out/kernels.txt")
+  if [ -n "$top" ]; then
+    step top_kernel 40 "$ncu" --clock-control none -k "regex:$top" --launch-count 1 --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+      "$ferry" bench model --device cuda --bf16 --quick --only gpt2-124m
+    cp "$out/logs/top_kernel.log" "$out/top_kernel.txt" 2>/dev/null
+  fi
 else
   why="no ncu on this machine"
   [ -n "${GPU_CHECK_NO_NCU:-}" ] && why="GPU_CHECK_NO_NCU is set"
@@ -159,6 +170,8 @@ done
   tail -12 "$out/logs/attention.log"
   echo "--- kernels (kernels.txt: first rows)"
   [ -f "$out/kernels.txt" ] && grep -A12 '^==' "$out/kernels.txt"
+  [ -f "$out/top_kernel.txt" ] && { echo "--- the longest kernel (top_kernel.txt)"
+    grep -E '^  [a-z_]+.*\(|Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles Per Issued' "$out/top_kernel.txt" | head -30; }
   echo "--- offload"
   grep -E 'overlapped|sequential|alone|bytes/param' "$out/logs/offload.log"
   echo "--- CUDA tests"

@@ -4,7 +4,7 @@
 // It lets tests compile nn/cuda/*.cu and nn/cuda/device_*.cpp unchanged with g++ and
 // run them: each kernel runs its blocks one after another, each block's threads as fibers
 // that meet at barriers for __syncthreads and per warp of 32 for __shfl_down_sync,
-// __shfl_xor_sync and __syncwarp, with
+// __shfl_xor_sync, __ballot_sync and __syncwarp, with
 // __shared__ arrays shared by the block's threads (static, as blocks do not overlap). So
 // the index arithmetic, the shared-memory use, the reductions and their barriers, the
 // row-major <-> column-major GEMM mapping, the widening, the flags and the arena all
@@ -241,6 +241,23 @@ T __shfl_xor_sync(unsigned, T v, int mask) {
   const T r = static_cast<T>(w.lanes[(lane ^ static_cast<unsigned>(mask)) % 32]);
   ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);
   return r;
+}
+
+// Bit i set where lane i's predicate holds, every lane getting the same mask (all 32 lanes
+// take part: the kernels pass the full mask).
+inline unsigned __ballot_sync(unsigned, int predicate) {
+  const unsigned lane = threadIdx.x % 32;
+  ::ferry_emu::Warp& w = ::ferry_emu::warps[threadIdx.x / 32];
+  w.lanes[lane] = predicate != 0 ? 1.0 : 0.0;
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);
+  unsigned mask = 0;
+  for (unsigned i = 0; i < 32; ++i) mask |= w.lanes[i] != 0.0 ? 1u << i : 0u;
+  ::ferry_emu::wait_at(::ferry_emu::Fiber::at_warp);
+  return mask;
+}
+
+inline int __popc(unsigned x) {
+  return __builtin_popcount(x);
 }
 
 // The warp's lanes meet: shared-memory writes before it are seen by every lane after it.

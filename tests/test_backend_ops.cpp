@@ -679,6 +679,41 @@ std::vector<OpCase> all_cases() {
                     return NAN;
                   }});
   }
+  // The fused head's row kernels in 16-byte vectors (V a multiple of 8): the online max and
+  // sum across several vectors per thread, then the ignored and in-range targets.
+  for (const int64_t lo : {int64_t{0}, int64_t{-1}}) {
+    const std::string tag = lo < 0 ? " (rows of 8s, ignored targets)" : " (rows of 8s)";
+    cs.push_back({"linear_cross_entropy_forward" + tag,
+                  {{Role::stat, {N}, true},
+                   {Role::act, {N, C}},
+                   {Role::weight, {VV, C}, false, false, -3, 3},
+                   {Role::ids, {N}, false, false, static_cast<double>(lo), VV}},
+                  [](D& d, const Ts& t) {
+                    d.linear_cross_entropy_forward(t[0], t[1], t[2], t[3]);
+                    return NAN;
+                  }});
+    cs.push_back({"linear_cross_entropy_backward" + tag,
+                  {{Role::act, {N, C}, true, true},
+                   {Role::wgrad, {VV, C}, true, true},
+                   {Role::act, {N, C}},
+                   {Role::weight, {VV, C}, false, false, -3, 3},
+                   {Role::ids, {N}, false, false, static_cast<double>(lo), VV}},
+                  [](D& d, const Ts& t) {
+                    d.linear_cross_entropy_backward(t[0], t[1], t[2], t[3], t[4], 0.5);
+                    return NAN;
+                  }});
+  }
+  // dwte in 16-byte vectors of a row (C a multiple of 8), tall enough for several tiles of
+  // tokens per block, with few distinct tokens (one token's rows run long in one block).
+  cs.push_back({"embedding_backward (rows of 8s, tall)",
+                {{Role::wgrad, {V, CV}, true, true},
+                 {Role::wgrad, {T + 2, CV}, true, true},
+                 {Role::act, {Tall, CV}},
+                 {Role::ids, {Tall}, false, false, 0, 3}},
+                [](D& d, const Ts& t) {
+                  d.embedding_backward(t[0], t[1], t[2], t[3], T);
+                  return NAN;
+                }});
   cs.push_back({"adamw (misaligned grad)",
                 {{Role::wgrad, {1031}, true, true},
                  {Role::wgrad, {1031}, false, false, -1, 1, 1},
@@ -808,6 +843,9 @@ BOOST_AUTO_TEST_CASE(cuda_kernels_at_the_gpu_block_sizes) {
                                           "softmax_cross_entropy_forward (rows of 8s)",
                                           "softmax_cross_entropy_backward (rows of 8s)",
                                           "embedding_forward (rows of 8s)",
+                                          "embedding_backward (rows of 8s, tall)",
+                                          "linear_cross_entropy_forward (rows of 8s)",
+                                          "linear_cross_entropy_backward (rows of 8s, ignored targets)",
                                           "rope_forward (in place)",
                                           "attention_forward kv_heads=1",
                                           "attention_backward kv_heads=1",

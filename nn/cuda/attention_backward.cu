@@ -241,9 +241,7 @@ void attention_backward(Stream s, Arr dqkv, Arr dout, Arr qkv, Arr out, Arr lse,
             q_kernel, static_cast<size_t>(backward_q_shared(warps, sh.hs)) * sizeof(A), "attention_backward", sh);
         opt_in_shared(kv_kernel, fit_kv);
         opt_in_shared(q_kernel, fit_q);
-        auto& rowdot_kernel = flash_rowdot_kernel<A, X>;
-        FERRY_LAUNCH(rowdot_kernel, grid_for(B * T * NH), block_threads(), 0, as_stream(s), D, X(dout), X(out), sh, B);
-        FERRY_CUDA_CHECK_LAUNCH();
+        launch_rowdot<A, X>(as_stream(s), D, dout, out, sh, B);
         const unsigned tiles = static_cast<unsigned>((T + rows - 1) / rows);
         FERRY_LAUNCH(kv_kernel, dim3(tiles, static_cast<unsigned>(KVH), static_cast<unsigned>(B)), threads,
                      fit_kv.dynamic, as_stream(s), dqkv, X(dout), X(qkv), Y(lse), D, sh, doc_start);

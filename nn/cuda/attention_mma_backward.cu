@@ -220,9 +220,7 @@ void attention_backward_mma(cudaStream_t st, Arr dqkv, Arr dout, Arr qkv, Arr ou
       opt_in_shared(kv_kernel, fit_kv);
       opt_in_shared(q_kernel, fit_q);
       float* Dp = static_cast<float*>(rowdot);
-      auto& rowdot_kernel = flash_rowdot_kernel<float, X>;
-      FERRY_LAUNCH(rowdot_kernel, grid_for(B * sh.T * sh.NH), block_threads(), 0, st, Dp, X(dout), X(out), sh, B);
-      FERRY_CUDA_CHECK_LAUNCH();
+      launch_rowdot<float, X>(st, Dp, dout, out, sh, B);
       auto blocks = [&sh](int w) {
         return static_cast<unsigned>((sh.T + w * kMmaRowsPerWarp - 1) / (w * kMmaRowsPerWarp));
       };

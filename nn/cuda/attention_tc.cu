@@ -274,9 +274,7 @@ void attention_backward_tc(cudaStream_t st, Arr dqkv, Arr dout, Arr qkv, Arr out
     opt_in_shared(kv_kernel, fit_kv);
     opt_in_shared(q_kernel, fit_q);
     float* D = static_cast<float*>(rowdot);
-    auto& rowdot_kernel = flash_rowdot_kernel<float, X>;
-    FERRY_LAUNCH(rowdot_kernel, grid_for(B * sh.T * sh.NH), block_threads(), 0, st, D, X(dout), X(out), sh, B);
-    FERRY_CUDA_CHECK_LAUNCH();
+    launch_rowdot<float, X>(st, D, dout, out, sh, B);
     auto tiles = [&sh](int w) { return static_cast<unsigned>((sh.T + w * kTcRowsPerWarp - 1) / (w * kTcRowsPerWarp)); };
     const S* q = static_cast<const S*>(qkv.p);
     const S* g = static_cast<const S*>(dout.p);

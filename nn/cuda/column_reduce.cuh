@@ -28,6 +28,7 @@ using namespace detail;
 // `at` = n * C + c.
 
 constexpr int kRowsPerLane = 32;                 // rows per row lane per chunk (pass 1)
+constexpr int kRowsInFlight = 8;                 // rows a row lane loads at once (pass 1)
 constexpr int64_t kMaxPartials = int64_t{1} << 20;  // scratch elements: 4 MiB f32, 8 MiB f64
 constexpr int64_t kMaxChunks = 65535;              // gridDim.y
 
@@ -53,7 +54,15 @@ __global__ void column_partials_kernel(Term term, int64_t N, int64_t C, int64_t 
   A s[K];
   for (int k = 0; k < K; ++k) s[k] = 0;
   if (c < C) {
-    for (int64_t n = n0 + r; n < n1; n += R) term.add(s, n * C + c, n);
+    // kRowsInFlight rows per step, unrolled: their loads issue together (no stores between
+    // them) and the sums still take the rows in order. A loop of one row at a time waited
+    // out each load's latency: 23 us a launch at N = 8192 on an H200 (docs/design/measured.md).
+    int64_t n = n0 + r;
+    for (; n + (kRowsInFlight - 1) * R < n1; n += kRowsInFlight * R) {
+      FERRY_UNROLL
+      for (int u = 0; u < kRowsInFlight; ++u) term.add(s, (n + u * R) * C + c, n + u * R);
+    }
+    for (; n < n1; n += R) term.add(s, n * C + c, n);
   }
   for (int k = 0; k < K; ++k) lane_sums[k][threadIdx.x] = s[k];
   __syncthreads();
@@ -73,7 +82,12 @@ __global__ void column_finish_kernel(Arr out0, Arr out1, int K, const A* partial
   FERRY_FOR_EACH(i, K * C) {
     const int64_t k = i / C, c = i % C;
     A t = 0;
-    for (int64_t q = 0; q < chunks; ++q) t += partial[(k * chunks + q) * C + c];
+    int64_t q = 0;
+    for (; q + kRowsInFlight <= chunks; q += kRowsInFlight) {  // loads together, sums in order
+      FERRY_UNROLL
+      for (int u = 0; u < kRowsInFlight; ++u) t += partial[(k * chunks + q + u) * C + c];
+    }
+    for (; q < chunks; ++q) t += partial[(k * chunks + q) * C + c];
     const Arr& out = k == 0 ? out0 : out1;
     st<A>(out, c, ld<A>(out, c) + t);
   }

@@ -201,7 +201,8 @@ inline bool aligned16(std::initializer_list<const void*> ps) {
   });
 }
 
-// x[i] loads element i widened to A; x.set(i, v) stores v rounded to the storage type.
+// x[i] loads element i widened to A; x.set(i, v) stores v rounded to the storage type;
+// x.round(v) is the value set would store, widened back.
 // x.load(j, v) / x.store(j, v): elements [j W, j W + W) as one Vec (kWidth: elements per
 // 16 bytes; W a multiple of it). Built on the host from an Arr whose dtype matches S
 // (by_storage guarantees it).
@@ -222,6 +223,10 @@ struct Operand {
     const Vec<S, W> v = vec_load<S, W>(p + j * W);
     FERRY_UNROLL
     for (int k = 0; k < W; ++k) x[k] = static_cast<A>(widen(v.e[k]));
+  }
+  // v rounded to the storage type and widened back: the value set(i, v) would store.
+  __device__ static A round(A v) {
+    return static_cast<A>(widen(Narrow<S>::to(v)));
   }
   template <int W>
   __device__ void store(int64_t j, const A (&x)[W]) const {
@@ -244,6 +249,18 @@ struct Operand<A, Arr> {
   }
   __device__ void set(int64_t i, A v) const {
     st<A>(a, i, v);
+  }
+  __device__ A round(A v) const {
+    switch (a.dtype) {
+      case DType::f32:
+        return static_cast<A>(static_cast<float>(v));
+      case DType::bf16:
+        return static_cast<A>(__bfloat162float(__float2bfloat16_rn(static_cast<float>(v))));
+      case DType::f16:
+        return static_cast<A>(__half2float(__float2half_rn(static_cast<float>(v))));
+      default:
+        return v;
+    }
   }
   template <int W>
   __device__ void load(int64_t j, A (&x)[W]) const {
