@@ -59,6 +59,9 @@ __device__ __forceinline__ void add_scores(MaxSum<A>& ms, const A (&x)[W]) {
     ms.sum *= rescale(ms.max, m);
     ms.max = m;
   }
+  // Every score so far -inf: each term is exp(-inf) = 0, and exp(-inf - -inf) would be NaN,
+  // which no later rescale by 0 undoes (the CPU device takes the row's max first: 0s).
+  if (ms.max == -INFINITY) return;
   FERRY_UNROLL
   for (int k = 0; k < W; ++k) ms.sum += exp(x[k] - ms.max);
 }
