@@ -4,7 +4,10 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "base/env.h"
 #include "base/io_faults.h"
+#include "runtime/ckpt/checkpoint.h"
+#include "runtime/config/config.h"
 
 namespace ferry::cli {
 
@@ -26,7 +29,7 @@ std::string command_name(const CLI::App& app) {
 
 bool secondary_rank() {
   for (const char* var : {"PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"}) {
-    const char* v = std::getenv(var);
+    const char* v = env_value(var);
     if (v != nullptr && *v != '\0') return std::string(v) != "0";
   }
   return false;
@@ -65,6 +68,15 @@ int parse_and_run(CLI::App& app, int argc, char** argv, const std::function<Run(
       std::cerr << name << ": " << e.what() << "\n(run '" << name << " --help' for the options)\n";
     }
     return 2;
+  } catch (const runtime::ConfigError& e) {
+    if (!quiet) std::cerr << command_name(app) << ": config error: " << e.what() << "\n";
+    return 2;
+  } catch (const runtime::CheckpointError& e) {
+    if (!quiet && !e.reported_elsewhere) std::cerr << command_name(app) << ": checkpoint refused: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    if (!quiet) std::cerr << command_name(app) << ": " << e.what() << "\n";
+    return 1;
   }
 }
 

@@ -25,8 +25,15 @@ struct UsageError : std::runtime_error {
 
 // Parses argv into `app`, then calls the Run that `chosen` returns (the selected verb's).
 // --help prints the help of the (sub)command it follows on stdout and returns 0; errors go
-// to stderr. Under mpiexec only rank 0 prints help and command-line errors: every rank
-// parses the same argv and would print the same text.
+// to stderr. Under mpiexec only rank 0 prints help and errors: every rank parses the same
+// argv and reads the same files, and would print the same text.
+// The one mapping from what a verb throws to the exit status, "PROGRAM VERB: ..." on stderr:
+//   UsageError                -> 2, with the --help hint
+//   runtime::ConfigError      -> 2, "config error: MESSAGE" (a file, key or value refused)
+//   runtime::CheckpointError  -> 1, "checkpoint refused: MESSAGE" (unless reported already)
+//   any other std::exception  -> 1, the message
+// A verb catches only what it must handle itself (train: a failure on one rank of many ends
+// the job through MPI, naming the rank).
 int parse_and_run(CLI::App& app, int argc, char** argv, const std::function<Run()>& chosen);
 
 // True in a process mpiexec started as a rank other than 0 (read from the environment

@@ -50,14 +50,9 @@ int doctor(const DoctorArgs& a) {
   if (a.gpu) return gpu_doctor();
   Config c;
   DoctorOptions o;
-  try {
-    if (!a.run.config.empty()) {
-      c = load_config(a.run.config, a.run.sets, a.run.ranks, a.run.deepspeed, a.run.fsdp);
-      o.config = &c;
-    }
-  } catch (const ConfigError& e) {
-    std::cerr << "ferry doctor: config error: " << e.what() << "\n";
-    return 2;
+  if (!a.run.config.empty()) {
+    c = load_config(a.run.config, a.run.sets, a.run.ranks, a.run.deepspeed, a.run.fsdp);
+    o.config = &c;
   }
   o.ranks_per_node = a.per_node > 0 ? a.per_node : a.run.ranks;
   o.self = std::filesystem::canonical("/proc/self/exe").string();

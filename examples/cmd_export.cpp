@@ -32,35 +32,23 @@ struct ExportArgs {
 };
 
 int export_weights(const ExportArgs& a) {
-  try {
-    if (!a.hf.empty()) {
-      const uint64_t limit = runtime::parse_bytes(nlohmann::json(a.max_shard), "--max-shard-size");
-      const runtime::HfExportReport r = runtime::export_hf(a.checkpoint, a.hf, a.dtype, limit);
-      std::cout << "exported " << r.checkpoint << " (step " << r.step << ") as " << r.architecture << ": " << r.tensors
-                << " tensors, " << r.parameters << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes)
-                << " in " << r.files << " safetensors file" << (r.files == 1 ? "" : "s") << ", "
-                << (r.carried.empty() ? std::string("no tokenizer/generation files (the run did not start from a "
-                                                    "Hugging Face folder)")
-                                      : "carried from the source folder: " + join(r.carried))
-                << " -> " << a.hf
-                << " (largest unit buffered: " << nn::format_bytes(r.largest_unit_bytes) << ")\n";
-      return 0;
-    }
-    if (a.dtype == "fp16") throw std::runtime_error("--dtype fp16 is for --hf folders; --out takes fp32 or bf16");
-    const runtime::ExportReport r = runtime::export_safetensors(a.checkpoint, a.out, a.dtype);
-    std::cout << "exported " << r.checkpoint << " (step " << r.step << "): " << r.tensors << " tensors, "
-              << r.parameters << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes) << " -> " << a.out
-              << " (largest unit buffered: " << nn::format_bytes(r.largest_unit_bytes) << ")\n";
-  } catch (const runtime::ConfigError& e) {
-    std::cerr << "ferry export: " << e.what() << "\n";
-    return 2;
-  } catch (const runtime::CheckpointError& e) {
-    std::cerr << "ferry export: checkpoint refused: " << e.what() << "\n";
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "ferry export: " << e.what() << "\n";
-    return 1;
+  if (!a.hf.empty()) {
+    const uint64_t limit = runtime::parse_bytes(nlohmann::json(a.max_shard), "--max-shard-size");
+    const runtime::HfExportReport r = runtime::export_hf(a.checkpoint, a.hf, a.dtype, limit);
+    std::cout << "exported " << r.checkpoint << " (step " << r.step << ") as " << r.architecture << ": " << r.tensors
+              << " tensors, " << r.parameters << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes)
+              << " in " << r.files << " safetensors file" << (r.files == 1 ? "" : "s") << ", "
+              << (r.carried.empty() ? std::string("no tokenizer/generation files (the run did not start from a "
+                                                  "Hugging Face folder)")
+                                    : "carried from the source folder: " + join(r.carried))
+              << " -> " << a.hf << " (largest unit buffered: " << nn::format_bytes(r.largest_unit_bytes) << ")\n";
+    return 0;
   }
+  if (a.dtype == "fp16") throw std::runtime_error("--dtype fp16 is for --hf folders; --out takes fp32 or bf16");
+  const runtime::ExportReport r = runtime::export_safetensors(a.checkpoint, a.out, a.dtype);
+  std::cout << "exported " << r.checkpoint << " (step " << r.step << "): " << r.tensors << " tensors, " << r.parameters
+            << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes) << " -> " << a.out
+            << " (largest unit buffered: " << nn::format_bytes(r.largest_unit_bytes) << ")\n";
   return 0;
 }
 

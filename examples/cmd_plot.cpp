@@ -19,17 +19,12 @@ struct PlotArgs {
 };
 
 int plot(const PlotArgs& a) {
-  try {
-    const runtime::MetricsSeries m = runtime::read_metrics(a.metrics);
-    const std::string script = runtime::gnuplot_script(m, a.png, a.title.empty() ? a.metrics : a.title);
-    if (!a.script_path.empty()) std::ofstream(a.script_path) << script;
-    runtime::run_gnuplot(script, a.png);
-    std::cout << "plotted " << m.step.size() << " steps and " << m.eval_step.size() << " evaluations of " << a.metrics
-              << " -> " << a.png << "\n";
-  } catch (const std::exception& e) {
-    std::cerr << "ferry plot: " << e.what() << "\n";
-    return 1;
-  }
+  const runtime::MetricsSeries m = runtime::read_metrics(a.metrics);
+  const std::string script = runtime::gnuplot_script(m, a.png, a.title.empty() ? a.metrics : a.title);
+  if (!a.script_path.empty()) std::ofstream(a.script_path) << script;
+  runtime::run_gnuplot(script, a.png);
+  std::cout << "plotted " << m.step.size() << " steps and " << m.eval_step.size() << " evaluations of " << a.metrics
+            << " -> " << a.png << "\n";
   return 0;
 }
 

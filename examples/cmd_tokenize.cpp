@@ -26,25 +26,14 @@ struct TokenizeArgs {
 int tokenize(const TokenizeArgs& a) {
   using namespace ferry::runtime;
   if (a.run.config.empty()) throw UsageError("--config FILE is required");
-  DataOptions options;
-  try {
-    const Config c = load_config(a.run.config, a.run.sets, 1, a.run.deepspeed, a.run.fsdp);
-    if (c.data.format == "tokens") throw ConfigError("data.format is already 'tokens': nothing to tokenize");
-    options = data_options(c);
-  } catch (const ConfigError& e) {
-    std::cerr << "ferry tokenize: config error: " << e.what() << "\n";
-    return 2;
-  }
-  try {
-    options.val_fraction = 0;  // the split is the training run's choice
-    const TokenData d = TokenData::load(options);
-    d.save(a.out);
-    std::cout << "tokenized " << d.describe() << " -> " << a.out << " (read it with data.format tokens, data.path "
-              << a.out << ")\n";
-  } catch (const std::exception& e) {
-    std::cerr << "ferry tokenize: " << e.what() << "\n";
-    return 1;
-  }
+  const Config c = load_config(a.run.config, a.run.sets, 1, a.run.deepspeed, a.run.fsdp);
+  if (c.data.format == "tokens") throw ConfigError("data.format is already 'tokens': nothing to tokenize");
+  DataOptions options = data_options(c);
+  options.val_fraction = 0;  // the split is the training run's choice
+  const TokenData d = TokenData::load(options);
+  d.save(a.out);
+  std::cout << "tokenized " << d.describe() << " -> " << a.out << " (read it with data.format tokens, data.path "
+            << a.out << ")\n";
   return 0;
 }
 

@@ -83,15 +83,10 @@ int train(const TrainArgs& a) {
     return 1;
   }
   const int rank = comm->rank();
-  runtime::Config config;
-  try {
-    config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path, fsdp_path);
-    runtime::create_nvme_folders(config);  // as DeepSpeed does; an error names the file and key
-  } catch (const runtime::ConfigError& e) {
-    // Every rank reads the same file and finds the same error: rank 0 reports it.
-    if (rank == 0) std::cerr << "ferry train: config error: " << e.what() << "\n";
-    return 2;
-  }
+  // A ConfigError here is every rank's (each reads the same files): parse_and_run reports it
+  // once and exits 2.
+  runtime::Config config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path, fsdp_path);
+  runtime::create_nvme_folders(config);  // as DeepSpeed does; an error names the file and key
   comm->set_timeout(config.comm_timeout_s);
   comm->set_progress(config.comm_progress == "blocking"  ? comm::MpiCommunicator::Progress::blocking
                      : config.comm_progress == "polling" ? comm::MpiCommunicator::Progress::polling

@@ -8,7 +8,8 @@
 //   ferry config   write a ready DeepSpeed ds_config.json or ferry configuration from flags (cmd_config.cpp)
 //   ferry bench    the benchmarks (benchmarks/bench_cli.cpp)
 // `ferry --help` lists the verbs, `ferry VERB --help` a verb's options.
-// Exit status: 0 done; 1 the input was refused or the run failed; 2 the command line is wrong.
+// Exit status: 0 done; 1 the input was refused or the run failed; 2 the command line or a
+// configuration is wrong (examples/cli.h: the one mapping from what a verb throws).
 #include <iostream>
 #include <map>
 #include <string>
