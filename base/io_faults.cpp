@@ -1,5 +1,7 @@
 #include "base/io_faults.h"
 
+#include "base/env.h"
+
 #include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -164,7 +166,7 @@ ScopedIoFaults::ScopedIoFaults(std::shared_ptr<IoFaultPlan> plan)
 ScopedIoFaults::~ScopedIoFaults() { g_plan.store(previous_, std::memory_order_release); }
 
 std::string install_io_faults_from_env() {
-  const char* v = std::getenv("FERRY_IO_FAULTS");
+  const char* v = env_value("FERRY_IO_FAULTS");
   if (!v || !*v) return "";
   const std::string text = v;
   std::vector<std::string> parts;

@@ -1,5 +1,7 @@
 #include "base/log.h"
 
+#include "base/env.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,8 +71,8 @@ std::atomic<int> rank_shown{-1};
 const Settings& current() {
   std::lock_guard<std::mutex> lock(mu);
   if (!settings) {
-    const char* l = std::getenv("FERRY_LOG");
-    const char* s = std::getenv("FERRY_LOG_SUBSYS");
+    const char* l = env_value("FERRY_LOG");
+    const char* s = env_value("FERRY_LOG_SUBSYS");
     settings = new Settings(parse(l ? l : "", s ? s : ""));  // lives until exit: logged from exit paths too
     if (!settings->problems.empty()) {
       const std::string line = format(Level::warn, Subsys::init, settings->problems.substr(0, settings->problems.size() - 1));

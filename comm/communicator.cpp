@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include "base/env.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -100,7 +102,7 @@ WorkPtr Communicator::submit(Op op) {
   // FERRY_CUDA_SYNC=1 (nn/cuda_check.h): a GPU collective is waited for where it is
   // issued, so a CUDA fault (NCCL's or an earlier kernel's) is reported next to it.
   static const bool sync_gpu = [] {
-    const char* e = std::getenv("FERRY_CUDA_SYNC");
+    const char* e = env_value("FERRY_CUDA_SYNC");
     return e && std::string(e) == "1";
   }();
   if (sync_gpu && name() == "nccl") work->wait();

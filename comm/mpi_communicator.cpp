@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <unistd.h>
 
+#include "base/env.h"
 #include "base/log.h"
 #include "base/rank_output.h"
 
@@ -59,7 +60,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::world(double timeout_s) {
   auto ranks = std::make_shared<const std::vector<RankInfo>>(gather_rank_info(dup));
   auto probe = std::make_shared<PeerProbe>(MPI_COMM_WORLD);
   auto world = std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, timeout_s, owns, ranks, probe));
-  if (const char* f = std::getenv("FERRY_FAULT_SKIP_COLLECTIVE")) {
+  if (const char* f = env_value("FERRY_FAULT_SKIP_COLLECTIVE")) {
     unsigned long long seq = 0;
     int rank = -1;
     if (std::sscanf(f, "%d:%llu", &rank, &seq) != 2) {

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/env.h"
+
 // In the CPU-emulated test builds these two are testing/cuda_shim's stand-ins.
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -38,7 +40,7 @@ namespace ferry::nn::cuda {
 // FERRY_CUDA_SYNC=1: synchronise and check after every op (see above).
 inline bool sync_each_launch() {
   static const bool on = [] {
-    const char* e = std::getenv("FERRY_CUDA_SYNC");
+    const char* e = ::ferry::env_value("FERRY_CUDA_SYNC");
     return e && std::strcmp(e, "1") == 0;
   }();
   return on;

@@ -1,10 +1,16 @@
 // Diagnostic logging: the prefix (host, pid, rank, level, subsystem), FERRY_LOG levels and
-// FERRY_LOG_SUBSYS filters, and values it cannot read.
+// FERRY_LOG_SUBSYS filters, and values it cannot read; the environment variables' one list
+// (base/env.h).
 #define BOOST_TEST_MODULE log
 #include <boost/test/unit_test.hpp>
 
 #include <unistd.h>
 
+#include <cstdlib>
+#include <set>
+#include <stdexcept>
+
+#include "base/env.h"
 #include "base/log.h"
 
 using namespace ferry;
@@ -61,4 +67,19 @@ BOOST_AUTO_TEST_CASE(unreadable_values_fall_back_and_say_so) {
   BOOST_TEST(log::enabled(Level::info, Subsys::comm));  // the names it knows still apply
   BOOST_TEST(!log::enabled(Level::info, Subsys::optim));
   log::configure("", "");
+}
+
+BOOST_AUTO_TEST_CASE(environment_variables_are_read_only_where_declared) {
+  std::set<std::string> names;
+  for (const EnvVariable& v : environment_variables()) {
+    BOOST_TEST(names.insert(v.name).second, v.name << " declared twice");
+    BOOST_TEST(!v.description.empty());
+  }
+  BOOST_TEST(names.count("FERRY_LOG") == 1);
+  BOOST_TEST(names.count("FERRY_IO_FAULTS") == 1);
+  BOOST_CHECK_THROW(env_value("FERRY_NOT_DECLARED"), std::logic_error);
+  ::setenv("FERRY_FAULT_KILL_IN_CHECKPOINT", "3:7", 1);
+  BOOST_TEST(std::string(env_value("FERRY_FAULT_KILL_IN_CHECKPOINT")) == "3:7");
+  ::unsetenv("FERRY_FAULT_KILL_IN_CHECKPOINT");
+  BOOST_TEST(env_value("FERRY_FAULT_KILL_IN_CHECKPOINT") == nullptr);
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "base/crc32c.h"
+#include "base/env.h"
 #include "base/log.h"
 #include "base/posix_file.h"
 #include "base/version.h"
@@ -30,7 +31,7 @@ int failures_everywhere(comm::Communicator& comm, bool failed) {
 }
 
 bool fault_kill_here(int rank, int64_t step) {
-  const char* f = std::getenv("FERRY_FAULT_KILL_IN_CHECKPOINT");
+  const char* f = env_value("FERRY_FAULT_KILL_IN_CHECKPOINT");
   int r = -1;
   long long s = -1;
   return f && std::sscanf(f, "%d:%lld", &r, &s) == 2 && r == rank && s == step;

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "base/env.h"
 #include "offload/tier.h"
 #include "runtime/config/config.h"
 
@@ -350,19 +351,15 @@ const std::vector<Knob>& config_knobs() {
 #undef F
 
 const std::vector<EnvKnob>& environment_knobs() {
-  static const std::vector<EnvKnob> env = {
-      {"FERRY_LOG", "warn",
-       "diagnostic lines on stderr up to this level: error, warn, info (what was set up where), debug (per step), "
-       "trace (per unit); each line prefixed [ferry host:pid rank LEVEL subsystem]"},
-      {"FERRY_LOG_SUBSYS", "all",
-       "subsystems whose info/debug/trace lines print, comma-separated, ^name excludes: init, config, comm, offload, "
-       "sched, optim, ckpt, train"},
-      {"FERRY_CUDA_SYNC", "0",
-       "1: on GPUs, wait for the device and check for an error after every op and every NCCL collective, so an "
-       "asynchronous fault names the op that caused it (slow; for debugging)"},
-      {"FERRY_FAULT_SKIP_COLLECTIVE", "-", "tests only: RANK:SEQ makes that rank skip that collective (watchdog test)"},
-      {"FERRY_FAULT_KILL_IN_CHECKPOINT", "-", "tests only: RANK:STEP kills that rank while it writes that checkpoint"},
-  };
+  // Declared with every other variable ferry reads in base/env.cpp (its readers sit below
+  // this library); the knobs are ferry's own, those of other programs are left out.
+  static const std::vector<EnvKnob> env = [] {
+    std::vector<EnvKnob> out;
+    for (const EnvVariable& v : environment_variables()) {
+      if (v.ferrys) out.push_back({v.name, v.default_value, v.description});
+    }
+    return out;
+  }();
   return env;
 }
 

@@ -11,6 +11,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/env.h"
 #include "comm/mpi_communicator.h"
 #include "nn/device.h"
 #include "runtime/tools/launch.h"
@@ -101,7 +102,7 @@ const Driver* load_driver(const std::string& lib) {
 }
 
 std::string visible_devices() {
-  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  const char* v = env_value("CUDA_VISIBLE_DEVICES");
   return v ? std::string("CUDA_VISIBLE_DEVICES=") + (*v ? v : "\"\"") : "CUDA_VISIBLE_DEVICES unset";
 }
 
@@ -185,7 +186,7 @@ std::string context_states(const Driver& d, int n) {
 }
 
 DoctorCheck check_mpi_cuda(const GpuDoctorOptions& o) {
-  const char* enable = std::getenv("MPIR_CVAR_ENABLE_GPU");
+  const char* enable = env_value("MPIR_CVAR_ENABLE_GPU");
   if (o.self.empty()) return make(DoctorCheck::warn, "mpi+cuda", "not checked (no program path to run as a rank)");
   const std::string cmd = "timeout " + std::to_string(static_cast<int>(o.mpi_timeout_s)) + " " + shell_quote(o.mpiexec) +
                           " -n 1 " + shell_quote(o.self) + " doctor --gpu-mpi-probe";
@@ -291,7 +292,7 @@ std::vector<DoctorCheck> run_gpu_doctor(const GpuDoctorOptions& o) {
   std::vector<DoctorCheck> out;
   out.push_back(make(DoctorCheck::ok, "gpu", driver + ", " + std::to_string(n) + " GPU(s) visible (" + visible_devices() + ")"));
   for (int i = 0; i < n; ++i) out.push_back(describe_gpu(*d, i));
-  out.push_back(check_tf32(std::getenv("NVIDIA_TF32_OVERRIDE")));
+  out.push_back(check_tf32(env_value("NVIDIA_TF32_OVERRIDE")));
   out.push_back(check_mpi_cuda(o));
   out.push_back(check_nccl_version());
   return out;
