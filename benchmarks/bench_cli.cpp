@@ -101,8 +101,8 @@ std::function<int()> bench_command(CLI::App& cmd) {
                   "--device cuda: also the roofline ledger's predicted step time and MFU on an H100 and an H200 "
                   "(alone where there is no GPU)");
   model->add_option("--contexts", a->opt.contexts,
-                    "the whole step at these contexts (e.g. 256,1024,4096,8192): the largest config's shape at the "
-                    "same tokens per step")
+                    "the whole step at these contexts (e.g. 256,1024,4096,8192): --only's config, else the largest "
+                    "config's shape, at the same tokens per step")
       ->delimiter(',');
   model->add_option("--peers", a->opt.peers,
                     "a Python with torch (scripts/make_peers_env.sh): PyTorch eager on the same GPT, tokens and "

@@ -367,9 +367,11 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
              {"llama-1b", {16, 32, 2048, 128256, 2048}, 4, opt.quick ? 1 : 3, llama_1b(2048)}};
   }
   if (!opt.contexts.empty()) {
-    // gpt-50m on the CPU, gpt2-124m on a GPU (ModelBenchOptions::contexts).
-    const std::string base_name = gpu ? "gpt2-124m" : "gpt-50m";
-    const Case base = *std::find_if(cases.begin(), cases.end(), [&](const Case& c) { return c.name == base_name; });
+    // --only's config, else gpt-50m on the CPU and gpt2-124m on a GPU (ModelBenchOptions::contexts).
+    const std::string base_name = !opt.only.empty() ? opt.only : gpu ? "gpt2-124m" : "gpt-50m";
+    const auto found = std::find_if(cases.begin(), cases.end(), [&](const Case& c) { return c.name == base_name; });
+    if (found == cases.end()) throw std::invalid_argument("--only " + base_name + ": no such configuration");
+    const Case base = *found;
     const int64_t tokens = base.B * base.cfg.block_size;
     std::vector<Case> sweep;
     for (const int64_t T : opt.contexts) {
@@ -393,7 +395,7 @@ int run_model_bench(const ModelBenchOptions& opt, Report& report) {
                           {std::string(on_h200 ? "H200" : "H100") + " predicted MFU", "measured / predicted"});
   }
   for (const Case& k : cases) {
-    if (!opt.only.empty() && opt.only != k.name) continue;
+    if (opt.contexts.empty() && !opt.only.empty() && opt.only != k.name) continue;
     const int64_t head_dim = k.llama ? k.llama->head_dim() : k.cfg.n_embd / k.cfg.n_head;
     std::optional<Prediction> prediction;
     if (opt.predict) {

@@ -16,8 +16,9 @@ struct ModelBenchOptions {
   std::string only;                // one config by name; "" = all
   std::string device = "cpu";      // cpu | cuda
   bool bf16 = false;               // bf16 weights and activations (fp32 accumulation)
-  // The whole step at these contexts instead of the named configs: the largest config's
-  // shape (gpt-50m on the CPU, gpt2-124m on a GPU) with the same tokens per step (B = tokens / T).
+  // The whole step at these contexts instead of the named configs: the config `only` names,
+  // else the largest config's shape (gpt-50m on the CPU, gpt2-124m on a GPU), with the same
+  // tokens per step (B = tokens / T).
   std::vector<int64_t> contexts;
   // A Python with torch (scripts/make_peers_env.sh): PyTorch eager on the same GPT shapes,
   // tokens and threads (benchmarks/peers/model_peer.py), alternated with ferry repetition
