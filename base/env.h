@@ -3,7 +3,8 @@
 // configuration keys, docs/config-keys.md is that output, checked by a test) and those other
 // programs set that ferry reads (the MPI launchers' rank, CUDA's device list, ...).
 // Every read goes through env_value, which refuses a name not declared here
-// (std::logic_error), so a new variable is documented where it is added.
+// (std::logic_error), so a new variable is documented where it is added; one that CLI11
+// reads as an option's fallback (->envname, FERRY_PEERS_PYTHON) is declared here too.
 // Thread-safe for reads: the list is built once; getenv itself is safe while nothing calls
 // setenv (ferry calls setenv once, before NCCL starts, for a variable it does not read).
 #pragma once

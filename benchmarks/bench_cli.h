@@ -1,4 +1,5 @@
-// ferry bench <name> [options]: the benchmarks as a verb of `ferry` (examples/ferry.cpp).
+// ferry bench <name> [options]: the benchmarks as a verb of `ferry`, run by the program
+// ferry-bench (examples/ferry_bench.cpp) that `ferry bench` starts.
 // Each benchmark measures ferry against a reference taken in the same run on the same
 // machine, prints a table and a headline ratio, and with --json writes the result.
 // Exit status: 0 measured; 1 the benchmark failed (or found ferry wrong); 2 the command

@@ -251,7 +251,8 @@ double ferry_ranks_seconds(const Case& k, int ranks, int threads, int steps) {
   doc["train"]["steps"] = steps + 3;
   doc["log"] = {{"metrics", (dir / "metrics.jsonl").string()}};
   std::ofstream(dir / "config.json") << doc.dump(2);
-  const std::string exe = fs::read_symlink("/proc/self/exe").string();
+  // `ferry train`: the program beside this one (ferry-bench runs as `ferry bench`).
+  const std::string exe = (fs::read_symlink("/proc/self/exe").parent_path() / "ferry").string();
   const std::string cmd = "mpiexec -n " + std::to_string(ranks) + " " + runtime::shell_quote(exe) + " train --config " +
                           runtime::shell_quote((dir / "config.json").string()) + " >" +
                           runtime::shell_quote((dir / "output.txt").string()) + " 2>&1";

@@ -33,7 +33,12 @@ struct ExportArgs {
 
 int export_weights(const ExportArgs& a) {
   if (!a.hf.empty()) {
-    const uint64_t limit = runtime::parse_bytes(nlohmann::json(a.max_shard), "--max-shard-size");
+    uint64_t limit = 0;
+    try {
+      limit = runtime::parse_bytes(nlohmann::json(a.max_shard), "--max-shard-size");
+    } catch (const runtime::ConfigError& e) {
+      throw UsageError(e.what());  // an option of the command line, as plan's byte sizes
+    }
     const runtime::HfExportReport r = runtime::export_hf(a.checkpoint, a.hf, a.dtype, limit);
     std::cout << "exported " << r.checkpoint << " (step " << r.step << ") as " << r.architecture << ": " << r.tensors
               << " tensors, " << r.parameters << " parameters, " << a.dtype << ", " << nn::format_bytes(r.bytes)

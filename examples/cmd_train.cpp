@@ -83,10 +83,20 @@ int train(const TrainArgs& a) {
     return 1;
   }
   const int rank = comm->rank();
-  // A ConfigError here is every rank's (each reads the same files): parse_and_run reports it
-  // once and exits 2.
+  // A ConfigError from the files is every rank's (each reads the same ones): parse_and_run
+  // reports it once and exits 2. The nvme folders are each node's own, so an error there
+  // may be some ranks' only, as may anything unexpected: with several ranks that one ends
+  // the job through MPI, naming the rank, rather than leave the others waiting.
   runtime::Config config = runtime::load_config(config_path, overrides, comm->size(), deepspeed_path, fsdp_path);
-  runtime::create_nvme_folders(config);  // as DeepSpeed does; an error names the file and key
+  try {
+    runtime::create_nvme_folders(config);  // as DeepSpeed does; an error names the file and key
+  } catch (const std::exception& e) {
+    if (comm->size() == 1) throw;
+    const bool config_error = dynamic_cast<const runtime::ConfigError*>(&e) != nullptr;
+    comm::MpiCommunicator::abort_job("ferry train: rank " + std::to_string(rank) + ": " +
+                                         (config_error ? "config error: " : "") + e.what(),
+                                     config_error ? 2 : 1);
+  }
   comm->set_timeout(config.comm_timeout_s);
   comm->set_progress(config.comm_progress == "blocking"  ? comm::MpiCommunicator::Progress::blocking
                      : config.comm_progress == "polling" ? comm::MpiCommunicator::Progress::polling

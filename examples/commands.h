@@ -2,7 +2,7 @@
 // empty CLI::App that the caller owns and keeps alive, and returns what runs the verb once
 // the command line has parsed (cli::parse_and_run). The options are held by the returned
 // Run, so `cmd` may be a sub-command of `ferry` or a program's top-level App (ferry-train).
-// The bench verb lives in benchmarks/bench_cli.h.
+// The bench verb lives in benchmarks/bench_cli.h, in the program ferry-bench (ferry_bench.cpp).
 #pragma once
 
 #include "examples/cli.h"

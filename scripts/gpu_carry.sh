@@ -23,9 +23,9 @@ case "$verb" in
     mkdir -p "$stage/bin" "$stage/lib" "$(dirname "$tarball")"
     # The unit tests a GPU runs: built on demand in make test's release folder
     # (FERRY_SPLIT_TESTS leaves them out of its default build).
-    cmake --build "$build" --target ferry test_device test_backend_ops test_fused_ops test_cuda_training test_train ||
+    cmake --build "$build" --target ferry ferry-bench test_device test_backend_ops test_fused_ops test_cuda_training test_train ||
       exit 1
-    bins=("$build/examples/ferry")
+    bins=("$build/examples/ferry" "$build/examples/ferry-bench")
     for t in test_device test_backend_ops test_fused_ops test_cuda_training test_train; do
       [ -x "$build/tests/$t" ] && bins+=("$build/tests/$t")
     done
