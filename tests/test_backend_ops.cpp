@@ -510,36 +510,45 @@ std::vector<OpCase> all_cases() {
                   d.softmax_cross_entropy_backward(t[0], t[1], t[2], 1.0 / N);
                   return NAN;
                 }});
-  // The fused head (nn/linear_cross_entropy.h) with its scratch budget cut to 600 bytes:
-  // every device goes through several chunks of rows and a shorter last one (the CPU
-  // device 2 rows at a time, at 6 or 8 bytes of scratch per score).
+  // The fused head (nn/linear_cross_entropy.h), forward and backward, with targets drawn
+  // from [lo, vocab) (lo -1: kIgnoreTarget among them) and weights from [-w, w]. `small`
+  // cuts the scratch budget to 600 bytes: every device goes through several chunks of rows
+  // and a shorter last one (the CPU device 2 rows at a time, at 6 or 8 bytes of scratch per
+  // score).
   struct SmallChunks {
-    SmallChunks() { nn::set_linear_cross_entropy_scratch_bytes(600); }
-    ~SmallChunks() { nn::set_linear_cross_entropy_scratch_bytes(0); }
+    explicit SmallChunks(bool on) : on_(on) {
+      if (on_) nn::set_linear_cross_entropy_scratch_bytes(600);
+    }
+    ~SmallChunks() {
+      if (on_) nn::set_linear_cross_entropy_scratch_bytes(0);
+    }
+    bool on_;
   };
-  for (const int64_t lo : {int64_t{0}, int64_t{-1}}) {  // -1: kIgnoreTarget among the targets
-    const std::string ignored = lo < 0 ? " (ignored targets)" : "";
-    cs.push_back({"linear_cross_entropy_forward" + ignored,
+  const auto fused_head = [&cs](const std::string& tag, int64_t lo, int64_t vocab, double w, bool small) {
+    cs.push_back({"linear_cross_entropy_forward" + tag,
                   {{Role::stat, {N}, true},
                    {Role::act, {N, C}},
-                   {Role::weight, {V, C}},
-                   {Role::ids, {N}, false, false, static_cast<double>(lo), V}},
-                  [](D& d, const Ts& t) {
-                    const SmallChunks small;
+                   {Role::weight, {vocab, C}, false, false, -w, w},
+                   {Role::ids, {N}, false, false, static_cast<double>(lo), static_cast<double>(vocab)}},
+                  [small](D& d, const Ts& t) {
+                    const SmallChunks chunks(small);
                     d.linear_cross_entropy_forward(t[0], t[1], t[2], t[3]);
                     return NAN;
                   }});
-    cs.push_back({"linear_cross_entropy_backward" + ignored,
+    cs.push_back({"linear_cross_entropy_backward" + tag,
                   {{Role::act, {N, C}, true, true},
-                   {Role::wgrad, {V, C}, true, true},
+                   {Role::wgrad, {vocab, C}, true, true},
                    {Role::act, {N, C}},
-                   {Role::weight, {V, C}},
-                   {Role::ids, {N}, false, false, static_cast<double>(lo), V}},
-                  [](D& d, const Ts& t) {
-                    const SmallChunks small;
+                   {Role::weight, {vocab, C}, false, false, -w, w},
+                   {Role::ids, {N}, false, false, static_cast<double>(lo), static_cast<double>(vocab)}},
+                  [small](D& d, const Ts& t) {
+                    const SmallChunks chunks(small);
                     d.linear_cross_entropy_backward(t[0], t[1], t[2], t[3], t[4], 0.5);
                     return NAN;
                   }});
+  };
+  for (const int64_t lo : {int64_t{0}, int64_t{-1}}) {
+    fused_head(lo < 0 ? " (ignored targets)" : "", lo, V, 1, /*small=*/true);
   }
   cs.push_back({"adamw",
                 {{Role::wgrad, {1031}, true, true},
@@ -682,26 +691,7 @@ std::vector<OpCase> all_cases() {
   // The fused head's row kernels in 16-byte vectors (V a multiple of 8): the online max and
   // sum across several vectors per thread, then the ignored and in-range targets.
   for (const int64_t lo : {int64_t{0}, int64_t{-1}}) {
-    const std::string tag = lo < 0 ? " (rows of 8s, ignored targets)" : " (rows of 8s)";
-    cs.push_back({"linear_cross_entropy_forward" + tag,
-                  {{Role::stat, {N}, true},
-                   {Role::act, {N, C}},
-                   {Role::weight, {VV, C}, false, false, -3, 3},
-                   {Role::ids, {N}, false, false, static_cast<double>(lo), VV}},
-                  [](D& d, const Ts& t) {
-                    d.linear_cross_entropy_forward(t[0], t[1], t[2], t[3]);
-                    return NAN;
-                  }});
-    cs.push_back({"linear_cross_entropy_backward" + tag,
-                  {{Role::act, {N, C}, true, true},
-                   {Role::wgrad, {VV, C}, true, true},
-                   {Role::act, {N, C}},
-                   {Role::weight, {VV, C}, false, false, -3, 3},
-                   {Role::ids, {N}, false, false, static_cast<double>(lo), VV}},
-                  [](D& d, const Ts& t) {
-                    d.linear_cross_entropy_backward(t[0], t[1], t[2], t[3], t[4], 0.5);
-                    return NAN;
-                  }});
+    fused_head(lo < 0 ? " (rows of 8s, ignored targets)" : " (rows of 8s)", lo, VV, 3, /*small=*/false);
   }
   // dwte in 16-byte vectors of a row (C a multiple of 8), tall enough for several tiles of
   // tokens per block, with few distinct tokens (one token's rows run long in one block).

@@ -66,27 +66,28 @@ __device__ __forceinline__ void add_scores(MaxSum<A>& ms, const A (&x)[W]) {
   for (int k = 0; k < W; ++k) ms.sum += exp(x[k] - ms.max);
 }
 
-// The pair over the block, every thread getting it: a shuffle tree in each warp, then warp 0
-// over the warps' pairs, in a fixed order (the bits depend on the block size only).
+// The warp's pairs combined down to lane 0 (a shuffle tree, the same order every time).
 template <class A>
-__device__ MaxSum<A> block_max_sum(MaxSum<A> v, MaxSum<A>* scratch) {
+__device__ MaxSum<A> warp_max_sum(MaxSum<A> v) {
   for (int o = 16; o > 0; o >>= 1) {
     MaxSum<A> other;
     other.max = __shfl_down_sync(0xffffffffu, v.max, o);
     other.sum = __shfl_down_sync(0xffffffffu, v.sum, o);
     v = combine(v, other);
   }
+  return v;
+}
+
+// The pair over the block, every thread getting it: each warp's tree, then warp 0's over
+// the warps' pairs, in a fixed order (the bits depend on the block size only).
+template <class A>
+__device__ MaxSum<A> block_max_sum(MaxSum<A> v, MaxSum<A>* scratch) {
+  v = warp_max_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    v = lane < warps ? scratch[lane] : empty_max_sum<A>();
-    for (int o = 16; o > 0; o >>= 1) {
-      MaxSum<A> other;
-      other.max = __shfl_down_sync(0xffffffffu, v.max, o);
-      other.sum = __shfl_down_sync(0xffffffffu, v.sum, o);
-      v = combine(v, other);
-    }
+    v = warp_max_sum(lane < warps ? scratch[lane] : empty_max_sum<A>());
     if (lane == 0) scratch[32] = v;
   }
   __syncthreads();
