@@ -429,11 +429,15 @@ BOOST_AUTO_TEST_CASE(copies_and_collectives_run_beside_kernels, *boost::unit_tes
   if (several) {
     // A micro-batch's first gather is consumed by the next kernel; the others are
     // issued ahead (measured 28 of 36 at 2 and 4 ranks). Reductions run beside the
-    // backward of the units before, all but a step's last (14 of 16). A reduction also
-    // waits for the other rank in real time (NCCL is emulated over MPI): in a loaded CI
-    // run one rank saw 13 of 16, one more finishing after the kernels had drained.
+    // backward of the units before, all but a step's last (14 of 16 unloaded). A rank that
+    // lags (a loaded machine: NCCL is emulated over MPI, in real time) finds its peer
+    // already waiting, so its reduction completes at once; the queue's next poll finishes
+    // it and orders the compute stream after it before another kernel is issued: nothing
+    // was left to overlap, on a GPU too. Measured with two CPU hogs at nice 19: 14 on 20
+    // rank-runs, 13 on 4; CI saw 12 twice (docs/design/testing.md). A schedule that
+    // ordered reductions against the backward would leave 0-2.
     BOOST_TEST(beside["ncclAllGather"].first >= beside["ncclAllGather"].second * 2 / 3);
-    BOOST_TEST(beside["ncclReduceScatter"].first >= beside["ncclReduceScatter"].second - 3);
+    BOOST_TEST(beside["ncclReduceScatter"].first >= beside["ncclReduceScatter"].second * 2 / 3);
     BOOST_TEST(beside["ncclReduceScatter"].second >= 2 * 2 * 4);
   }
 #else
