@@ -302,6 +302,26 @@ void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b,
   });
 }
 
+void CpuDevice::gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col,
+                          int64_t a_cols, bool ta, const Tensor& b, bool tb, double alpha, double beta) {
+  if (any_low(c, a, b)) {
+    Widen w(*this);  // the whole rows widened; the windows are taken in f32
+    gemm_cols(w.out(c, true), c_col, c_cols, w.in(a), a_col, a_cols, ta, w.in(b), tb, alpha, beta);
+    return w.store();
+  }
+  if (a.dtype() != c.dtype() || b.dtype() != c.dtype()) {
+    fail("gemm_cols", "needs one dtype: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
+  }
+  const checks::GemmDims dims = checks::gemm_cols("cpu", c, c_col, c_cols, a, a_col, a_cols, ta, b, tb);
+  const int64_t M = dims.M, N = dims.N, K = dims.K, ldc = c.dim(1), lda = a.dim(1);
+  if (M == 0 || N == 0) return;
+  dispatch("gemm_cols", c.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    cpu::gemm_strided<T>(ptr<T>(c) + c_col, ldc, ptr<T>(a) + a_col, lda, ptr<T>(b), M, N, K, ta, tb,
+                         static_cast<T>(alpha), static_cast<T>(beta));
+  });
+}
+
 void CpuDevice::add_bias(const Tensor& out, const Tensor& bias) {
   if (any_low(out, bias)) {
     Widen w(*this);

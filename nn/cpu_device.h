@@ -66,6 +66,8 @@ class CpuDevice final : public Device {
 
   void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             double alpha, double beta) override;
+  void gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col, int64_t a_cols,
+                 bool trans_a, const Tensor& b, bool trans_b, double alpha, double beta) override;
   void add_bias(const Tensor& out, const Tensor& bias) override;
   void bias_backward(const Tensor& dbias, const Tensor& dout) override;
   void add(const Tensor& out, const Tensor& a, const Tensor& b) override;

@@ -147,6 +147,28 @@ void gemm(T* c, const T* a, const T* b, int64_t M, int64_t N, int64_t K, bool ta
   if (ta && tb) run(A.transpose(), B.transpose());
 }
 
+// gemm on column windows: C is [M,N] with row stride ldc, A [M,K] (or [K,M] when
+// transposed) with row stride lda, B contiguous.
+template <class T>
+void gemm_strided(T* c, int64_t ldc, const T* a, int64_t lda, const T* b, int64_t M, int64_t N, int64_t K, bool ta,
+                  bool tb, T alpha, T beta) {
+  ConstMatMap<T> A(a, ta ? K : M, ta ? M : K, Eigen::OuterStride<>(lda));
+  ConstMatMap<T> B(b, tb ? N : K, tb ? K : N, Eigen::OuterStride<>(tb ? K : N));
+  MatMap<T> Cm(c, M, N, Eigen::OuterStride<>(ldc));
+  auto run = [&](const auto& opA, const auto& opB) {
+    if (beta == T(0)) {
+      Cm.noalias() = alpha * (opA * opB);
+    } else {
+      if (beta != T(1)) Cm *= beta;
+      Cm.noalias() += alpha * (opA * opB);
+    }
+  };
+  if (!ta && !tb) run(A, B);
+  if (!ta && tb) run(A, B.transpose());
+  if (ta && !tb) run(A.transpose(), B);
+  if (ta && tb) run(A.transpose(), B.transpose());
+}
+
 template <class T>
 void add_bias(T* out, const T* bias, int64_t N, int64_t C) {
 #pragma omp parallel for schedule(static)

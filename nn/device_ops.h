@@ -31,6 +31,14 @@ class DeviceOps {
   // c[M,N] = alpha * op(a) @ op(b) + beta * c, op(x) = x^T when trans_x. 2-D tensors.
   virtual void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
                     bool trans_b, double alpha, double beta) = 0;
+  // gemm on column windows, for a low-rank adapter on a piece of a packed projection
+  // (nn/lora.h: q_proj's rows of Llama's wqkv): c's operand is columns [c_col, c_col + n)
+  // of every row of the row-major c ([M, ldc]), n = c_cols; likewise a's operand is
+  // columns [a_col, a_col + a_cols) of a's rows, and op(a) its transpose when trans_a.
+  // A window of all columns (col 0, cols = the width) is gemm itself. Values as gemm; one
+  // dtype for all three operands, or f32 c with 16-bit a and b (as cuBLAS takes them).
+  virtual void gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col,
+                         int64_t a_cols, bool trans_a, const Tensor& b, bool trans_b, double alpha, double beta) = 0;
   // A linear layer with its epilogue: out[N,O] = x[N,I] @ w[O,I]^T + bias[O] (bias may be
   // undefined: no bias). With `pre` defined (same shape and dtype as out), pre receives
   // x w^T + bias and out = gelu(pre), GELU's tanh form (gelu_forward). Values as gemm,

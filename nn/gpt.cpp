@@ -104,6 +104,7 @@ void GPT::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
     const Tensor view = u.view(flat, i);
     write_values(dev_, view, host);
   }
+  init_adapters(dev_, unit, flat, seed);
 }
 
 void GPT::free_activations() { acts_ = Activations{}; }
@@ -112,7 +113,7 @@ void GPT::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   const int64_t N = B * T, C = cfg_.n_embd;
   const UnitSpec& u = units_[static_cast<size_t>(1 + l)];
   auto W = [&](size_t i) { return u.view(w, i); };
-  auto L = [&](size_t wi, size_t bi) { return unit_linear(u, w, Tensor{}, wi, bi); };
+  auto L = [&](size_t wi, size_t bi) { return linear(static_cast<int>(1 + l), w, Tensor{}, wi, bi); };
   BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
   const Tensor& x = acts_.residual[static_cast<size_t>(l)];
   a.ln1 = act({N, C});
@@ -235,7 +236,7 @@ void GPT::backward(UnitAccess& units) {
     const Tensor g = units.acquire_grads(unit);
     auto W = [&](size_t i) { return u.view(w, i); };
     auto G = [&](size_t i) { return grad_or_scratch(dev_, u, g, i, dtype_); };
-    auto L = [&](size_t wi, size_t bi) { return unit_linear(u, w, g, wi, bi); };
+    auto L = [&](size_t wi, size_t bi) { return linear(unit, w, g, wi, bi); };
     BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
     const Tensor& x = acts_.residual[static_cast<size_t>(l)];
 

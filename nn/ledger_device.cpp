@@ -5,6 +5,7 @@
 
 #include "nn/cuda_device.h"
 #include "nn/linear_cross_entropy.h"
+#include "nn/op_checks.h"
 
 namespace ferry::nn {
 
@@ -66,6 +67,13 @@ void LedgerDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor&
                         double beta) {
   ShapeOnlyOps::gemm(c, a, ta, b, tb, alpha, beta);
   ledger_.add(op_cost::gemm(c, a, ta, b, tb, beta));
+}
+
+void LedgerDevice::gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col,
+                             int64_t a_cols, bool ta, const Tensor& b, bool tb, double alpha, double beta) {
+  ShapeOnlyOps::gemm_cols(c, c_col, c_cols, a, a_col, a_cols, ta, b, tb, alpha, beta);
+  const checks::GemmDims d = checks::gemm_cols("ledger", c, c_col, c_cols, a, a_col, a_cols, ta, b, tb);
+  ledger_.add(op_cost::gemm_cols(c, d.M, d.N, d.K, a, b, beta));
 }
 
 void LedgerDevice::linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,

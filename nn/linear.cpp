@@ -13,7 +13,29 @@ Linear unit_linear(const UnitSpec& u, const Tensor& weights, const Tensor& grads
   return l;
 }
 
+namespace {
+
+Tensor adapter_input(Device& dev, const LoraPair& p, const Tensor& x) {  // u = x a^T, [N, r]
+  const Tensor u = Tensor::empty(dev, x.dtype(), {x.dim(0), p.a.dim(0)});
+  dev.gemm(u, x, false, p.a, true, 1.0, 0.0);
+  return u;
+}
+
+}  // namespace
+
 void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor& x, const Tensor& pre) {
+  if (!l.lora.empty()) {
+    // The base product first (no GELU: the adapters add before it), then each adapter into
+    // its columns of the output.
+    const Tensor& sum = pre.defined() ? pre : y;
+    linear_forward(dev, Linear{l.w, l.b, Tensor{}, Tensor{}, {}}, sum, x);
+    for (const LoraPair& p : l.lora) {
+      const Tensor u = adapter_input(dev, p, x);
+      dev.gemm_cols(sum, p.row0, p.rows, u, 0, u.dim(1), false, p.b, true, p.scale, 1.0);
+    }
+    if (pre.defined()) dev.gelu_forward(y, pre);
+    return;
+  }
   // A plain product stays the device's gemm (cuBLAS's GEMM on the cuda device, as the
   // models called it before this seam); a bias or a GELU makes it the fused op.
   if (!l.b.defined() && !pre.defined()) {
@@ -27,6 +49,16 @@ void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tenso
   if (dx.defined()) dev.gemm(dx, dy, false, l.w, false, 1.0, 0.0);
   if (l.dw.defined()) dev.gemm(l.dw, dy, true, x, false, 1.0, 1.0);
   if (l.db.defined()) dev.bias_backward(l.db, dy);
+  for (const LoraPair& p : l.lora) {
+    const Tensor u = adapter_input(dev, p, x);
+    const int64_t r = u.dim(1);
+    if (p.db.defined()) dev.gemm_cols(p.db, 0, r, dy, p.row0, p.rows, true, u, false, p.scale, 1.0);
+    if (!p.da.defined() && !dx.defined()) continue;
+    const Tensor du = Tensor::empty(dev, dy.dtype(), {dy.dim(0), r});
+    dev.gemm_cols(du, 0, r, dy, p.row0, p.rows, false, p.b, false, p.scale, 0.0);
+    if (p.da.defined()) dev.gemm(p.da, du, true, x, false, 1.0, 1.0);
+    if (dx.defined()) dev.gemm(dx, du, false, p.a, false, 1.0, 1.0);
+  }
 }
 
 }  // namespace ferry::nn

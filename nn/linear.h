@@ -9,17 +9,29 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "nn/device.h"
 #include "nn/unit.h"
 
 namespace ferry::nn {
 
+// A low-rank adapter on rows [row0, row0 + rows) of the layer's output (nn/lora.h):
+// y[:, rows] += scale x a^T b^T, a [r, in], b [rows, r].
+struct LoraPair {
+  Tensor a, b;
+  Tensor da, db;  // their gradients, accumulated into; undefined: not trained
+  int64_t row0 = 0, rows = 0;
+  double scale = 1.0;
+};
+
 struct Linear {
   Tensor w;   // [out, in], the weight as y = x w^T uses it
   Tensor b;   // [out]; undefined: no bias
   Tensor dw;  // w's gradient, accumulated into (+=); undefined: w is frozen
   Tensor db;  // b's gradient, accumulated into; undefined: no bias, or a frozen one
+  std::vector<LoraPair> lora;  // adapters beside the weight (usually with w frozen)
 };
 
 // The linear layer whose weight is tensor `w_index` of unit `u` and whose bias is tensor
@@ -29,13 +41,15 @@ constexpr size_t kNoBias = static_cast<size_t>(-1);
 Linear unit_linear(const UnitSpec& u, const Tensor& weights, const Tensor& grads, size_t w_index,
                    size_t b_index = kNoBias);
 
-// y[N,out] = x[N,in] w^T + b. With `pre` defined (shaped as y), pre = x w^T + b and
-// y = gelu(pre) (DeviceOps::linear_forward: one cuBLASLt call with its epilogue on the cuda
-// device).
+// y[N,out] = x[N,in] w^T + b (+ each adapter's scale (x a^T) b^T in its rows). With `pre`
+// defined (shaped as y), pre = that sum and y = gelu(pre) (DeviceOps::linear_forward: one
+// cuBLASLt call with its epilogue on the cuda device where there is no adapter).
 void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor& x, const Tensor& pre = Tensor{});
 
 // From dy[N,out] and the forward's input x[N,in]: dx = dy w (overwritten; skipped when dx
 // is undefined), dw += dy^T x and db += the column sums of dy, each only where defined.
+// Adapters: u = x a^T is recomputed (an [N, r] GEMM, not kept from forward), then
+// db += scale dy[:, rows]^T u, du = scale dy[:, rows] b, da += du^T x, dx += du a.
 void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tensor& dy, const Tensor& x);
 
 }  // namespace ferry::nn

@@ -25,10 +25,8 @@ size_t slot(const LlamaConfig& c, size_t i) {
   return at;
 }
 
-// The qkv projection as a linear layer: its bias where the configuration has one (Qwen2).
-Linear qkv_linear(const LlamaConfig& c, const UnitSpec& u, const Tensor& w, const Tensor& g) {
-  return unit_linear(u, w, g, slot(c, kWqkv), c.qkv_bias ? slot(c, kBqkv) : kNoBias);
-}
+// The qkv projection's bias, where the configuration has one (Qwen2).
+size_t qkv_bias(const LlamaConfig& c) { return c.qkv_bias ? slot(c, kBqkv) : kNoBias; }
 
 }  // namespace
 
@@ -129,6 +127,7 @@ void Llama::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
     const Tensor view = u.view(flat, i);
     write_values(dev_, view, host);
   }
+  init_adapters(dev_, unit, flat, seed);
 }
 
 void Llama::free_activations() { acts_ = Activations{}; }
@@ -137,14 +136,15 @@ void Llama::block_forward(int64_t l, const Tensor& w, int64_t B, int64_t T) {
   const int64_t N = B * T, C = cfg_.n_embd, W = cfg_.qkv_width(), I = cfg_.intermediate;
   const UnitSpec& u = units_[static_cast<size_t>(1 + l)];
   auto Wt = [&](size_t i) { return u.view(w, slot(cfg_, i)); };
-  auto L = [&](size_t wi) { return unit_linear(u, w, Tensor{}, slot(cfg_, wi)); };
+  const int unit = static_cast<int>(1 + l);
+  auto L = [&](size_t wi) { return linear(unit, w, Tensor{}, slot(cfg_, wi), wi == kWqkv ? qkv_bias(cfg_) : kNoBias); };
   BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
   const Tensor& x = acts_.residual[static_cast<size_t>(l)];
   a.xn = act({N, C});
   a.rstd1 = stat({N});
   dev_.rmsnorm_forward(a.xn, a.rstd1, x, Wt(kAttnNorm), cfg_.norm_eps);
   a.qkv = act({N, W});
-  linear_forward(dev_, qkv_linear(cfg_, u, w, Tensor{}), a.qkv, a.xn);
+  linear_forward(dev_, L(kWqkv), a.qkv, a.xn);
   if (cfg_.qk_norm) head_norm_.forward(a.qkv, Wt(kQNorm), Wt(kKNorm), a.qk);
   // q and k rotated in place; backward's attention reads the rotated values.
   dev_.rope_forward(a.qkv, a.qkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
@@ -262,7 +262,7 @@ void Llama::backward(UnitAccess& units) {
     const Tensor g = units.acquire_grads(unit);
     auto Wt = [&](size_t i) { return u.view(w, slot(cfg_, i)); };
     auto G = [&](size_t i) { return grad_or_scratch(dev_, u, g, slot(cfg_, i), dtype_); };
-    auto L = [&](size_t wi) { return unit_linear(u, w, g, slot(cfg_, wi)); };
+    auto L = [&](size_t wi) { return linear(unit, w, g, slot(cfg_, wi), wi == kWqkv ? qkv_bias(cfg_) : kNoBias); };
     BlockActs& a = acts_.blocks[static_cast<size_t>(l)];
     const Tensor& x = acts_.residual[static_cast<size_t>(l)];
 
@@ -283,7 +283,7 @@ void Llama::backward(UnitAccess& units) {
     dev_.fill(dpre, 0.0);
     dev_.rope_backward(dpre, dqkv, T, cfg_.n_head + cfg_.n_kv_head, cfg_.head_dim(), cfg_.rope());
     if (cfg_.qk_norm) head_norm_.backward(dpre, G(kQNorm), G(kKNorm), Wt(kQNorm), Wt(kKNorm), a.qk);
-    linear_backward(dev_, qkv_linear(cfg_, u, w, g), dnorm, dpre, a.xn);
+    linear_backward(dev_, L(kWqkv), dnorm, dpre, a.xn);
     dev_.rmsnorm_backward(dxin, G(kAttnNorm), dnorm, x, Wt(kAttnNorm), a.rstd1);
     dev_.copy(dx, dxin);
 

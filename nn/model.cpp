@@ -79,6 +79,39 @@ void Model::freeze(const std::vector<std::string>& tensor_names) {
   }
 }
 
+void Model::add_lora(const Arch& arch, const LlamaConfig& llama, const LoraOptions& options) {
+  if (!lora_.empty()) throw std::logic_error("add_lora: the model has adapters already");
+  lora_ = apply_lora(mutable_units(), arch, llama, options);
+  lora_scale_ = options.scale();
+}
+
+Linear Model::linear(int unit, const Tensor& weights, const Tensor& grads, size_t w_index, size_t b_index) const {
+  const UnitSpec& u = units().at(static_cast<size_t>(unit));
+  Linear l = unit_linear(u, weights, grads, w_index, b_index);
+  for (const LoraAdapter& a : lora_) {
+    if (a.unit != unit || a.base != w_index) continue;
+    LoraPair p;
+    p.a = u.view(weights, a.a);
+    p.b = u.view(weights, a.b);
+    p.da = u.grad_view(grads, a.a);
+    p.db = u.grad_view(grads, a.b);
+    p.row0 = a.row0;
+    p.rows = a.rows;
+    p.scale = lora_scale_;
+    l.lora.push_back(p);
+  }
+  return l;
+}
+
+void Model::init_adapters(Device& dev, int unit, const Tensor& flat, uint64_t seed) const {
+  const UnitSpec& u = units().at(static_cast<size_t>(unit));
+  for (const LoraAdapter& a : lora_) {
+    if (a.unit != unit) continue;
+    write_values(dev, u.view(flat, a.a), lora_init(a, false, seed));
+    write_values(dev, u.view(flat, a.b), lora_init(a, true, seed));
+  }
+}
+
 Tensor Model::grad_or_scratch(Device& dev, const UnitSpec& u, const Tensor& grads, size_t index, DType dtype) {
   Tensor g = u.grad_view(grads, index);
   if (g.defined()) return g;

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "nn/device.h"
+#include "nn/linear.h"
+#include "nn/lora.h"
 #include "nn/unit.h"
 
 namespace ferry::nn {
@@ -19,9 +21,15 @@ class Model {
   int num_units() const { return static_cast<int>(units().size()); }
   // Freezes the tensors named (TensorSpec::trainable: read only, no gradient computed or
   // kept), which lays their units out again: call it before anything is built on units().
-  // Throws std::invalid_argument for a name no tensor has. Nothing in the runtime freezes
-  // tensors yet (adapters will: docs/design/nn.md, "Trainable and frozen tensors").
+  // Throws std::invalid_argument for a name no tensor has.
   void freeze(const std::vector<std::string>& tensor_names);
+  // LoRA (nn/lora.h): adds the adapters `options` asks for to the units and freezes the
+  // rest, before anything is built on units(); init_unit then draws the adapters as PEFT
+  // does and forward and backward compute them. Throws std::invalid_argument naming a
+  // target that matches nothing or takes no adapter.
+  void add_lora(const Arch& arch, const LlamaConfig& llama, const LoraOptions& options);
+  const std::vector<LoraAdapter>& lora() const { return lora_; }
+  double lora_scale() const { return lora_scale_; }
   int64_t num_parameters() const;  // distinct parameters, padding excluded
   virtual void init_unit(int unit, const Tensor& flat, uint64_t seed) const = 0;
   virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
@@ -84,6 +92,15 @@ class Model {
   // together with their input's (the norms, the embedding), whose input gradient a frozen
   // parameter still needs.
   static Tensor grad_or_scratch(Device& dev, const UnitSpec& u, const Tensor& grads, size_t index, DType dtype);
+  // The linear layer of weight `w_index` (bias `b_index`) of unit `unit`, with its adapters.
+  Linear linear(int unit, const Tensor& weights, const Tensor& grads, size_t w_index, size_t b_index = kNoBias) const;
+  // Overwrites unit `unit`'s adapter tensors in `flat` with their initial values (the
+  // models' init_unit calls it last).
+  void init_adapters(Device& dev, int unit, const Tensor& flat, uint64_t seed) const;
+
+ private:
+  std::vector<LoraAdapter> lora_;
+  double lora_scale_ = 0.0;
 };
 
 }  // namespace ferry::nn

@@ -32,6 +32,32 @@ GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool ta, con
   return d;
 }
 
+GemmDims gemm_cols(const char* device, const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a,
+                   int64_t a_col, int64_t a_cols, bool ta, const Tensor& b, bool tb) {
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2) {
+    fail(device, "gemm_cols", "needs 2-D tensors: c " + c.describe() + ", a " + a.describe() + ", b " + b.describe());
+  }
+  auto window = [&](const char* name, const Tensor& t, int64_t col, int64_t cols) {
+    if (col < 0 || cols < 0 || col + cols > t.dim(1)) {
+      fail(device, "gemm_cols", std::string("columns [") + std::to_string(col) + ", " + std::to_string(col + cols) +
+                                    ") of " + name + " " + t.describe());
+    }
+  };
+  window("c", c, c_col, c_cols);
+  window("a", a, a_col, a_cols);
+  GemmDims d;
+  d.M = ta ? a_cols : a.dim(0);
+  d.K = ta ? a.dim(0) : a_cols;
+  const int64_t Kb = tb ? b.dim(1) : b.dim(0);
+  d.N = tb ? b.dim(0) : b.dim(1);
+  if (d.K != Kb || c.dim(0) != d.M || c_cols != d.N) {
+    fail(device, "gemm_cols",
+         "shapes do not chain: c " + c.describe() + " columns " + std::to_string(c_cols) + " = op(a " + a.describe() +
+             " columns " + std::to_string(a_cols) + (ta ? ")^T" : ")") + " @ op(b " + b.describe() + (tb ? ")^T" : ")"));
+  }
+  return d;
+}
+
 int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& lse,
                   const Tensor& qkv, int64_t n_head, int64_t n_kv_head) {
   if (qkv.ndim() != 3) fail(device, op, "qkv must be [B,T,(NH+2KVH)*hs], got " + qkv.describe());

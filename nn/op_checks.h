@@ -28,6 +28,10 @@ struct GemmDims {
 GemmDims gemm(const char* device, const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b,
               bool trans_b);
 
+// gemm_cols: the windows inside their 2-D tensors, then the product's dimensions.
+GemmDims gemm_cols(const char* device, const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a,
+                   int64_t a_col, int64_t a_cols, bool trans_a, const Tensor& b, bool trans_b);
+
 // Returns the channels C of out (n_head * head size); n_kv_head already defaulted. lse is
 // [B,NH,T] in the statistics dtype (f64 when qkv is f64, else f32).
 int64_t attention(const char* device, const char* op, const Tensor& out, const Tensor& lse,

@@ -93,6 +93,21 @@ OpCost gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb,
   return k;
 }
 
+OpCost gemm_cols(const Tensor& c, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, double beta) {
+  OpCost k;
+  k.op = "gemm_cols";
+  k.work = Work::gemm;
+  if (M == 0 || N == 0) return k;
+  const double m = static_cast<double>(M), n = static_cast<double>(N), kk = static_cast<double>(K);
+  k.flops = 2.0 * m * n * kk;
+  const double cb = m * n * static_cast<double>(dtype_size(c.dtype()));
+  k.min_bytes = m * kk * static_cast<double>(dtype_size(a.dtype())) + bytes_of(b) + cb + (beta != 0 ? cb : 0.0);
+  k.bytes = k.min_bytes;
+  k.launches = 1;
+  k.low_precision = is_low_precision(a.dtype());
+  return k;
+}
+
 OpCost linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre) {
   OpCost k = gemm(out, x, false, w, true, 0.0);
   k.op = "linear_forward";

@@ -60,6 +60,8 @@ namespace op_cost {
 OpCost cast(const Tensor& dst, const Tensor& src);
 OpCost fill(const Tensor& dst);
 OpCost gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb, double beta);
+// gemm_cols with dims from op_checks: one cuBLAS call over the windows (same dtypes only).
+OpCost gemm_cols(const Tensor& c, int64_t M, int64_t N, int64_t K, const Tensor& a, const Tensor& b, double beta);
 // linear_forward as one cuBLASLt call (nn/cuda_device.h: linear_forward_fuses); where it does
 // not fuse, the ledger records the gemm, add_bias and gelu_forward it runs instead.
 OpCost linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& pre);

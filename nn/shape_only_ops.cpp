@@ -37,6 +37,11 @@ void ShapeOnlyOps::gemm(const Tensor& c, const Tensor& a, bool trans_a, const Te
   checks::gemm(dev_, c, a, trans_a, b, trans_b);
 }
 
+void ShapeOnlyOps::gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col,
+                             int64_t a_cols, bool trans_a, const Tensor& b, bool trans_b, double, double) {
+  checks::gemm_cols(dev_, c, c_col, c_cols, a, a_col, a_cols, trans_a, b, trans_b);
+}
+
 void ShapeOnlyOps::add_bias(const Tensor& out, const Tensor& bias) { channels(dev_, "add_bias", out, bias); }
 void ShapeOnlyOps::bias_backward(const Tensor& dbias, const Tensor& dout) { channels(dev_, "bias_backward", dout, dbias); }
 

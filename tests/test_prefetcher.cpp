@@ -33,7 +33,7 @@ void check(bool ok, const std::string& what) {
 // One rank's shards in `tier`, initialised to value(u, i).
 struct Rig {
   nn::CpuDevice dev{64 << 20, 1};
-  std::vector<runtime::Partition> parts;
+  std::vector<runtime::UnitPartition> parts;
   std::vector<std::string> names;
   std::unique_ptr<offload::PinnedPool> pool;
   std::unique_ptr<runtime::ParamShards> shards;
@@ -41,7 +41,7 @@ struct Rig {
 
   Rig(comm::Communicator& c, offload::Tier tier, const std::string& dir) {
     for (size_t u = 0; u < kSizes.size(); ++u) {
-      parts.push_back(runtime::partition(kSizes[u], c.size(), c.rank()));
+      parts.push_back(runtime::unit_partition(kSizes[u], kSizes[u], kSizes[u], c.size(), c.rank()));
       names.push_back("unit" + std::to_string(u));
     }
     place.params = tier;
@@ -53,16 +53,17 @@ struct Rig {
     }
     shards = std::make_unique<runtime::ParamShards>(dev, parts, names, c.rank(), place);
     for (size_t u = 0; u < parts.size(); ++u) {
-      nn::Tensor full = nn::Tensor::empty(dev, nn::DType::f32, {parts[u].padded});
-      for (int64_t i = 0; i < parts[u].padded; ++i) full.data_as<float>()[i] = value(static_cast<int>(u), i);
-      shards->init(static_cast<int>(u), full);
+      const runtime::Partition& p = parts[u].trained;
+      nn::Tensor full = nn::Tensor::empty(dev, nn::DType::f32, {p.padded});
+      for (int64_t i = 0; i < p.padded; ++i) full.data_as<float>()[i] = value(static_cast<int>(u), i);
+      shards->init(static_cast<int>(u), full.view(p.begin(), {p.shard}));
     }
   }
   std::unique_ptr<Prefetcher> prefetcher(comm::Communicator& c, const runtime::PrefetchLimits& limits) {
     return std::make_unique<Prefetcher>(runtime::StagePolicy::of(3, nn::DType::f32), limits, dev, c, parts, names,
                                         shards.get(), pool.get(), nullptr);
   }
-  int64_t padded(int u) const { return parts[static_cast<size_t>(u)].padded; }
+  int64_t padded(int u) const { return parts[static_cast<size_t>(u)].trained.padded; }
 };
 
 std::vector<size_t> positions(const Prefetcher& p, bool gathering) {

@@ -194,6 +194,130 @@ BOOST_AUTO_TEST_CASE(sharded_units_gather_and_reduce_at_every_stage) {
   }
 }
 
+namespace {
+
+// Units with frozen tensors (docs/design/adapters.md, section 1): a unit half frozen, one
+// all frozen, one all trained, and a few trained elements beside a large frozen tensor.
+std::vector<nn::UnitSpec> frozen_units() {
+  std::vector<nn::UnitSpec> units(4);
+  units[0].add("a", {37, 5}, true);
+  units[0].add("f0", {50}, true);
+  units[0].set_trainable(1, false);
+  units[1].add("b", {3}, false);
+  units[1].add("c", {2, 7}, true);
+  units[1].set_trainable(0, false);
+  units[1].set_trainable(1, false);
+  units[2].add("d", {1000}, true);
+  units[3].add("big", {300}, true);
+  units[3].add("t", {3}, false);
+  units[3].set_trainable(0, false);
+  return units;
+}
+
+bool in_tensor(const nn::UnitSpec& u, int64_t i, bool* trainable) {
+  for (const nn::TensorSpec& t : u.tensors) {
+    if (i >= t.offset && i < t.offset + t.numel()) {
+      *trainable = t.trainable;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Every element of the model's view: tensors at pattern (+ `trained_add` where trained),
+// the alignment gaps zero.
+void check_weights(runtime::ShardedUnits& su, const std::vector<nn::UnitSpec>& units, float trained_add) {
+  for (int u = 0; u < static_cast<int>(units.size()); ++u) {
+    const auto w = su.full_weights(u);
+    for (int64_t i = 0; i < static_cast<int64_t>(w.size()); ++i) {
+      bool trainable = false;
+      const float want = in_tensor(units[static_cast<size_t>(u)], i, &trainable)
+                             ? pattern(u, i) + (trainable ? trained_add : 0.0f)
+                             : 0.0f;
+      if (w[static_cast<size_t>(i)] != want) {
+        throw std::runtime_error("unit " + std::to_string(u) + " element " + std::to_string(i) + ": " +
+                                 std::to_string(w[static_cast<size_t>(i)]) + " != " + std::to_string(want));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(frozen_tensors_are_gathered_never_reduced_or_written_at_every_stage) {
+  const auto units = frozen_units();
+  BOOST_TEST(units[1].trainable_numel == 0);
+  BOOST_TEST(units[3].trainable_numel == 3);
+  for (int world : {1, 2, 3, 7}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int64_t bucket : {int64_t{500000000}, int64_t{5} * world}) {
+        BOOST_TEST_CONTEXT("world " << world << " stage " << stage << " bucket " << bucket) {
+          run_ranks(world, [&](int rank, comm::Communicator& c) {
+            nn::CpuDevice dev(64 << 20, 1);
+            runtime::ZeroConfig z{stage, bucket, bucket};
+            runtime::ShardedUnits su(dev, c, units, z, [&](int u, const Tensor& full) {
+              for (int64_t i = 0; i < full.numel(); ++i) {
+                bool trainable = false;
+                if (in_tensor(units[static_cast<size_t>(u)], i, &trainable)) full.data_as<float>()[i] = pattern(u, i);
+              }
+            });
+            check_weights(su, units, 0.0f);
+            // Each span is partitioned on its own: every rank holds a share of the frozen base.
+            const runtime::UnitPartition& s3 = su.spans_of(3);
+            if (s3.frozen.shard * world < 300 || s3.trained.numel != 3) throw std::runtime_error("unit 3's spans");
+            if (su.trains(1) || su.acquire_grads(1).defined() || su.grad_shard(1).defined() || su.owned(1).length != 0) {
+              throw std::runtime_error("the frozen unit has a gradient or optimizer range");
+            }
+            su.zero_grads();
+            for (int micro = 0; micro < 2; ++micro) {
+              for (int u = 3; u >= 0; --u) {
+                const Tensor g = su.acquire_grads(u);
+                if (g.defined() && g.numel() != units[static_cast<size_t>(u)].trainable_numel) {
+                  throw std::runtime_error("gradient buffer of unit " + std::to_string(u) + " is " + g.describe());
+                }
+                for (int64_t i = 0; g.defined() && i < g.numel(); ++i) {
+                  g.data_as<float>()[i] += static_cast<float>(rank + 1) * pattern(u, i);
+                }
+                su.release_grads(u, true);
+              }
+            }
+            su.finish_gradients();
+            const float ranks_sum = static_cast<float>(world * (world + 1) / 2);
+            int64_t grads = 0;
+            for (int u : {0, 2, 3}) {
+              const runtime::Partition& p = su.partition_of(u);
+              if (p.numel != units[static_cast<size_t>(u)].trainable_numel) throw std::runtime_error("trainable partition");
+              grads += (stage <= 1 ? p.padded : 0) + (stage >= 1 ? p.shard : 0);
+              const Tensor g = su.grad_shard(u);
+              for (int64_t k = 0; k < p.shard; ++k) {
+                const int64_t i = p.begin() + k;
+                const float want = i < p.numel ? 2 * ranks_sum * pattern(u, i) : 0.0f;
+                if (g.data_as<float>()[k] != want) throw std::runtime_error("gradient of unit " + std::to_string(u));
+              }
+              const auto o = su.owned(u);
+              for (int64_t k = 0; k < o.length; ++k) {
+                if (o.begin + k < p.numel) o.weights.data_as<float>()[k] += 0.5f;
+              }
+            }
+            // No gradient memory for frozen tensors: the trainable spans' buffers only.
+            if (su.state_bytes().gradients != static_cast<size_t>(grads) * 4) {
+              throw std::runtime_error("gradient bytes " + std::to_string(su.state_bytes().gradients));
+            }
+            for (int u = 0; u < 4; ++u) su.mark_updating(u);
+            su.publish_params();
+            check_weights(su, units, 0.5f);
+            if (stage == 3) {  // each rank stores its shard of each span
+              int64_t stored = 0;
+              for (int u = 0; u < 4; ++u) stored += su.spans_of(u).stored();
+              if (su.state_bytes().weights != static_cast<size_t>(stored) * 4) throw std::runtime_error("stored shards");
+            }
+          });
+        }
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(stage3_keeps_only_a_shard_between_uses) {
   const auto units = odd_units();
   run_ranks(4, [&](int, comm::Communicator& c) {

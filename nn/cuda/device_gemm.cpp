@@ -95,6 +95,40 @@ void CudaDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b
   debug_sync("gemm (cublasGemmEx)");
 }
 
+// A window is a pointer into the wide tensor and its row length as the leading dimension:
+// cuBLAS reads strided operands directly. One dtype, or f32 C with 16-bit A and B (the
+// adapters' gradients); anything else is refused (nothing in ferry mixes otherwise).
+void CudaDevice::gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col,
+                           int64_t a_cols, bool ta, const Tensor& b, bool tb, double alpha, double beta) {
+  const auto [M, N, K] = checks::gemm_cols(kDev, c, c_col, c_cols, a, a_col, a_cols, ta, b, tb);
+  if (M == 0 || N == 0) return;
+  const bool direct = a.dtype() == b.dtype() &&
+                      (c.dtype() == a.dtype() || (is_low_precision(a.dtype()) && c.dtype() == DType::f32));
+  if (!direct) {
+    fail(kDev, "gemm_cols", "takes one dtype, or f32 c with 16-bit a and b: c " + c.describe() + ", a " +
+                                a.describe() + ", b " + b.describe());
+  }
+  if (K == 0) fail(kDev, "gemm_cols", "an empty inner dimension");
+  auto at = [](const Tensor& t, int64_t col) {
+    return static_cast<const char*>(t.data()) + static_cast<size_t>(col) * dtype_size(t.dtype());
+  };
+  const int lda = static_cast<int>(a.dim(1)), ldb = static_cast<int>(tb ? K : N), ldc = static_cast<int>(c.dim(1));
+  const cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  void* cp = const_cast<char*>(at(c, c_col));
+  if (c.dtype() == DType::f64) {
+    FERRY_CUBLAS_CHECK(cublasGemmEx(cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                                    &alpha, b.data(), CUDA_R_64F, ldb, at(a, a_col), CUDA_R_64F, lda, &beta, cp,
+                                    CUDA_R_64F, ldc, CUBLAS_COMPUTE_64F, CUBLAS_GEMM_DEFAULT));
+  } else {
+    const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+    FERRY_CUBLAS_CHECK(cublasGemmEx(cublas_, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K),
+                                    &alpha_f, b.data(), cuda_type(b.dtype()), ldb, at(a, a_col), cuda_type(a.dtype()),
+                                    lda, &beta_f, cp, cuda_type(c.dtype()), ldc, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT));
+  }
+  debug_sync("gemm_cols (cublasGemmEx)");
+}
+
 // ---- linear layers: one cuBLASLt call with a bias or GELU+bias epilogue ----------------------
 
 bool CudaDevice::lt_fusable(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,

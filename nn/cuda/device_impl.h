@@ -96,6 +96,8 @@ class CudaDevice final : public Device, private DeviceClock {
 
   void gemm(const Tensor& c, const Tensor& a, bool trans_a, const Tensor& b, bool trans_b,
             double alpha, double beta) override;
+  void gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col, int64_t a_cols,
+                 bool trans_a, const Tensor& b, bool trans_b, double alpha, double beta) override;
   void linear_forward(const Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Tensor& pre) override;
   void add_bias(const Tensor& out, const Tensor& bias) override;

@@ -41,9 +41,15 @@ json layout_json(const std::vector<nn::UnitSpec>& layout) {
   json units = json::array();
   for (const nn::UnitSpec& u : layout) {
     json tensors = json::array();
-    for (const nn::TensorSpec& t : u.tensors)
-      tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"decay", t.decay}});
-    units.push_back({{"name", u.name}, {"numel", u.numel}, {"tensors", tensors}});
+    for (const nn::TensorSpec& t : u.tensors) {
+      json j = {{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"decay", t.decay}};
+      if (!t.trainable) j["trainable"] = false;  // frozen: not in the checkpoint (the base folder has it)
+      tensors.push_back(std::move(j));
+    }
+    json unit = {{"name", u.name}, {"numel", u.numel}, {"tensors", tensors}};
+    // The slices tile the trainable span only (nn/unit.h); absent: the whole unit (format 1).
+    if (!u.all_trainable()) unit["trainable_numel"] = u.trainable_numel;
+    units.push_back(std::move(unit));
   }
   return units;
 }
@@ -57,7 +63,8 @@ void write_rank_files(const std::string& tmp, const std::vector<nn::UnitSpec>& l
   json segments = json::array();
   uint64_t offset = 0;
   for (int u = 0; u < static_cast<int>(layout.size()); ++u) {
-    const Partition p = partition(layout[static_cast<size_t>(u)].numel, world, rank);
+    // The trainable span only: a frozen base is the imported folder's, never saved.
+    const Partition p = unit_partition(layout[static_cast<size_t>(u)], world, rank).trained;
     const ShardedUnits::Owned o = units.owned(u);
     const int64_t count = p.owned_real(), first = p.begin() - o.begin;  // in owned coordinates
     for (int a = 0; a < 3; ++a) {
@@ -128,7 +135,10 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
   if (rank == 0) {
     try {
       const json manifest = {{"format", "ferry-checkpoint"},
-                             {"format_version", kCheckpointFormat},
+                             {"format_version", std::all_of(layout.begin(), layout.end(),
+                                                            [](const nn::UnitSpec& u) { return u.all_trainable(); })
+                                                    ? 1
+                                                    : kCheckpointFormat},
                              {"ferry_version", kVersion},
                              {"step", req.step},
                              {"world_size", world},
@@ -197,7 +207,8 @@ json load_checkpoint(const std::string& step_dir, const json& model, const std::
     std::vector<CheckpointReader::Read> reads;
     for (int u = 0; u < static_cast<int>(layout.size()); ++u) {
       const ShardedUnits::Owned o = units.owned(u);
-      const int64_t real = std::max<int64_t>(0, std::min(o.begin + o.length, layout[static_cast<size_t>(u)].numel) - o.begin);
+      const int64_t trained = layout[static_cast<size_t>(u)].trainable_numel;
+      const int64_t real = std::max<int64_t>(0, std::min(o.begin + o.length, trained) - o.begin);
       for (int a = 0; a < 3; ++a)
         if (real > 0) reads.push_back({u, a, o.begin, real});
     }
@@ -205,8 +216,9 @@ json load_checkpoint(const std::string& step_dir, const json& model, const std::
     std::vector<float> buf;
     for (int u = 0; u < static_cast<int>(layout.size()); ++u) {
       const ShardedUnits::Owned o = units.owned(u);
-      const int64_t numel = layout[static_cast<size_t>(u)].numel;
-      const int64_t real = std::max<int64_t>(0, std::min(o.begin + o.length, numel) - o.begin);
+      if (o.length == 0) continue;  // nothing trained in it: its weights are the base folder's
+      const int64_t trained = layout[static_cast<size_t>(u)].trainable_numel;
+      const int64_t real = std::max<int64_t>(0, std::min(o.begin + o.length, trained) - o.begin);
       buf.resize(static_cast<size_t>(o.length));
       std::fill(buf.begin() + real, buf.end(), 0.0f);  // padding stays zero; the rest is read
       for (int a = 0; a < 3; ++a) {

@@ -51,7 +51,10 @@ class CheckpointError : public std::runtime_error {
   bool reported_elsewhere;
 };
 
-constexpr int kCheckpointFormat = 1;
+// Format 2 adds frozen tensors (adapters' checkpoints: "trainable_numel" per unit, the slices
+// tiling that span); a checkpoint without frozen tensors is still written as format 1, which
+// older ferry reads. The reader takes 1 and 2.
+constexpr int kCheckpointFormat = 2;
 extern const char* const kArrayNames[3];  // "master", "m", "v"
 
 std::string checkpoint_name(int64_t step);        // "step-00000100"

@@ -94,9 +94,9 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
   try {
     if (manifest_.value("format", "") != "ferry-checkpoint") throw CheckpointError(mpath + ": not a ferry checkpoint manifest");
     const int version = integer<int>(manifest_.at("format_version"), mpath, "format_version");
-    if (version != kCheckpointFormat) {
+    if (version < 1 || version > kCheckpointFormat) {
       throw CheckpointError(mpath + ": checkpoint format version " + std::to_string(version) + " (written by ferry " +
-                            manifest_.value("ferry_version", "?") + "); this ferry (" + kVersion + ") reads version " +
+                            manifest_.value("ferry_version", "?") + "); this ferry (" + kVersion + ") reads versions 1 to " +
                             std::to_string(kCheckpointFormat));
     }
     world_ = integer<int>(manifest_.at("world_size"), mpath, "world_size");
@@ -104,7 +104,9 @@ CheckpointReader::CheckpointReader(const std::string& step_dir) : dir_(step_dir)
     for (const json& u : manifest_.at("units")) {
       UnitInfo info;
       info.name = u.at("name").get<std::string>();
-      info.numel = integer<int64_t>(u.at("numel"), mpath, std::string("unit ") + info.name + "'s numel");
+      // The elements the slices tile: the trainable span (adapters' checkpoints), else the unit.
+      info.numel = integer<int64_t>(u.contains("trainable_numel") ? u.at("trainable_numel") : u.at("numel"), mpath,
+                                    std::string("unit ") + info.name + "'s numel");
       if (info.numel < 0) throw CheckpointError(mpath + ": unit " + info.name + " has numel " + std::to_string(info.numel));
       info.segments.resize(3);  // one segment per saving rank is added as each rank's index is read
       units_.push_back(std::move(info));
@@ -177,10 +179,16 @@ std::vector<nn::UnitSpec> CheckpointReader::layout() const {
       nn::UnitSpec spec;
       spec.name = u.at("name").get<std::string>();
       spec.numel = integer<int64_t>(u.at("numel"), mpath, std::string("unit ") + spec.name + "'s numel");
-      spec.trainable_numel = spec.numel;  // a checkpoint's tensors are all trained ones
+      spec.trainable_numel = u.contains("trainable_numel")
+                                 ? integer<int64_t>(u.at("trainable_numel"), mpath, "unit " + spec.name + "'s trainable_numel")
+                                 : spec.numel;  // format 1: every tensor trained
+      if (spec.trainable_numel < 0 || spec.trainable_numel > spec.numel) {
+        throw CheckpointError(mpath + ": unit " + spec.name + "'s trainable_numel is outside its numel");
+      }
       for (const json& t : u.at("tensors")) {
         nn::TensorSpec ts{t.at("name").get<std::string>(), {}, integer<int64_t>(t.at("offset"), mpath, "a tensor's offset"),
                           t.at("decay").get<bool>()};
+        ts.trainable = t.value("trainable", true);
         if (!t.at("shape").is_array()) throw CheckpointError(mpath + ": tensor " + ts.name + "'s shape is not a list");
         for (const json& d : t.at("shape")) ts.shape.push_back(integer<int64_t>(d, mpath, std::string("tensor ") + ts.name + "'s shape"));
         // Inside the unit: the tensor's elements are read (export) by offset and shape.
@@ -217,6 +225,11 @@ void CheckpointReader::check_layout(const std::vector<nn::UnitSpec>& layout) con
     const auto& a = saved[u].tensors;
     const auto& b = layout[u].tensors;
     for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+      if (i < a.size() && i < b.size() && a[i].name == b[i].name && a[i].trainable != b[i].trainable) {
+        throw CheckpointError(where + ": unit " + saved[u].name + ": " + a[i].name + " is " +
+                              (a[i].trainable ? "trained" : "frozen") + " in the checkpoint but " +
+                              (b[i].trainable ? "trained" : "frozen") + " in this run (another lora.* setting)");
+      }
       if (i >= a.size() || i >= b.size() || a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].offset != b[i].offset) {
         const auto shape = [](const std::vector<nn::TensorSpec>& v, size_t k) {
           return k < v.size() ? v[k].name + " " + nn::shape_str(v[k].shape) : std::string("nothing");

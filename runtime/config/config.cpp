@@ -119,6 +119,32 @@ json check_value(const Knob& k, const json& v, const std::string& source, const 
       check_range(k, static_cast<double>(bytes), source);
       return v;
     }
+    case KnobType::names: {
+      // Kept as one comma-joined string (how list fields are stored); a list's names may not
+      // hold a comma themselves.
+      std::vector<std::string> names;
+      if (v.is_array()) {
+        for (const json& n : v) {
+          if (!n.is_string()) type_error();
+          names.push_back(n.get<std::string>());
+        }
+      } else if (v.is_string()) {
+        std::stringstream list(v.get<std::string>());
+        std::string item;
+        while (std::getline(list, item, ',')) names.push_back(item);
+      } else {
+        type_error();
+      }
+      std::string out;
+      for (const std::string& n : names) {
+        if (n.empty() || n.find(',') != std::string::npos || n.find_first_of(" \t") != std::string::npos) {
+          fail(source, "key '" + k.path + "' has an empty or malformed name in " + v.dump());
+        }
+        out += (out.empty() ? "" : ",") + n;
+      }
+      if (out.empty()) fail(source, "key '" + k.path + "' lists no name");
+      return out;
+    }
     case KnobType::betas: {
       if (!v.is_array() || v.size() != 2 || !v[0].is_number() || !v[1].is_number()) type_error();
       for (const json& b : v) {
@@ -221,11 +247,14 @@ const json* get_path(const json& root, const std::string& path) {
 std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& device) {
   std::unique_ptr<nn::Model> m = c.arch().make(c.model, c.llama, device, c.zero.compute);
   m->set_activation_checkpointing(c.activation_checkpointing);
+  if (c.lora.enabled()) m->add_lora(c.arch(), c.llama, c.lora);
   return m;
 }
 
 std::vector<nn::UnitSpec> model_layout(const Config& c) {
-  return c.arch().layout(c.model, c.llama);
+  std::vector<nn::UnitSpec> units = c.arch().layout(c.model, c.llama);
+  nn::apply_lora(units, c.arch(), c.llama, c.lora);  // what make_model builds, for the plan
+  return units;
 }
 
 size_t parse_bytes(const json& value, const std::string& what) {

@@ -19,6 +19,7 @@
 #include "nn/arch.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
+#include "nn/lora.h"
 #include "offload/cpu_adam.h"
 #include "runtime/config/sections.h"
 
@@ -37,6 +38,8 @@ struct Config {
   nn::GPTConfig model;           // the dimensions every architecture has
   std::string model_arch = "gpt2";  // a family of the registry (nn/arch.h): gpt2, llama, mistral, qwen2, qwen3
   nn::LlamaConfig llama;         // with a Llama-family arch: the whole shape
+  nn::LoraOptions lora;          // lora.*: adapters (r > 0) instead of full fine-tuning
+  std::string lora_bias = "none";
   std::string init_from;         // a Hugging Face model folder whose weights start the run ("" = none)
   int64_t max_positions = 0;     // llama family: max_position_embeddings (0 = block_size), for export
   // The registry's descriptor of model_arch (checked against it when the file is read).

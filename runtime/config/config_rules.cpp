@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config/config.h"
 #include "runtime/config/config_json.h"
 #include "runtime/config/config_schema.h"
 
@@ -229,6 +230,26 @@ void hpz_rules(Config& c, const std::string& source) {
   }
 }
 
+// lora.*: the targets must name modules the model has (nn/lora.h says why not), and
+// hpZ's node copies would keep the frozen base (not built for frozen tensors).
+void lora_rules(const Config& c, const std::string& source) {
+  if (!c.lora.enabled()) {
+    if (!c.lora.target_modules.empty() || !c.lora.modules_to_save.empty()) {
+      fail(source, "lora.target_modules and lora.modules_to_save need lora.r > 0 (the adapters' rank)");
+    }
+    return;
+  }
+  try {
+    (void)model_layout(c);
+  } catch (const std::invalid_argument& e) {
+    fail(source, e.what());
+  }
+  if (c.zero.hpz_partition_size > 1) {
+    fail(source, "zero_optimization.zero_hpz_partition_size > 1 with lora.r: hpZ's node copies of frozen tensors "
+                 "are not built yet (docs/design/adapters.md); leave it at 1");
+  }
+}
+
 // DeepSpeed's _set_batch_related_parameters: with train_batch_size given, a micro batch
 // or accumulation count the configuration leaves out is derived from it (accumulation 1
 // when both are out); then the three must multiply out exactly.
@@ -330,6 +351,7 @@ void apply_rules(json& resolved, const json& user, Config& c, const std::string&
   batch_rules(resolved, user, c, source, origins);
   shard_group_rules(resolved, c, source);
   hpz_rules(c, source);
+  lora_rules(c, source);
   scheduler_rules(resolved, user, c, source);
 }
 

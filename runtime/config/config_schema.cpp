@@ -214,6 +214,22 @@ const std::vector<Knob>& config_knobs() {
       {"model.init_from", F(init_from), KnobType::path, "",
        "a Hugging Face model folder (config.json + *.safetensors): its config.json sets the shape and its "
        "weights start the run, each rank reading only its shards' bytes (docs/guide/finetune.md)"},
+      {"lora.r", F(lora.r), KnobType::integer, 0,
+       "LoRA adapters of this rank on lora.target_modules, the base frozen (PEFT's LoraConfig, "
+       "docs/guide/adapters.md); 0: full fine-tuning", 0, 4096},
+      {"lora.lora_alpha", F(lora.alpha), KnobType::number, 8.0,
+       "the adapters' scale is lora_alpha / r (PEFT's default 8)", 0, {}, true},
+      {"lora.use_rslora", F(lora.rslora), KnobType::boolean, false, "rank-stabilised scale lora_alpha / sqrt(r)"},
+      {"lora.lora_dropout", F(lora.dropout), KnobType::number, 0.0,
+       "dropout on the adapters' input; only 0 is supported yet (docs/design/adapters.md)", 0, 0},
+      {"lora.target_modules", F(lora.target_modules), KnobType::names, nullptr,
+       "the Hugging Face modules that get adapters, PEFT's names and matching (q_proj, k_proj, v_proj, o_proj, "
+       "gate_proj, up_proj, down_proj; gpt2: c_attn, c_proj, c_fc), or all-linear; absent: PEFT's default for "
+       "the family (q_proj, v_proj; gpt2: c_attn)"},
+      {"lora.modules_to_save", F(lora.modules_to_save), KnobType::names, nullptr,
+       "modules trained in full beside the adapters (lm_head, embed_tokens, a norm...), PEFT's names"},
+      {"lora.bias", F(lora_bias), KnobType::string, "none", "which biases train with the adapters: none (PEFT's "
+       "default; all and lora_only are not supported)", {}, {}, false, {"none"}},
       {"model.tie_word_embeddings", F(llama.tie_embeddings), KnobType::boolean, nullptr,
        "llama family: the output head is the token embedding (gpt2's always is); absent: false"},
       {"model.rope_scaling.factor", F(llama.rope_factor), KnobType::number, nullptr,
@@ -409,6 +425,7 @@ std::string knob_type_name(KnobType t) {
     case KnobType::path: return "a path (string)";
     case KnobType::bytes: return "a byte count (integer, or a string such as \"512MiB\")";
     case KnobType::betas: return "a pair [beta1, beta2] of numbers in [0, 1)";
+    case KnobType::names: return "a list of names (a JSON list of strings, or one string with names separated by commas)";
   }
   return "?";
 }

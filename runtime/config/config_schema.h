@@ -42,6 +42,7 @@ enum class KnobType {
   path,     // string; relative paths in a file are resolved against the file's folder
   bytes,    // integer byte count, or a string with a unit: "512MiB", "2GiB", "1.5GB"
   betas,    // [beta1, beta2], each in [0, 1)
+  names,    // a JSON list of names, or one string of names separated by commas
 };
 
 struct Knob {

@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "nn/arch.h"
+#include "nn/lora.h"
 
 namespace ferry::runtime {
 
@@ -103,6 +104,7 @@ HfLayout hf_layout(const nlohmann::json& model, const std::vector<nn::UnitSpec>&
   for (size_t u = 0; u < layout.size(); ++u) {
     for (size_t i = 0; i < layout[u].tensors.size(); ++i) {
       const nn::TensorSpec& t = layout[u].tensors[i];
+      if (nn::is_lora_tensor(t.name)) continue;  // adapters live in PEFT folders (runtime/hf/peft.h)
       HfTensorMap m;
       m.unit = static_cast<int>(u);
       m.tensor = i;

@@ -40,7 +40,7 @@ struct HfTensorMap {
 };
 
 struct HfLayout {
-  std::vector<HfTensorMap> tensors;   // every ferry tensor, in unit order
+  std::vector<HfTensorMap> tensors;   // every ferry tensor but LoRA adapters (nn/lora.h), in unit order
   // Tensors a Hugging Face file may hold that carry no parameter ferry keeps: GPT-2's
   // attention mask buffers, old Llama files' rotary inv_freq, a tied model's lm_head copy.
   bool ignorable(const std::string& hf_name) const;

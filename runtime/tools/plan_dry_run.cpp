@@ -67,7 +67,7 @@ MemoryPlan plan_memory(const Config& config, int ranks) {
   const bool update_at_once = c.grad_clip <= 0 && !c.fp16;
   if (update_at_once) units.on_gradients_ready([&](int u) { units.mark_updating(u); });
   // The trainer's per-unit gradient norms, on the gradients' device for the whole run.
-  const Tensor norms = Tensor::empty(units.grad_shard(0).device(), DType::f64, {units.num_units()});
+  const Tensor norms = Tensor::empty(units.grad_device(), DType::f64, {units.num_units()});
   for (int64_t step = 0; step < 2; ++step) {
     units.begin_step(step + 1);
     dev.reset_peak();

@@ -201,7 +201,7 @@ void Engine::build_states(const EngineHooks& hooks) {
   if (replica_mpi_) {
     // The replicas meet where the reduced shards live: host memory (CPU device, or a GPU
     // with the optimizer offloaded) over MPI, device memory over NCCL.
-    if (units_->num_units() > 0 && !units_->grad_shard(0).device().host_accessible()) {
+    if (!units_->grad_device().host_accessible()) {
       replica_nccl_ = comm::NcclCommunicator::create(*replica_mpi_, nn::cuda_compute_stream(*gpu_), cfg_.comm_timeout_s);
       units_->set_replicas(replica_nccl_.get());
     } else {
@@ -214,11 +214,14 @@ void Engine::build_states(const EngineHooks& hooks) {
   std::function<void(int, float*)> master_init = [](int, float*) {};
   if (hooks.init_unit) {
     master_init = [this, &hooks](int u, float* dst) {
-      const Partition& p = units_->partition_of(u);
-      const Tensor full = Tensor::empty(*host_, DType::f32, {p.padded});
+      const UnitPartition& s = units_->spans_of(u);
+      const Partition& p = s.trained;
+      const Tensor full = Tensor::empty(*host_, DType::f32, {std::max(s.gathered(), p.padded)});
       host_->fill(full, 0.0);
-      hooks.init_unit(*this, u, full.view(0, {p.numel}));
-      std::memcpy(dst, full.data_as<float>() + p.begin(), static_cast<size_t>(p.shard) * 4);
+      hooks.init_unit(*this, u, full.view(0, {s.numel}));
+      // The trainable span's shard, zero past it (a frozen span may follow within its padding).
+      std::memset(dst, 0, static_cast<size_t>(p.shard) * 4);
+      std::memcpy(dst, full.data_as<float>() + p.begin(), static_cast<size_t>(p.owned_real()) * 4);
     };
   }
   std::string warning;

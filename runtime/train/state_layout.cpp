@@ -16,7 +16,8 @@ std::optional<offload::PinnedPoolOptions> staging_pool_options(const OffloadConf
   const bool opt_nvme = tiers.optimizer == offload::Tier::nvme, param_nvme = tiers.params == offload::Tier::nvme;
   if (!opt_nvme && !param_nvme) return std::nullopt;
   int64_t largest = 0;
-  for (const auto& u : units) largest = std::max(largest, partition(u.numel, ranks, rank).shard);
+  // A pool buffer holds a unit's stored shard (trainable and frozen spans, partition.h).
+  for (const auto& u : units) largest = std::max(largest, unit_partition(u, ranks, rank).stored());
   const int64_t quantum = offload::kNvmeQuantum;
   const int64_t elems = std::min<int64_t>(off.param_buffer_size, (largest + quantum - 1) / quantum * quantum);
   offload::PinnedPoolOptions po;

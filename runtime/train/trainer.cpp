@@ -79,6 +79,7 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
     const ShardedUnits::Owned o = units().owned(u);
     std::vector<DecayRange> ranges;
     for (const nn::TensorSpec& t : layout[static_cast<size_t>(u)].tensors) {
+      if (!t.trainable) continue;  // outside the owned span (its padding may reach a frozen tensor)
       const int64_t lo = std::max(t.offset, o.begin), hi = std::min(t.offset + t.numel(), o.begin + o.length);
       if (lo < hi) ranges.push_back({lo - o.begin, hi - o.begin, t.decay ? cfg_.optimizer.weight_decay : 0.0});
     }
@@ -106,19 +107,31 @@ Trainer::~Trainer() {
 
 void Trainer::init_unit(Engine& e, int unit, const Tensor& full) {
   if (hf_) {
-    // Only the range this rank keeps is read: its shard at stage 3, else the whole unit
-    // (stages 0-2 keep full weights on every rank).
-    const Partition p = partition(full.numel(), e.group().size(), e.group().rank());
-    const bool sharded = StagePolicy::of(cfg_.zero.stage, cfg_.zero.compute).sharded_weights;
-    const int64_t begin = sharded ? std::min(p.begin(), p.numel) : 0;
-    const int64_t n = sharded ? p.owned_real() : p.numel;
-    if (full.device().host_accessible()) {
-      hf_->fill(unit, begin, n, full.data_as<float>() + begin);
-    } else {
-      std::vector<float> host(static_cast<size_t>(n));
-      hf_->fill(unit, begin, n, host.data());
-      if (n > 0) full.device().copy_from_host(full.view(begin, {n}), host.data());
-    }
+    // Only the ranges this rank keeps are read: its shards of the trainable and frozen
+    // spans at stage 3, else the whole unit (stages 0-2 keep full weights on every rank).
+    auto fill = [&](int64_t begin, int64_t n) {
+      if (n <= 0) return;
+      std::vector<float> host(full.device().host_accessible() ? 0 : static_cast<size_t>(n));
+      float* dst = host.empty() ? full.data_as<float>() + begin : host.data();
+      hf_->fill(unit, begin, n, dst);
+      // LoRA adapters are not in the folder: their initial values (nn/lora.h), as the
+      // model's own init_unit draws them, where they fall in the range.
+      const nn::UnitSpec& spec = e.model().units().at(static_cast<size_t>(unit));
+      for (const nn::LoraAdapter& a : e.model().lora()) {
+        if (a.unit != unit) continue;
+        const nn::TensorSpec& t = spec.tensors.at(a.a);
+        const int64_t lo = std::max(begin, t.offset), hi = std::min(begin + n, t.offset + t.numel());
+        if (lo >= hi) continue;
+        const std::vector<double> v = nn::lora_init(a, /*b=*/false, cfg_.model_seed);
+        for (int64_t k = lo; k < hi; ++k) dst[k - begin] = static_cast<float>(v[static_cast<size_t>(k - t.offset)]);
+      }
+      if (!host.empty()) full.device().copy_from_host(full.view(begin, {n}), host.data());
+    };
+    if (!StagePolicy::of(cfg_.zero.stage, cfg_.zero.compute).sharded_weights) return fill(0, full.numel());
+    const UnitPartition p = unit_partition(e.model().units().at(static_cast<size_t>(unit)), e.group().size(),
+                                           e.group().rank());
+    fill(std::min(p.trained.begin(), p.trained.numel), p.trained.owned_real());
+    if (p.has_frozen()) fill(p.frozen_at + std::min(p.frozen.begin(), p.frozen.numel), p.frozen.owned_real());
     return;
   }
   nn::Device* gpu = e.gpu();
@@ -206,6 +219,7 @@ void Trainer::describe_placement() {
 }
 
 void Trainer::gradients_ready(int unit) {
+  if (!units().trains(unit)) return;  // frozen: no gradient, nothing to update
   const Tensor g = units().grad_shard(unit);
   engine_->worker().submit(unit, [this, unit, g] {
     Tracer::Span span(tracer_.get(), Activity::adam, "grad norm " + units().order().unit_name(unit));
@@ -219,6 +233,7 @@ void Trainer::gradients_ready(int unit) {
 }
 
 void Trainer::submit_update(int unit, double clip) {
+  if (!units().trains(unit)) return;
   // Gradients hold the sum over ranks and micro-batches of each micro-batch's mean-loss
   // gradient; averaging and clipping fold into Adam's read of them.
   const double scale = clip / static_cast<double>(cfg_.grad_accum * comm_.size());
@@ -278,7 +293,7 @@ StepStats Trainer::train_step(int64_t step) {
   if (scaler_) model().set_loss_scale(scaler_->scale());
   sumsq_.assign(static_cast<size_t>(model().num_units()), 0.0);
   {
-    nn::Device& grads = units().grad_shard(0).device();
+    nn::Device& grads = units().grad_device();
     if (!norms_.defined()) norms_ = Tensor::empty(grads, DType::f64, {model().num_units()});
     grads.fill(norms_, 0.0);
   }

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
+#include <string>
 
 #include "base/log.h"
 #include "offload/staged_copy.h"
@@ -31,16 +33,17 @@ struct Scratch {
 
 // With nvme, the first units' shards up to max_in_cpu elements stay in host memory; the
 // rest go to the configured tier.
-ParamShards::ParamShards(nn::Device& device, const std::vector<Partition>& parts,
+ParamShards::ParamShards(nn::Device& device, const std::vector<UnitPartition>& parts,
                          const std::vector<std::string>& names, int rank, const Placement& place, DType compute)
-    : dev_(device), parts_(parts), names_(names), place_(place) {
+    : dev_(device), names_(names), place_(place) {
+  for (const UnitPartition& p : parts) sizes_.push_back(p.stored());
   if (place_.params != offload::Tier::device && compute == DType::bf16) dtype_ = DType::bf16;
   const size_t n = parts.size();
   std::vector<int64_t> main_sizes, cpu_sizes;
   std::vector<bool> in_cpu(n, false);
   int64_t cached = 0;
   for (size_t u = 0; u < n; ++u) {
-    const int64_t shard = parts[u].shard;
+    const int64_t shard = sizes_[u];
     if (place_.params == offload::Tier::nvme && cached + shard <= place_.max_in_cpu) {
       in_cpu[u] = true;
       cached += shard;
@@ -69,19 +72,20 @@ ParamShards::ParamShards(nn::Device& device, const std::vector<Partition>& parts
   }
 }
 
-void ParamShards::init(int unit, const Tensor& full) {
-  const Partition& p = parts_.at(static_cast<size_t>(unit));
-  if (p.shard == 0) return;
-  // This rank's slice in the shards' dtype (rounded by the device, as every gather of the
-  // fp32 shard would round it), then through host memory into the store, once, at start.
-  Tensor slice = full.view(p.begin(), {p.shard});
+void ParamShards::init(int unit, const Tensor& shard) {
+  const int64_t n = sizes_.at(static_cast<size_t>(unit));
+  if (n == 0) return;
+  if (shard.numel() != n) throw std::invalid_argument("ParamShards::init: " + shard.describe() + " for a shard of " + std::to_string(n));
+  // The shard in the store's dtype (rounded by the device, as every gather of the fp32
+  // shard would round it), then through host memory into the store, once, at start.
+  Tensor slice = shard;
   if (dtype_ != slice.dtype()) {
-    const Tensor low = Tensor::empty(dev_, dtype_, {p.shard});
+    const Tensor low = Tensor::empty(dev_, dtype_, {n});
     dev_.cast(low, slice);
     slice = low;
   }
   const size_t esize = nn::dtype_size(dtype_);
-  const size_t bytes = static_cast<size_t>(p.shard) * esize;
+  const size_t bytes = static_cast<size_t>(n) * esize;
   std::unique_ptr<Scratch> host;
   const char* src = nullptr;
   if (!dev_.host_accessible()) {
@@ -91,11 +95,11 @@ void ParamShards::init(int unit, const Tensor& full) {
   } else {
     src = static_cast<const char*>(slice.data());
   }
-  if (!on_nvme(unit)) return store(unit).write(region(unit), 0, p.shard, src);
+  if (!on_nvme(unit)) return store(unit).write(region(unit), 0, n, src);
   offload::PooledBuffer staging(*place_.pool);
   const int64_t piece = buffer_elements();
-  for (int64_t k = 0; k < p.shard; k += piece) {
-    const int64_t len = std::min(piece, p.shard - k);
+  for (int64_t k = 0; k < n; k += piece) {
+    const int64_t len = std::min(piece, n - k);
     // Through the pool: a count-only pool (the plan's dry run) moves nothing, so a plan of a
     // 25-billion-parameter model does not fault in and copy 100 GB of its initial weights.
     place_.pool->copy(staging.get(), src + static_cast<size_t>(k) * esize, static_cast<size_t>(len) * esize);
@@ -106,7 +110,7 @@ void ParamShards::init(int unit, const Tensor& full) {
 Tensor ParamShards::fetch(int unit) {
   const Tensor home = on_nvme(unit) ? Tensor{} : resident(unit);
   if (home.defined() && (dev_.host_accessible() || &home.device() == &dev_)) return home;
-  const int64_t n = parts_.at(static_cast<size_t>(unit)).shard;
+  const int64_t n = sizes_.at(static_cast<size_t>(unit));
   Tensor shard = Tensor::empty(dev_, dtype_, {n});
   if (!on_nvme(unit)) {
     // Host memory, page-locked on a GPU run: up as a shard; ops issued next see it. The
@@ -143,7 +147,7 @@ nn::TransferPtr ParamShards::upload(int unit, const Tensor& dst, const void* src
 }
 
 void ParamShards::read_into(int unit, void* buf, Tracer::Clock::time_point queued) {
-  const int64_t n = parts_.at(static_cast<size_t>(unit)).shard;
+  const int64_t n = sizes_.at(static_cast<size_t>(unit));
   Tracer::Span span(tracer_, Activity::param_read, names_.at(static_cast<size_t>(unit)),
                     static_cast<uint64_t>(n) * nn::dtype_size(dtype_));
   span.set_queued(queued);

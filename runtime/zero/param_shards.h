@@ -47,13 +47,17 @@ class ParamShards {
  public:
   // Opens the stores for every unit's shard (zeroed); `names` label trace spans. `compute`:
   // the dtype the model computes in (bf16 shards off the device when it is bf16).
-  ParamShards(nn::Device& device, const std::vector<Partition>& parts, const std::vector<std::string>& names,
+  // Each unit's shard is UnitPartition::stored() elements: its trained shard, then its
+  // frozen one (read by gathers, never written: the optimizer's ranges are the trained
+  // shard's, runtime/zero/sharded_units.h).
+  ParamShards(nn::Device& device, const std::vector<UnitPartition>& parts, const std::vector<std::string>& names,
               int rank, const Placement& place, nn::DType compute = nn::DType::f32);
   // The dtype shards are kept in: bf16 off the device in a bf16 run, fp32 otherwise.
   nn::DType dtype() const { return dtype_; }
 
-  // Stores this rank's shard of `full` ([padded] on the device), once, at start.
-  void init(int unit, const nn::Tensor& full);
+  // Stores this rank's shard (`shard`: [stored()] on the device, unit_collectives.h's
+  // stored_shard), once, at start.
+  void init(int unit, const nn::Tensor& shard);
   offload::Tier tier(int unit) const { return store(unit).tier(); }
   bool on_nvme(int unit) const { return tier(unit) == offload::Tier::nvme; }
   // The shard in memory (device and cpu homes; undefined on nvme), used in place.
@@ -91,7 +95,7 @@ class ParamShards {
 
   nn::Device& dev_;
   nn::DType dtype_ = nn::DType::f32;
-  std::vector<Partition> parts_;
+  std::vector<int64_t> sizes_;  // per unit: the stored shard's elements
   std::vector<std::string> names_;
   Placement place_;
   std::unique_ptr<offload::ShardStore> params_;      // the configured tier

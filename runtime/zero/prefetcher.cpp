@@ -12,7 +12,7 @@ using nn::DType;
 using nn::Tensor;
 
 Prefetcher::Prefetcher(const StagePolicy& policy, const PrefetchLimits& limits, nn::Device& device,
-                       comm::Communicator& comm, std::vector<Partition> parts, std::vector<std::string> names,
+                       comm::Communicator& comm, std::vector<UnitPartition> parts, std::vector<std::string> names,
                        ParamShards* shards, offload::PinnedPool* pool, RefreshAhead refresh)
     : policy_(policy),
       limits_(limits),
@@ -45,7 +45,7 @@ void Prefetcher::pump_gathers(const std::vector<int>& order, size_t next, size_t
   int64_t ahead = elements_ahead();
   for (size_t k = next; k < gather_end; ++k) {
     const int unit = order[k];
-    const Partition& p = part(unit);
+    const int64_t gathered = part(unit).gathered();
     auto it = flights_.find(k);
     if (it != flights_.end() && it->second.gather.valid()) continue;
     if (!policy_.sharded_weights) {
@@ -57,16 +57,16 @@ void Prefetcher::pump_gathers(const std::vector<int>& order, size_t next, size_t
       f.gather = std::move(*g);
       continue;
     }
-    if (ahead + p.padded > limits_.bucket || live + ahead + p.padded > limits_.max_live) break;
+    if (ahead + gathered > limits_.bucket || live + ahead + gathered > limits_.max_live) break;
     if (from_node(unit)) {
       Flight& f = flights_[k];
       f.unit = unit;
       issue(f);
-      ahead += p.padded;
+      ahead += gathered;
       continue;
     }
     const bool nvme = shards_->on_nvme(unit);
-    if (nvme && it == flights_.end() && (!swapper_ || p.shard > shards_->buffer_elements())) {
+    if (nvme && it == flights_.end() && (!swapper_ || part(unit).stored() > shards_->buffer_elements())) {
       break;  // no read ahead for it: fetched at use
     }
     Flight& f = flights_[k];
@@ -80,7 +80,7 @@ void Prefetcher::pump_gathers(const std::vector<int>& order, size_t next, size_t
       f.shard = shards_->fetch(unit);  // in place, or uploaded from host memory (a GPU)
     }
     issue(f);
-    ahead += p.padded;
+    ahead += gathered;
     if (log::enabled(log::Level::trace, log::Subsys::sched)) {
       log::trace(log::Subsys::sched, "position " + std::to_string(next) + ": all-gather of " + names_[static_cast<size_t>(unit)] +
                                          " (position " + std::to_string(k) + ") issued ahead, " +
@@ -94,7 +94,7 @@ void Prefetcher::pump_reads(const std::vector<int>& order, size_t next, size_t d
     const int unit = order[k];
     if (flights_.count(k)) continue;
     if (!shards_->on_nvme(unit) || from_node(unit)) continue;  // in memory: nothing to read
-    if (part(unit).shard > shards_->buffer_elements() || !update_ready(unit)) break;
+    if (part(unit).stored() > shards_->buffer_elements() || !update_ready(unit)) break;
     Flight& f = flights_[k];
     f.unit = unit;
     start_read(f);
@@ -117,7 +117,7 @@ void Prefetcher::start_read(Flight& f) {
 }
 
 Tensor Prefetcher::take_read(Flight& f) {
-  const int64_t n = part(f.unit).shard;
+  const int64_t n = part(f.unit).stored();
   offload::PooledBuffer buf(*pool_, swapper_->wait(f.read));  // back to the pool on every path
   f.read = 0;
   f.shard = Tensor::empty(dev_, shards_->dtype(), {n});
@@ -143,19 +143,20 @@ void Prefetcher::reap_oldest() {
 }
 
 void Prefetcher::issue(Flight& f) {
-  const Partition& p = part(f.unit);
+  const UnitPartition& p = part(f.unit);
   if (from_node(f.unit)) {
     if (f.read) swapper_->cancel(f.read);  // read ahead before the node copy was made
     f.read = 0;
     f.shard = Tensor{};
-    f.full = Tensor::empty(dev_, limits_.compute, {p.padded});
+    f.full = Tensor::empty(dev_, limits_.compute, {p.gathered()});
     f.gather = node_gather_(f.unit, f.full);
     return;
   }
   const Tensor shard = f.read ? take_read(f) : f.shard;
-  if (!f.full.defined()) f.full = gather_target(dev_, p, shard, limits_.compute);
-  f.gather = issue_weight_gather(comm_, dev_, shard, f.full, p, limits_.allgather_bucket,
-                                 names_[static_cast<size_t>(f.unit)]);
+  UnitGather g = issue_unit_gather(comm_, dev_, shard, p, limits_.compute, limits_.allgather_bucket,
+                                   names_[static_cast<size_t>(f.unit)]);
+  f.full = g.full;
+  f.gather = std::move(g.pending);
 }
 
 std::optional<Tensor> Prefetcher::take(size_t position) {

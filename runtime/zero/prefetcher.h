@@ -64,7 +64,7 @@ class Prefetcher {
 
   // `shards` (stage 3) and `pool` (nvme reads) may be null when unused.
   Prefetcher(const StagePolicy& policy, const PrefetchLimits& limits, nn::Device& device, comm::Communicator& comm,
-             std::vector<Partition> parts, std::vector<std::string> names, ParamShards* shards,
+             std::vector<UnitPartition> parts, std::vector<std::string> names, ParamShards* shards,
              offload::PinnedPool* pool, RefreshAhead refresh);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
@@ -117,13 +117,13 @@ class Prefetcher {
   void issue(Flight& f);  // stage 3: the gather of a flight's shard (read first if needed)
   void wait_update(int unit) { if (updates_) updates_->wait(unit); }
   bool update_ready(int unit) { return updates_ == nullptr || updates_->ready(unit); }
-  const Partition& part(int unit) const { return parts_.at(static_cast<size_t>(unit)); }
+  const UnitPartition& part(int unit) const { return parts_.at(static_cast<size_t>(unit)); }
 
   StagePolicy policy_;
   PrefetchLimits limits_;
   nn::Device& dev_;
   comm::Communicator& comm_;
-  std::vector<Partition> parts_;
+  std::vector<UnitPartition> parts_;
   std::vector<std::string> names_;
   ParamShards* shards_;
   offload::PinnedPool* pool_;

@@ -51,17 +51,18 @@ void ShardedUnits::finish_gradients() {
   if (!live_g_.empty()) throw std::logic_error("finish_gradients with unit gradients still in backward");
   if (!policy_.reduce_every_micro) {
     for (size_t u = 0; u < parts_.size(); ++u)
-      if (!reduced_[u]) issue_reduction(static_cast<int>(u));
+      if (!reduced_[u] && trains(static_cast<int>(u))) issue_reduction(static_cast<int>(u));
   }
   poll_reductions(true);
   if (order_.in_step() && replicas_) {
     std::vector<PendingCollective> across(parts_.size());
     for (size_t u = 0; u < parts_.size(); ++u) {
       const int unit = static_cast<int>(u);
+      if (!trains(unit)) continue;
       across[u] = issue_all_reduce(*replicas_, grad_shard(unit), zero_.reduce_bucket_size, name(unit) + " (replicas)");
     }
     for (size_t u = 0; u < parts_.size(); ++u) {
-      across[u].finish(tracer_);
+      if (across[u].valid()) across[u].finish(tracer_);
       gradient_done(static_cast<int>(u));
     }
   } else if (order_.in_step()) {
@@ -77,15 +78,20 @@ void ShardedUnits::end_step() {
 }
 
 void ShardedUnits::mark_updating(int unit) {
-  if (policy_.refresh_after_update) stale_.at(static_cast<size_t>(unit)) = true;
+  // A unit with frozen tensors reads a buffer of its own at stages 0-2 (model_w_): its
+  // trainable span is copied in after each update, whatever the dtype.
+  if (policy_.refresh_after_update || model_w_.at(static_cast<size_t>(unit)).defined()) {
+    stale_.at(static_cast<size_t>(unit)) = true;
+  }
   if (node_) node_valid_.at(static_cast<size_t>(unit)) = false;
 }
 
 void ShardedUnits::publish_params() {
   if (node_) std::fill(node_valid_.begin(), node_valid_.end(), false);  // the weights were replaced
-  if (!policy_.refresh_after_update) return;
+  if (!policy_.refresh_after_update && !any_frozen_) return;
   prefetch_->cancel();
   for (size_t u = 0; u < parts_.size(); ++u) {
+    if (!policy_.refresh_after_update && !model_w_[u].defined()) continue;
     wait_update(static_cast<int>(u));
     refresh(static_cast<int>(u)).finish(tracer_);
     stale_[u] = false;
@@ -95,13 +101,20 @@ void ShardedUnits::publish_params() {
 PendingCollective ShardedUnits::refresh(int unit) {
   const auto u = static_cast<size_t>(unit);
   const Partition& p = partition_of(unit);
+  if (!trains(unit)) return {};  // frozen: never changes
   const Tensor& target = policy_.compute_copy ? compute_w_[u] : full_w_[u];
+  // With frozen tensors the model reads model_w_: the trainable span goes there last.
+  const Tensor model = model_w_[u];
+  auto to_model = [this, model, target, n = p.numel] { dev_.copy(model.view(0, {n}), target.view(0, {n})); };
   if (!policy_.refresh_gathers) {  // every rank updated the whole unit: only the cast is left
     if (policy_.compute_copy) dev_.cast(target, full_w_[u]);
+    if (model.defined()) to_model();
     return {};
   }
-  return issue_weight_gather(comm_, dev_, full_w_[u].view(p.begin(), {p.shard}), target, p,
-                             zero_.allgather_bucket_size, name(unit));
+  PendingCollective g = issue_weight_gather(comm_, dev_, full_w_[u].view(p.begin(), {p.shard}), target, p,
+                                            zero_.allgather_bucket_size, name(unit));
+  if (model.defined()) g.then(to_model);
+  return g;
 }
 
 void ShardedUnits::issue_reduction(int unit) {

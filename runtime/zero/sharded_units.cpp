@@ -54,17 +54,10 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     throw std::invalid_argument("ShardedUnits: gradients land on the host as shards, from stage 1 (DeepSpeed's rule)");
   }
   if (land_) reductions_.set_landing(place_.host);
-  // Frozen tensors (nn/unit.h) need their own shards, no gradients and no optimizer state:
-  // the adapters' work (issue 40). Until then every tensor a run shards is trained.
-  for (const nn::UnitSpec& u : units) {
-    if (!u.all_trainable()) {
-      throw std::invalid_argument("ShardedUnits: unit " + u.name +
-                                  " has frozen tensors; sharded training of frozen tensors is not built yet");
-    }
-  }
   const size_t n = units.size();
   full_w_.resize(n);
   compute_w_.resize(n);
+  model_w_.resize(n);
   full_g_.resize(n);
   shard_g_.resize(n);
   fresh_.assign(n, false);
@@ -73,20 +66,37 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   zero_pending_.assign(n, false);
   reported_.assign(n, false);
   reduced_.assign(n, false);
-  for (size_t u = 0; u < n; ++u) parts_.push_back(partition(units[u].numel, comm.size(), comm.rank()));
-  if (policy_.sharded_weights) shards_ = std::make_unique<ParamShards>(dev_, parts_, unit_names(units), place_.file_rank >= 0 ? place_.file_rank : comm.rank(), place_, zero.compute);
   for (size_t u = 0; u < n; ++u) {
-    const Partition& p = parts_[u];
-    Tensor full = zeroed(dev_, p.padded);
-    init(static_cast<int>(u), full.view(0, {p.numel}));
-    if (policy_.full_weights) full_w_[u] = full;
-    if (policy_.compute_copy) {
-      compute_w_[u] = Tensor::empty(dev_, zero_.compute, {p.padded});
-      dev_.cast(compute_w_[u], full);
+    spans_.push_back(unit_partition(units[u], comm.size(), comm.rank()));
+    parts_.push_back(spans_.back().trained);
+    any_frozen_ = any_frozen_ || spans_.back().has_frozen();
+  }
+  if (policy_.sharded_weights) shards_ = std::make_unique<ParamShards>(dev_, spans_, unit_names(units), place_.file_rank >= 0 ? place_.file_rank : comm.rank(), place_, zero.compute);
+  const DType model_dtype = policy_.compute_copy ? zero_.compute : DType::f32;
+  for (size_t u = 0; u < n; ++u) {
+    const UnitPartition& s = spans_[u];
+    const Partition& p = s.trained;
+    const bool trains = !s.has_frozen() || p.numel > 0;
+    // The unit as the model lays it out, zero past numel and in its alignment gaps.
+    Tensor full = zeroed(dev_, std::max(s.gathered(), p.padded));
+    init(static_cast<int>(u), full.view(0, {s.numel}));
+    Tensor trained = full;  // [padded] of the trainable span, zero padded
+    if (s.has_frozen()) {
+      trained = trains ? zeroed(dev_, p.padded) : Tensor{};
+      if (trains) dev_.copy(trained.view(0, {p.numel}), full.view(0, {p.numel}));
+      if (policy_.full_weights) {
+        model_w_[u] = Tensor::empty(dev_, model_dtype, {s.numel});
+        dev_.cast(model_w_[u], full.view(0, {s.numel}));
+      }
     }
-    if (policy_.sharded_weights) shards_->init(static_cast<int>(u), full);
-    if (policy_.full_grads) full_g_[u] = zeroed(dev_, p.padded);
-    if (policy_.grad_shard) shard_g_[u] = zeroed(grad_home, p.shard);
+    if (policy_.full_weights) full_w_[u] = trained;
+    if (policy_.compute_copy && trains) {
+      compute_w_[u] = Tensor::empty(dev_, zero_.compute, {p.padded});
+      dev_.cast(compute_w_[u], trained);
+    }
+    if (policy_.sharded_weights) shards_->init(static_cast<int>(u), s.has_frozen() ? stored_shard(dev_, full, s) : full.view(p.begin(), {p.shard}));
+    if (policy_.full_grads && trains) full_g_[u] = zeroed(dev_, p.padded);
+    if (policy_.grad_shard && trains) shard_g_[u] = zeroed(grad_home, p.shard);
   }
   PrefetchLimits limits;
   limits.depth = place_.prefetch_depth;
@@ -96,7 +106,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   limits.max_live = zero_.max_live_parameters;
   limits.allgather_bucket = zero_.allgather_bucket_size;
   limits.compute = zero_.compute;
-  prefetch_ = std::make_unique<Prefetcher>(policy_, limits, dev_, comm_, parts_, unit_names(units), shards_.get(),
+  prefetch_ = std::make_unique<Prefetcher>(policy_, limits, dev_, comm_, spans_, unit_names(units), shards_.get(),
                                            place_.pool, [this](int unit) -> std::optional<PendingCollective> {
                                              const auto u = static_cast<size_t>(unit);
                                              if (!stale_[u]) return std::nullopt;
@@ -147,19 +157,20 @@ void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, cons
 
 Tensor ShardedUnits::acquire_weights(int unit) {
   const auto u = static_cast<size_t>(unit);
-  const Partition& p = partition_of(unit);
+  const UnitPartition& p = spans_of(unit);
   if (refs_.at(u)++ == 0) {
     const size_t pos = order_.next(unit);
     std::optional<Tensor> fetched = ahead() ? prefetch_->take(pos) : std::nullopt;
     if (!fetched) wait_update(unit);  // the optimizer may still be writing this unit
     if (policy_.sharded_weights) {
       if (!fetched && node_copy_ready(unit)) {
-        fetched = Tensor::empty(dev_, zero_.compute, {p.padded});
+        fetched = Tensor::empty(dev_, zero_.compute, {p.gathered()});
         gather_from_node(unit, *fetched).finish(tracer_);
       } else if (!fetched) {
-        const Tensor shard = shards_->fetch(unit);
-        fetched = gather_target(dev_, p, shard, zero_.compute);
-        issue_weight_gather(comm_, dev_, shard, *fetched, p, zero_.allgather_bucket_size, name(unit)).finish(tracer_);
+        UnitGather g = issue_unit_gather(comm_, dev_, shards_->fetch(unit), spans_of(unit), zero_.compute,
+                                         zero_.allgather_bucket_size, name(unit));
+        g.pending.finish(tracer_);
+        fetched = g.full;
       }
       if (node_ && !node_valid_[u]) keep_node_copy(unit, *fetched);
       live_w_[unit].full = *fetched;
@@ -170,6 +181,7 @@ Tensor ShardedUnits::acquire_weights(int unit) {
     if (ahead()) prefetch_->pump(order_.order(), pos + 1, live_elements());
   }
   if (policy_.sharded_weights) return live_w_.at(unit).full.view(0, {p.numel});
+  if (model_w_[u].defined()) return model_w_[u];
   return (policy_.compute_copy ? compute_w_[u] : full_w_[u]).view(0, {p.numel});
 }
 
@@ -182,6 +194,7 @@ void ShardedUnits::release_weights(int unit) {
 
 Tensor ShardedUnits::acquire_grads(int unit) {
   const Partition& p = partition_of(unit);
+  if (!trains(unit)) return Tensor{};  // nothing trained: no gradient (nn/unit.h's contract)
   zero_grad_if_needed(unit);
   if (policy_.full_grads) return full_g_[static_cast<size_t>(unit)].view(0, {p.numel});
   Live& live = live_g_[unit];
@@ -190,7 +203,7 @@ Tensor ShardedUnits::acquire_grads(int unit) {
 }
 
 void ShardedUnits::release_grads(int unit, bool complete) {
-  if (!complete) return;  // a tied unit keeps its buffer until its last use
+  if (!complete || !trains(unit)) return;  // a tied unit keeps its buffer until its last use
   if (policy_.reduce_every_micro) {
     if (live_g_.find(unit) == live_g_.end()) {
       throw std::logic_error("release_grads of a unit not acquired: " + std::to_string(unit));
@@ -205,9 +218,14 @@ void ShardedUnits::release_grads(int unit, bool complete) {
 void ShardedUnits::set_node_copies(comm::Communicator* node) {
   if (!policy_.sharded_weights) throw std::logic_error("node copies (hpZ) need stage 3");
   if (comm_.size() % node->size() != 0) throw std::logic_error("node copies (hpZ): the node group must divide the shard group");
+  if (any_frozen_) {
+    throw std::invalid_argument(
+        "zero_hpz_partition_size > 1 with frozen tensors (adapters) is not supported yet: the node copies would "
+        "keep the frozen base too (docs/design/adapters.md); leave hpZ off");
+  }
   node_ = node;
   node_parts_.clear();
-  for (const Partition& p : parts_) node_parts_.push_back(partition(p.numel, node->size(), node->rank()));
+  for (const UnitPartition& p : spans_) node_parts_.push_back(partition(p.numel, node->size(), node->rank()));
   // Allocated now: device state for the whole run, as ZeRO++ keeps it (and counted so).
   node_w_.clear();
   for (const Partition& q : node_parts_) node_w_.push_back(Tensor::empty(dev_, zero_.compute, {q.shard}));
@@ -238,19 +256,23 @@ void ShardedUnits::keep_node_copy(int unit, const Tensor& full) {
 ShardedUnits::Owned ShardedUnits::owned(int unit) const {
   const auto u = static_cast<size_t>(unit);
   const Partition& p = partition_of(unit);
+  if (!trains(unit)) return {0, 0, Tensor{}, Tensor{}};
   if (policy_.updates_whole_unit) return {0, p.padded, full_w_[u], full_g_[u]};
   if (policy_.full_weights) return {p.begin(), p.shard, full_w_[u].view(p.begin(), {p.shard}), shard_g_[u]};
-  return {p.begin(), p.shard, shards_->resident(unit), shard_g_[u]};
+  // Stage 3: the stored shard's first part (its frozen part follows, never written).
+  const Tensor stored = shards_->resident(unit);
+  return {p.begin(), p.shard, stored.defined() ? stored.view(0, {p.shard}) : stored, shard_g_[u]};
 }
 
 Tensor ShardedUnits::grad_shard(int unit) const {
   const Partition& p = partition_of(unit);
+  if (!trains(unit)) return Tensor{};
   if (!policy_.grad_shard) return full_g_[static_cast<size_t>(unit)].view(p.begin(), {p.shard});
   return shard_g_[static_cast<size_t>(unit)];
 }
 
 std::vector<float> ShardedUnits::full_weights(int unit) {
-  const Partition& p = partition_of(unit);
+  const UnitPartition& p = spans_of(unit);
   std::vector<float> out(static_cast<size_t>(p.numel));
   const Tensor w = acquire_weights(unit);
   if (w.dtype() == DType::f32) {
@@ -274,6 +296,7 @@ StateBytes ShardedUnits::state_bytes() const {
   for (size_t u = 0; u < parts_.size(); ++u) {
     s.weights += full_w_[u].defined() ? full_w_[u].nbytes() : 0;
     s.compute_copy += compute_w_[u].defined() ? compute_w_[u].nbytes() : 0;
+    s.weights += model_w_[u].defined() ? model_w_[u].nbytes() : 0;
     const size_t shard = shard_g_[u].defined() ? shard_g_[u].nbytes() : 0;
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + shard;
     if (place_.grads_on_host) s.gradients_host += shard;

@@ -100,9 +100,14 @@ class ShardedUnits final : public nn::UnitAccess {
   int stage() const { return zero_.stage; }
   const StagePolicy& policy() const { return policy_; }
   int num_units() const { return static_cast<int>(parts_.size()); }
+  // The partition of the unit's trainable span [0, trainable_numel): what its gradients
+  // are reduced over and what the optimizer updates (the whole unit when nothing in it is
+  // frozen; empty, shard 0, when nothing in it is trained).
   const Partition& partition_of(int unit) const { return parts_.at(static_cast<size_t>(unit)); }
-  // The element range [begin, begin + length) of the unit's flat buffer this rank's
-  // optimizer updates, its weights and (reduced) gradients.
+  // Both spans (partition.h): the frozen one is stored and gathered, never reduced or written.
+  const UnitPartition& spans_of(int unit) const { return spans_.at(static_cast<size_t>(unit)); }
+  // The element range [begin, begin + length) of the unit's trainable span this rank's
+  // optimizer updates, its weights and (reduced) gradients; length 0 for a frozen unit.
   struct Owned {
     int64_t begin = 0, length = 0;
     nn::Tensor weights, grads;  // f32 [length]; weights undefined when they live on nvme
@@ -124,7 +129,12 @@ class ShardedUnits final : public nn::UnitAccess {
   Owned owned(int unit) const;
   // This rank's shard [begin, begin + shard) of the reduced gradient, whatever the stage:
   // the squared norms of these slices summed over ranks give the global gradient norm.
+  // Undefined for a unit with nothing trainable.
   nn::Tensor grad_shard(int unit) const;
+  // Where gradient shards live (the device, or host memory with the optimizer offloaded),
+  // whether or not unit 0 has any.
+  nn::Device& grad_device() const { return place_.grads_on_host ? *place_.host : dev_; }
+  bool trains(int unit) const { return !spans_of(unit).has_frozen() || partition_of(unit).numel > 0; }
 
   // A training step: begin_step zeroes each gradient before its first use in the step and
   // starts the prefetches; `last_micro` says whether the coming forward/backward is the
@@ -188,8 +198,15 @@ class ShardedUnits final : public nn::UnitAccess {
   ZeroConfig zero_;
   StagePolicy policy_;
   Placement place_;
-  std::vector<Partition> parts_;
+  std::vector<Partition> parts_;        // the trainable spans'
+  std::vector<UnitPartition> spans_;
+  bool any_frozen_ = false;
   std::vector<nn::Tensor> full_w_, full_g_, shard_g_;
+  // Stages 0-2, a unit with frozen tensors: the weights the model reads, [numel] in the
+  // compute dtype (f32 in an f32 run). Its frozen span is written once, at start; its
+  // trainable span is copied from full_w_ / compute_w_ ([padded] of the trainable span,
+  // whose padding would overrun the frozen span) by each refresh.
+  std::vector<nn::Tensor> model_w_;
   std::vector<bool> fresh_;           // landing: the shard was zeroed and nothing landed yet
   bool land_ = false;                 // reductions on the device, results land on the host
   std::vector<nn::Tensor> compute_w_;  // stages 0-2 under mixed precision: full weights in the compute dtype

@@ -55,6 +55,37 @@ void PendingCollective::finish(Tracer* tracer) {
   issued_ = false;
 }
 
+void PendingCollective::join(PendingCollective other) {
+  if (!other.issued_) return;
+  if (!issued_) {
+    *this = std::move(other);
+    return;
+  }
+  if (!comm_) comm_ = other.comm_;
+  for (comm::WorkPtr& w : other.works_) works_.push_back(std::move(w));
+  other.works_.clear();
+  for (Tensor& t : other.keep_) keep_.push_back(std::move(t));
+  other.keep_.clear();
+  bytes_ += other.bytes_;
+  if (other.unpack_) {
+    std::function<void()> first = std::move(unpack_), second = std::move(other.unpack_);
+    unpack_ = [first, second] {
+      if (first) first();
+      second();
+    };
+  }
+  other.issued_ = false;
+}
+
+void PendingCollective::then(std::function<void()> step, std::vector<Tensor> keep) {
+  for (Tensor& t : keep) keep_.push_back(std::move(t));
+  std::function<void()> first = std::move(unpack_);
+  unpack_ = [first, step = std::move(step)] {
+    if (first) first();
+    step();
+  };
+}
+
 std::shared_ptr<void> PendingCollective::device_marker() const {
   if (!comm_ || !comm_->orders_on_device() || works_.empty() || unpack_) return nullptr;
   return works_.back()->device_marker;
@@ -147,6 +178,54 @@ PendingCollective issue_weight_gather(comm::Communicator& comm, nn::Device& dev,
 nn::Tensor gather_target(nn::Device& dev, const Partition& p, const nn::Tensor& shard, nn::DType compute) {
   if (p.world == 1 && !nn::is_low_precision(compute)) return shard;
   return nn::Tensor::empty(dev, compute, {p.padded});
+}
+
+UnitGather issue_unit_gather(comm::Communicator& comm, nn::Device& dev, const Tensor& stored, const UnitPartition& p,
+                             DType compute, int64_t bucket, const std::string& name) {
+  UnitGather g;
+  const Partition& t = p.trained;
+  if (!p.has_frozen()) {
+    g.full = gather_target(dev, t, stored, compute);
+    g.pending = issue_weight_gather(comm, dev, stored, g.full, t, bucket, name);
+    return g;
+  }
+  if (t.world == 1 && !nn::is_low_precision(compute)) {
+    // Alone, the stored shard is the trained span padded to frozen_at, then the frozen one.
+    g.full = stored;
+    g.pending = issue_all_gather(comm, dev, stored, stored, t, bucket, name);
+    return g;
+  }
+  g.full = Tensor::empty(dev, compute, {p.gathered()});
+  const int64_t T = t.numel;
+  // Between the spans (alignment) nothing real is gathered: zero, as in every layout. Issued
+  // first: a gather that also covers it writes the same zeros (shards' padding).
+  if (p.frozen_at > T) dev.fill(g.full.view(T, {p.frozen_at - T}), 0.0);
+  if (T > 0) {
+    const Tensor mine = stored.view(0, {t.shard});
+    if (t.padded <= p.frozen_at) {
+      g.pending = issue_weight_gather(comm, dev, mine, g.full.view(0, {t.padded}), t, bucket, name);
+    } else {
+      const Tensor span = Tensor::empty(dev, compute, {t.padded});
+      g.pending = issue_weight_gather(comm, dev, mine, span, t, bucket, name);
+      const Tensor full = g.full;
+      g.pending.then([&dev, full, span, T] { dev.copy(full.view(0, {T}), span.view(0, {T})); }, {span});
+    }
+  }
+  g.pending.join(issue_weight_gather(comm, dev, stored.view(t.shard, {p.frozen.shard}),
+                                     g.full.view(p.frozen_at, {p.frozen.padded}), p.frozen, bucket, name));
+  return g;
+}
+
+Tensor stored_shard(nn::Device& dev, const Tensor& full, const UnitPartition& p) {
+  Tensor out = Tensor::empty(dev, DType::f32, {p.stored()});
+  dev.fill(out, 0.0);
+  auto take = [&](const Partition& q, int64_t at, int64_t into) {
+    const int64_t real = q.owned_real();
+    if (real > 0) dev.copy(out.view(into, {real}), full.view(at + q.begin(), {real}));
+  };
+  take(p.trained, 0, 0);
+  if (p.has_frozen()) take(p.frozen, p.frozen_at, p.trained.shard);
+  return out;
 }
 
 }  // namespace ferry::runtime

@@ -48,6 +48,11 @@ class PendingCollective {
   // Nothing was issued and nothing is unpacked (world size 1, the result the input
   // itself): the result is complete in issue order already, for a consumer on any stream.
   bool in_place() const { return issued_ && works_.empty() && !unpack_; }
+  // Makes this one collective of itself and `other` (issued after it on the same
+  // communicator): finish() waits for both and unpacks this one's, then other's.
+  void join(PendingCollective other);
+  // `step` runs after the unpacking (a device copy out of a buffer `keep` holds alive).
+  void then(std::function<void()> step, std::vector<nn::Tensor> keep = {});
 
  private:
   friend PendingCollective issue_all_gather(comm::Communicator&, nn::Device&, const nn::Tensor&, const nn::Tensor&,
@@ -88,5 +93,22 @@ PendingCollective issue_weight_gather(comm::Communicator& comm, nn::Device& dev,
 // Where a unit's gathered weights go: alone and in fp32 the shard is the unit, otherwise
 // a new [padded] tensor of the compute dtype.
 nn::Tensor gather_target(nn::Device& dev, const Partition& p, const nn::Tensor& shard, nn::DType compute);
+
+// Stage 3: a unit's weights gathered from every rank's stored shard (`stored`: this
+// rank's [trained shard | frozen shard], UnitPartition::stored()) into the layout the
+// model reads, in the compute dtype. Without frozen tensors it is gather_target and
+// issue_weight_gather. With them, the frozen span is gathered straight into place at
+// frozen_at and the trained span into its own buffer whose first trainable_numel elements
+// are then copied (its padding would overrun frozen_at); alone and in fp32 the stored
+// shard is the unit already. `full` holds the result once `pending` is finished.
+struct UnitGather {
+  nn::Tensor full;  // [gathered()]; the model reads [0, numel)
+  PendingCollective pending;
+};
+UnitGather issue_unit_gather(comm::Communicator& comm, nn::Device& dev, const nn::Tensor& stored,
+                             const UnitPartition& p, nn::DType compute, int64_t bucket, const std::string& name);
+// This rank's stored shard ([stored()], fp32, zero padding) of a unit's full weights
+// `full` ([>= gathered()] on `dev`, zero past numel), laid out as issue_unit_gather reads it.
+nn::Tensor stored_shard(nn::Device& dev, const nn::Tensor& full, const UnitPartition& p);
 
 }  // namespace ferry::runtime
