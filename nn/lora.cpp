@@ -112,6 +112,11 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
         for (const Piece& p : pieces) hit = hit || matches(p.module, m);
         // A tied head is the token embedding: saving either trains it.
         if (tied && m == "lm_head" && u == 0 && i == 0) hit = true;
+        if (hit && pieces.size() > 1) {
+          throw std::invalid_argument("lora.modules_to_save: '" + m + "' is one piece of " + t.name +
+                                      ", which ferry keeps packed with its neighbours (q, k, v or gate, up); it can be "
+                                      "trained in full only as a whole: give it an adapter with lora.target_modules");
+        }
         if (hit) keep[u][i] = true, save_used[s] = true;
       }
       const bool linear = in_block && t.shape.size() == 2;
