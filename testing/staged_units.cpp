@@ -8,6 +8,7 @@ namespace ferry::testing {
 using nn::Tensor;
 
 Tensor StagedUnits::stage(const Tensor& home, const char* what, int unit) {
+  if (!home.defined()) return home;  // a unit with nothing trained has no gradient buffer
   if (!home.device().host_accessible()) {
     throw std::invalid_argument(std::string("StagedUnits: unit ") + std::to_string(unit) + "'s " +
                                 what + " live on " + home.device().name() +
@@ -52,8 +53,9 @@ void StagedUnits::release_grads(int unit, bool complete) {
     throw std::logic_error("StagedUnits: gradients of unit " + std::to_string(unit) +
                            " released twice");
   if (--it->second.refs > 0) return;
-  compute_.copy_to_host(it->second.home.data(),
-                        it->second.here);  // waits for the backward ops that wrote it
+  if (it->second.home.defined()) {
+    compute_.copy_to_host(it->second.home.data(), it->second.here);  // waits for the backward ops that wrote it
+  }
   grads_.erase(it);
   home_.release_grads(unit, complete);
 }

@@ -134,7 +134,7 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
   }
   if (rank == 0) {
     try {
-      const json manifest = {{"format", "ferry-checkpoint"},
+      json manifest = {{"format", "ferry-checkpoint"},
                              {"format_version", std::all_of(layout.begin(), layout.end(),
                                                             [](const nn::UnitSpec& u) { return u.all_trainable(); })
                                                     ? 1
@@ -146,6 +146,7 @@ std::string save_checkpoint(const SaveRequest& req, const std::vector<nn::UnitSp
                              {"model", req.model},
                              {"trainer", req.meta},
                              {"units", layout_json(layout)}};
+      if (!req.lora.is_null()) manifest["lora"] = req.lora;
       for (const std::string& f : req.carry_files) {
         if (!fs::exists(f)) continue;
         const fs::path to = fs::path(tmp) / "hf" /

@@ -127,6 +127,9 @@ struct SaveRequest {
   int keep_last = 0;    // 0: keep every checkpoint
   nlohmann::json meta;  // the trainer's state, stored in the manifest under "trainer"
   nlohmann::json model; // the model's shape, stored under "model"
+  // Adapters (lora.r > 0): {"scale", "adapters": runtime/hf/peft.h's adapters_json, "base":
+  // the model.init_from folder}, stored under "lora"; null: a full fine-tune.
+  nlohmann::json lora;
   int stage = 0;
   // Files rank 0 copies into the checkpoint's hf/ folder (those that exist): a Hugging Face
   // model's config and tokenizer files, which `ferry export --hf` carries along. Each keeps

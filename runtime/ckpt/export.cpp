@@ -25,6 +25,10 @@ ExportReport export_safetensors(const std::string& checkpoint, const std::string
   CheckpointReader reader(rep.checkpoint);
   rep.step = reader.step();
   const std::vector<nn::UnitSpec> layout = reader.layout();
+  if (reader.manifest().contains("lora")) {
+    throw CheckpointError(rep.checkpoint + " holds LoRA adapters, not a whole model: export them with --peft DIR, or "
+                          "the merged model with --hf DIR --merge");
+  }
   const bool bf16 = dtype == "bf16";
   std::vector<SafetensorsEntry> entries;
   for (const nn::UnitSpec& u : layout) {

@@ -39,6 +39,7 @@ struct Config {
   std::string model_arch = "gpt2";  // a family of the registry (nn/arch.h): gpt2, llama, mistral, qwen2, qwen3
   nn::LlamaConfig llama;         // with a Llama-family arch: the whole shape
   nn::LoraOptions lora;          // lora.*: adapters (r > 0) instead of full fine-tuning
+  std::string adapter_from;      // a PEFT adapter folder that starts the adapters ("" = none)
   std::string lora_bias = "none";
   std::string init_from;         // a Hugging Face model folder whose weights start the run ("" = none)
   int64_t max_positions = 0;     // llama family: max_position_embeddings (0 = block_size), for export

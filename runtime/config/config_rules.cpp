@@ -7,6 +7,7 @@
 
 #include "runtime/config/config.h"
 #include "runtime/config/config_json.h"
+#include "runtime/config/peft_config.h"
 #include "runtime/config/config_schema.h"
 
 namespace ferry::runtime::detail {
@@ -230,6 +231,41 @@ void hpz_rules(Config& c, const std::string& source) {
   }
 }
 
+// model.adapter_from: a PEFT folder's adapter_config.json sets the lora.* keys; a key the
+// configuration also gives must agree with it (lora_dropout aside: a training choice).
+void adapter_from_rules(json& resolved, const json& user, Config& c, const std::string& source) {
+  if (c.adapter_from.empty()) return;
+  if (c.init_from.empty()) {
+    fail(source, "model.adapter_from needs model.init_from: the base model folder the adapter was trained on");
+  }
+  const std::string file = c.adapter_from + "/adapter_config.json";
+  nn::LoraOptions f = read_peft_config(c.adapter_from);
+  auto clash = [&](const std::string& key, const json& mine, const json& theirs) {
+    if (given(user, key) && mine != theirs) {
+      fail(source, "key '" + key + "' is " + mine.dump() + " but " + file + " has " + theirs.dump() +
+                       " (the adapter model.adapter_from starts from); leave the key out or make them agree");
+    }
+  };
+  std::vector<std::string> mine_targets = c.lora.target_modules, mine_saved = c.lora.modules_to_save;
+  std::sort(mine_targets.begin(), mine_targets.end());
+  std::sort(mine_saved.begin(), mine_saved.end());
+  clash("lora.r", c.lora.r, f.r);
+  clash("lora.lora_alpha", c.lora.alpha, f.alpha);
+  clash("lora.use_rslora", c.lora.rslora, f.rslora);
+  clash("lora.target_modules", mine_targets, f.target_modules);
+  clash("lora.modules_to_save", mine_saved, f.modules_to_save);
+  if (f.dropout > 0 && !given(user, "lora.lora_dropout")) {
+    fail(source, file + " has lora_dropout " + json(f.dropout).dump() +
+                     "; ferry's adapters have no dropout yet (docs/design/adapters.md): set lora.lora_dropout = 0 to "
+                     "continue training this adapter without it");
+  }
+  f.dropout = c.lora.dropout;
+  c.lora = f;
+  for (const char* key : {"lora.r", "lora.lora_alpha", "lora.use_rslora", "lora.target_modules", "lora.modules_to_save"}) {
+    set_path(resolved, key, find_knob(key)->bind.read(c));
+  }
+}
+
 // lora.*: the targets must name modules the model has (nn/lora.h says why not), and
 // hpZ's node copies would keep the frozen base (not built for frozen tensors).
 void lora_rules(const Config& c, const std::string& source) {
@@ -351,6 +387,7 @@ void apply_rules(json& resolved, const json& user, Config& c, const std::string&
   batch_rules(resolved, user, c, source, origins);
   shard_group_rules(resolved, c, source);
   hpz_rules(c, source);
+  adapter_from_rules(resolved, user, c, source);
   lora_rules(c, source);
   scheduler_rules(resolved, user, c, source);
 }

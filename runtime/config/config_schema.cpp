@@ -230,6 +230,9 @@ const std::vector<Knob>& config_knobs() {
        "modules trained in full beside the adapters (lm_head, embed_tokens, a norm...), PEFT's names"},
       {"lora.bias", F(lora_bias), KnobType::string, "none", "which biases train with the adapters: none (PEFT's "
        "default; all and lora_only are not supported)", {}, {}, false, {"none"}},
+      {"model.adapter_from", F(adapter_from), KnobType::path, "",
+       "a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) whose adapters start the run "
+       "on the model.init_from base; its adapter_config.json sets the lora.* keys"},
       {"model.tie_word_embeddings", F(llama.tie_embeddings), KnobType::boolean, nullptr,
        "llama family: the output head is the token embedding (gpt2's always is); absent: false"},
       {"model.rope_scaling.factor", F(llama.rope_factor), KnobType::number, nullptr,

@@ -19,6 +19,7 @@
 #include "runtime/config/hf_config.h"
 #include "runtime/hf/hf_tensors.h"
 #include "runtime/hf/hf_weights.h"
+#include "runtime/hf/peft.h"
 
 namespace ferry::runtime {
 
@@ -45,7 +46,7 @@ json read_json(const fs::path& p) {
 }  // namespace
 
 HfExportReport export_hf(const std::string& checkpoint, const std::string& out, const std::string& dtype,
-                         uint64_t max_shard_bytes) {
+                         uint64_t max_shard_bytes, bool merge, const std::string& base) {
   if (dtype != "fp32" && dtype != "bf16" && dtype != "fp16") {
     throw std::runtime_error("--dtype must be fp32, bf16 or fp16, got '" + dtype + "'");
   }
@@ -57,6 +58,22 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
   const std::vector<nn::UnitSpec> layout = reader.layout();
   const json& model = reader.manifest().at("model");
   const HfLayout hfl = hf_layout(model, layout);
+  const bool adapters = reader.manifest().contains("lora");
+  if (adapters && !merge) {
+    throw CheckpointError(rep.checkpoint + " holds LoRA adapters, not a whole model: export them with --peft DIR, or "
+                          "the merged model with --hf DIR --merge (the base read from the folder the run started from)");
+  }
+  if (!adapters && merge) throw CheckpointError(rep.checkpoint + " holds a full fine-tune: --merge is for adapters");
+  std::unique_ptr<HfWeights> base_weights;
+  if (adapters) {
+    const std::string from = !base.empty() ? base : reader.manifest().at("lora").value("base", "");
+    if (from.empty() || !fs::exists(fs::path(from) / "config.json")) {
+      throw std::runtime_error("--merge needs the base model folder: " +
+                               (from.empty() ? std::string("the checkpoint names none") : from + " has no config.json") +
+                               "; give it with --base DIR");
+    }
+    base_weights = std::make_unique<HfWeights>(from, model, layout);
+  }
   rep.architecture = hf_architecture(hfl.arch);
   if (fs::exists(fs::path(out) / "model.safetensors") || fs::exists(fs::path(out) / "model.safetensors.index.json")) {
     throw std::runtime_error(out + ": already holds a model; choose an empty folder");
@@ -102,7 +119,10 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
   }
 
   std::vector<CheckpointReader::Read> reads;
-  for (int u = 0; u < static_cast<int>(layout.size()); ++u) reads.push_back({u, /*master*/ 0, 0, layout[static_cast<size_t>(u)].numel});
+  for (int u = 0; u < static_cast<int>(layout.size()); ++u) {
+    const int64_t n = adapters ? layout[static_cast<size_t>(u)].trainable_numel : layout[static_cast<size_t>(u)].numel;
+    if (n > 0) reads.push_back({u, /*master*/ 0, 0, n});
+  }
   reader.plan(reads);
   std::vector<float> unit_w, piece_w;
   std::vector<uint16_t> half;
@@ -111,7 +131,14 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
     const nn::UnitSpec& spec = layout[static_cast<size_t>(u)];
     unit_w.resize(static_cast<size_t>(spec.numel));
     rep.largest_unit_bytes = std::max<uint64_t>(rep.largest_unit_bytes, unit_w.size() * 4);
-    reader.read(u, /*master*/ 0, 0, spec.numel, unit_w.data());
+    if (base_weights) {
+      // The base, then the trained span over it (adapters, modules saved in full), merged.
+      base_weights->fill(u, 0, spec.numel, unit_w.data());
+      if (spec.trainable_numel > 0) reader.read(u, /*master*/ 0, 0, spec.trainable_numel, unit_w.data());
+      merge_adapters(reader.manifest(), layout, u, unit_w.data());
+    } else {
+      reader.read(u, /*master*/ 0, 0, spec.numel, unit_w.data());
+    }
     for (; next < order.size() && hfl.tensors[order[next].map].unit == u; ++next) {
       const OutTensor& o = order[next];
       const HfTensorMap& tm = hfl.tensors[o.map];

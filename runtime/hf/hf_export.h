@@ -33,7 +33,11 @@ struct HfExportReport {
 // renamed when synced; config.json and the side files come first, the weights next, the
 // index (or the single model.safetensors) last, so a failed export leaves no file that
 // makes the folder look like a model, and a retry into it is allowed. Errors name the file.
+// A checkpoint of adapters (lora.r > 0) holds no base: it needs `merge`, which reads the
+// frozen tensors from the base folder the manifest names (`base` when it moved) and writes
+// W + scale B A for every adapted projection (runtime/hf/peft.h's merge_adapters), the
+// adapters themselves left out; without `merge` it is refused, naming --peft and --merge.
 HfExportReport export_hf(const std::string& checkpoint, const std::string& out, const std::string& dtype,
-                         uint64_t max_shard_bytes);
+                         uint64_t max_shard_bytes, bool merge = false, const std::string& base = "");
 
 }  // namespace ferry::runtime

@@ -15,6 +15,7 @@
 #include "base/version.h"
 #include "nn/rng.h"
 #include "runtime/ckpt/checkpoint.h"
+#include "runtime/hf/peft.h"
 #include "runtime/train/lr_schedule.h"
 #include "runtime/train/progress.h"
 #include "runtime/zero/partition.h"
@@ -71,6 +72,9 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   EngineHooks hooks;
   hooks.model_ready = [this](Engine& e) {
     if (!cfg_.init_from.empty()) hf_ = std::make_unique<HfWeights>(cfg_.init_from, cfg_.resolved.at("model"), e.model().units());
+    if (!cfg_.adapter_from.empty()) {
+      peft_ = std::make_unique<PeftWeights>(cfg_.adapter_from, cfg_.resolved.at("model"), e.model().units(), e.model().lora());
+    }
   };
   hooks.init_unit = [this](Engine& e, int u, const Tensor& full) { init_unit(e, u, full); };
   engine_ = std::make_unique<Engine>(cfg_, comm_, hooks);
@@ -125,6 +129,7 @@ void Trainer::init_unit(Engine& e, int unit, const Tensor& full) {
         const std::vector<double> v = nn::lora_init(a, /*b=*/false, cfg_.model_seed);
         for (int64_t k = lo; k < hi; ++k) dst[k - begin] = static_cast<float>(v[static_cast<size_t>(k - t.offset)]);
       }
+      if (peft_) peft_->fill(unit, begin, n, dst);  // model.adapter_from: the adapter's values instead
       if (!host.empty()) full.device().copy_from_host(full.view(begin, {n}), host.data());
     };
     if (!StagePolicy::of(cfg_.zero.stage, cfg_.zero.compute).sharded_weights) return fill(0, full.numel());
@@ -481,6 +486,15 @@ nlohmann::json Trainer::model_shape() const {
   } else if (cfg_.model.n_positions > 0) {
     shape["n_positions"] = cfg_.model.n_positions;
   }
+  // Adapters change what the checkpoint holds: a resume with other lora.* is refused by name.
+  if (cfg_.lora.enabled()) {
+    shape["lora"] = {{"r", cfg_.lora.r},
+                     {"lora_alpha", cfg_.lora.alpha},
+                     {"use_rslora", cfg_.lora.rslora},
+                     {"target_modules", cfg_.lora.target_modules.empty() ? nn::lora_default_targets(cfg_.arch())
+                                                                         : cfg_.lora.target_modules},
+                     {"modules_to_save", cfg_.lora.modules_to_save}};
+  }
   return shape;
 }
 
@@ -492,6 +506,11 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
   req.keep_last = cfg_.checkpoint.keep_last;
   req.stage = cfg_.zero.stage;
   req.model = model_shape();
+  if (cfg_.lora.enabled()) {
+    req.lora = {{"scale", cfg_.lora.scale()},
+                {"adapters", adapters_json(model().lora(), model().units())},
+                {"base", cfg_.init_from}};
+  }
   if (!cfg_.init_from.empty()) {
     req.carry_root = cfg_.init_from;
     for (const std::string& f : hf_side_files(cfg_.init_from)) req.carry_files.push_back((std::filesystem::path(cfg_.init_from) / f).string());

@@ -41,6 +41,7 @@
 #include "offload/cpu_adam.h"
 #include "runtime/config/config.h"
 #include "runtime/hf/hf_weights.h"
+#include "runtime/hf/peft.h"
 #include "runtime/train/data.h"
 #include "runtime/train/engine.h"
 #include "runtime/train/loss_scaler.h"
@@ -149,6 +150,7 @@ class Trainer {
   comm::Communicator& comm_;
   std::ostream& out_;
   std::unique_ptr<HfWeights> hf_;  // model.init_from: the folder the weights are read from
+  std::unique_ptr<PeftWeights> peft_;  // model.adapter_from: the adapter's folder
   std::vector<std::vector<DecayRange>> decay_;  // per unit, within its owned range
   // Built after the data (the data's errors come first) but declared before every member
   // that lives on its devices or units (norms_, traced_): they go before it. ~Trainer ends

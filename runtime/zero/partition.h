@@ -32,15 +32,22 @@ Partition partition(int64_t numel, int world, int rank);
 // all the optimizer's state, on rank 0). A span with no elements has an empty partition
 // (padded and shard 0): a unit with nothing frozen is sharded exactly as before, and one
 // with nothing trainable has no gradient and no optimizer state.
-// This rank stores its trained shard, then its frozen shard: stored() elements. A
-// gathered unit is laid out as the model reads it: the trained span at 0, the frozen span
-// at frozen_at, gathered() elements (each span's padding included).
+// This rank stores its trained shard, then its frozen shard from stored_frozen_at(): a
+// multiple of kStoreAlign, because nvme writes whole 4 KiB blocks and the optimizer's
+// write of the trained shard's end must not reach the frozen shard. A gathered unit is laid
+// out as the model reads it: the trained span at 0, the frozen span at frozen_at,
+// gathered() elements (each span's padding included).
+constexpr int64_t kStoreAlign = 2048;  // elements: 4 KiB of bf16, 8 KiB of fp32 (offload/shard_store.h)
+
 struct UnitPartition {
   Partition trained, frozen;
   int64_t numel = 0;       // the unit's elements as the model sees them
   int64_t frozen_at = 0;   // where the frozen span starts (numel: nothing frozen)
   bool has_frozen() const { return frozen.numel > 0; }
-  int64_t stored() const { return trained.shard + frozen.shard; }
+  int64_t stored_frozen_at() const {
+    return has_frozen() ? (trained.shard + kStoreAlign - 1) / kStoreAlign * kStoreAlign : trained.shard;
+  }
+  int64_t stored() const { return stored_frozen_at() + frozen.shard; }
   int64_t gathered() const;
 };
 

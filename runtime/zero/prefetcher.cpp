@@ -163,8 +163,8 @@ std::optional<Tensor> Prefetcher::take(size_t position) {
   auto it = flights_.find(position);
   if (it == flights_.end()) return std::nullopt;
   Flight& f = it->second;
-  if (!f.gather.valid()) issue(f);  // read ahead only: gathered now
-  f.gather.finish(tracer_);
+  if (!f.gather.valid() && policy_.sharded_weights) issue(f);  // read ahead only: gathered now
+  if (f.gather.valid()) f.gather.finish(tracer_);
   Tensor full = f.full;
   flights_.erase(it);
   ++hits_;

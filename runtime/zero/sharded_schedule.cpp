@@ -78,6 +78,7 @@ void ShardedUnits::end_step() {
 }
 
 void ShardedUnits::mark_updating(int unit) {
+  if (!trains(unit)) return;  // nothing in it changes
   // A unit with frozen tensors reads a buffer of its own at stages 0-2 (model_w_): its
   // trainable span is copied in after each update, whatever the dtype.
   if (policy_.refresh_after_update || model_w_.at(static_cast<size_t>(unit)).defined()) {

@@ -113,6 +113,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
                                              wait_update(unit);
                                              PendingCollective g = refresh(unit);
                                              stale_[u] = false;
+                                             if (!g.valid()) return std::nullopt;  // refreshed in place already
                                              return g;
                                            });
 }
@@ -296,7 +297,8 @@ StateBytes ShardedUnits::state_bytes() const {
   for (size_t u = 0; u < parts_.size(); ++u) {
     s.weights += full_w_[u].defined() ? full_w_[u].nbytes() : 0;
     s.compute_copy += compute_w_[u].defined() ? compute_w_[u].nbytes() : 0;
-    s.weights += model_w_[u].defined() ? model_w_[u].nbytes() : 0;
+    // The model's buffer of a unit with frozen tensors: its compute copy under mixed precision.
+    if (model_w_[u].defined()) (policy_.compute_copy ? s.compute_copy : s.weights) += model_w_[u].nbytes();
     const size_t shard = shard_g_[u].defined() ? shard_g_[u].nbytes() : 0;
     s.gradients += (full_g_[u].defined() ? full_g_[u].nbytes() : 0) + shard;
     if (place_.grads_on_host) s.gradients_host += shard;

@@ -189,12 +189,6 @@ UnitGather issue_unit_gather(comm::Communicator& comm, nn::Device& dev, const Te
     g.pending = issue_weight_gather(comm, dev, stored, g.full, t, bucket, name);
     return g;
   }
-  if (t.world == 1 && !nn::is_low_precision(compute)) {
-    // Alone, the stored shard is the trained span padded to frozen_at, then the frozen one.
-    g.full = stored;
-    g.pending = issue_all_gather(comm, dev, stored, stored, t, bucket, name);
-    return g;
-  }
   g.full = Tensor::empty(dev, compute, {p.gathered()});
   const int64_t T = t.numel;
   // Between the spans (alignment) nothing real is gathered: zero, as in every layout. Issued
@@ -211,7 +205,7 @@ UnitGather issue_unit_gather(comm::Communicator& comm, nn::Device& dev, const Te
       g.pending.then([&dev, full, span, T] { dev.copy(full.view(0, {T}), span.view(0, {T})); }, {span});
     }
   }
-  g.pending.join(issue_weight_gather(comm, dev, stored.view(t.shard, {p.frozen.shard}),
+  g.pending.join(issue_weight_gather(comm, dev, stored.view(p.stored_frozen_at(), {p.frozen.shard}),
                                      g.full.view(p.frozen_at, {p.frozen.padded}), p.frozen, bucket, name));
   return g;
 }
@@ -224,7 +218,7 @@ Tensor stored_shard(nn::Device& dev, const Tensor& full, const UnitPartition& p)
     if (real > 0) dev.copy(out.view(into, {real}), full.view(at + q.begin(), {real}));
   };
   take(p.trained, 0, 0);
-  if (p.has_frozen()) take(p.frozen, p.frozen_at, p.trained.shard);
+  if (p.has_frozen()) take(p.frozen, p.frozen_at, p.stored_frozen_at());
   return out;
 }
 

@@ -99,15 +99,15 @@ nn::Tensor gather_target(nn::Device& dev, const Partition& p, const nn::Tensor& 
 // model reads, in the compute dtype. Without frozen tensors it is gather_target and
 // issue_weight_gather. With them, the frozen span is gathered straight into place at
 // frozen_at and the trained span into its own buffer whose first trainable_numel elements
-// are then copied (its padding would overrun frozen_at); alone and in fp32 the stored
-// shard is the unit already. `full` holds the result once `pending` is finished.
+// are then copied (its padding would overrun frozen_at). `full` holds the result once
+// `pending` is finished.
 struct UnitGather {
   nn::Tensor full;  // [gathered()]; the model reads [0, numel)
   PendingCollective pending;
 };
 UnitGather issue_unit_gather(comm::Communicator& comm, nn::Device& dev, const nn::Tensor& stored,
                              const UnitPartition& p, nn::DType compute, int64_t bucket, const std::string& name);
-// This rank's stored shard ([stored()], fp32, zero padding) of a unit's full weights
+// This rank's stored shard ([stored()], fp32, zero padding and gap) of a unit's full weights
 // `full` ([>= gathered()] on `dev`, zero past numel), laid out as issue_unit_gather reads it.
 nn::Tensor stored_shard(nn::Device& dev, const nn::Tensor& full, const UnitPartition& p);
 
