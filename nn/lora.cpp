@@ -124,6 +124,7 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
         bool wanted = all_linear && linear;
         for (size_t k = 0; k < targets.size(); ++k) {
           if (all_linear || !matches(p.module, targets[k])) continue;
+          if (t.shape.size() == 1 && t.name.ends_with(".bias")) continue;  // the bias of an adapted projection
           if (!linear) {
             throw std::invalid_argument(
                 "lora.target_modules: '" + targets[k] + "' names " + p.module +

@@ -36,6 +36,7 @@
 #include "testing/emu_cuda_api.h"  // ferry_emu::compute_major
 #endif
 #include "nn/gpt.h"
+#include "nn/linear.h"
 #include "nn/linear_cross_entropy.h"
 #include "nn/rng.h"
 #include "staged_comparison.h"
@@ -738,6 +739,91 @@ std::vector<OpCase> all_cases() {
                 }});
   cs.push_back({"sum_squares (misaligned)", {{Role::act, {N, CV}, false, false, -1, 1, 1}},
                 [](D& d, const Ts& t) { return d.sum_squares(t[0]); }});
+  // Low-rank adapters on pieces of a packed projection (nn/linear.h), appended here so that
+  // the cases above keep their seeds. The packed output has LO = 23 rows, q [0, 11), k
+  // [11, 16) and v [16, 23), from LI = 13 inputs; adapters of rank LR = 3 on N = 21 rows.
+  // In bf16 mode an act c is bf16 beside bf16 operands, a wgrad c f32 beside them.
+  constexpr int64_t LO = 23, LI = 13, LR = 3;
+  for (int f32_c = 0; f32_c < 2; ++f32_c) {
+    // Forward: y[:, 16:23] += s u b^T, a window that ends at the row's last column.
+    cs.push_back({std::string("gemm_cols c window (forward") + (f32_c ? ", f32 c)" : ")"),
+                  {{f32_c ? Role::wgrad : Role::act, {N, LO}, true, true},
+                   {Role::act, {N, LR}},
+                   {Role::weight, {7, LR}}},
+                  [](D& d, const Ts& t) {
+                    d.gemm_cols(t[0], 16, 7, t[1], 0, LR, false, t[2], true, 0.75, 1.0);
+                    return NAN;
+                  }});
+  }
+  // Backward: db[5, r] += s dy[:, 11:16]^T u (f32 c in bf16 mode), du = s dy[:, 11:16] b
+  // (beta 0: c starts as NaN and must not be read).
+  cs.push_back({"gemm_cols a window transposed (db)",
+                {{Role::wgrad, {5, LR}, true, true}, {Role::act, {N, LO}}, {Role::act, {N, LR}}},
+                [](D& d, const Ts& t) {
+                  d.gemm_cols(t[0], 0, LR, t[1], 11, 5, true, t[2], false, 0.75, 1.0);
+                  return NAN;
+                }});
+  cs.push_back({"gemm_cols a window (du)",
+                {{Role::act, {N, LR}, true}, {Role::act, {N, LO}}, {Role::weight, {5, LR}}},
+                [](D& d, const Ts& t) {
+                  d.gemm_cols(t[0], 0, LR, t[1], 11, 5, false, t[2], false, 0.75, 0.0);
+                  return NAN;
+                }});
+  // Windows in c and a at once, in every transposition, beta neither 0 nor 1: c [13, 12]
+  // columns [4, 9), a [13, 16] columns [6, 15) or, transposed, [9, 17] columns [3, 16).
+  for (int ta = 0; ta < 2; ++ta) {
+    for (int tb = 0; tb < 2; ++tb) {
+      const int64_t M = 13, Nn = 5, K = 9;
+      cs.push_back({"gemm_cols both windows ta=" + std::to_string(ta) + " tb=" + std::to_string(tb),
+                    {{Role::act, {M, 12}, true, true},
+                     {Role::act, ta ? nn::Shape{K, 17} : nn::Shape{M, 16}},
+                     {Role::weight, tb ? nn::Shape{Nn, K} : nn::Shape{K, Nn}}},
+                    [ta, tb](D& d, const Ts& t) {
+                      d.gemm_cols(t[0], 4, Nn, t[1], ta ? 3 : 6, ta ? M : K, ta, t[2], tb, -1.25, 0.5);
+                      return NAN;
+                    }});
+    }
+  }
+  // The layer: two adapters on q's and v's rows of one packed weight (scales 2 and 0.5), a
+  // bias, forward with and without GELU; backward with w frozen (no dw) and trained.
+  // Buffers 2..7: w, bias, q's a and b, v's a and b.
+  const std::vector<Buf> layer = {{Role::weight, {LO, LI}}, {Role::weight, {LO}},     {Role::weight, {LR, LI}},
+                                  {Role::weight, {11, LR}}, {Role::weight, {LR, LI}}, {Role::weight, {7, LR}}};
+  const auto lora_layer = [](const Ts& t, const Tensor& dw, const Tensor& db, const Tensor& da_q, const Tensor& db_q,
+                             const Tensor& da_v, const Tensor& db_v) {
+    nn::Linear l{t[2], t[3], dw, db, {}};
+    l.lora.push_back({t[4], t[5], da_q, db_q, 0, 11, 2.0});
+    l.lora.push_back({t[6], t[7], da_v, db_v, 16, 7, 0.5});
+    return l;
+  };
+  for (int gelu = 0; gelu < 2; ++gelu) {
+    std::vector<Buf> bufs = {{Role::act, {N, LO}, true}, {Role::act, {N, LI}}};
+    bufs.insert(bufs.end(), layer.begin(), layer.end());
+    if (gelu) bufs.push_back({Role::act, {N, LO}, true});  // pre
+    cs.push_back({std::string("linear_forward (two adapters on row windows, bias") + (gelu ? ", GELU)" : ")"),
+                  bufs, [gelu, lora_layer](D& d, const Ts& t) {
+                    nn::linear_forward(d, lora_layer(t, {}, {}, {}, {}, {}, {}), t[0], t[1], gelu ? t[8] : Tensor{});
+                    return NAN;
+                  }});
+  }
+  for (int trained = 0; trained < 2; ++trained) {
+    // 0 dx (overwritten), 1 dy, 2..7 the layer, 8 dbias, 9..12 da_q db_q da_v db_v, 13 dw.
+    std::vector<Buf> bufs = {{Role::act, {N, LI}, true}, {Role::act, {N, LO}}};
+    bufs.insert(bufs.end(), layer.begin(), layer.end());
+    bufs.push_back({Role::wgrad, {LO}, true, true});
+    for (size_t k : {size_t{2}, size_t{3}, size_t{4}, size_t{5}}) {
+      bufs.push_back({Role::wgrad, layer[k].shape, true, true});  // the adapters' gradients
+    }
+    if (trained) bufs.push_back({Role::wgrad, {LO, LI}, true, true});
+    bufs.push_back({Role::act, {N, LI}});  // x, last
+    cs.push_back({std::string("linear_backward (two adapters on row windows, bias, ") +
+                      (trained ? "trained w)" : "frozen w)"),
+                  bufs, [trained, lora_layer](D& d, const Ts& t) {
+                    const nn::Linear l = lora_layer(t, trained ? t[13] : Tensor{}, t[8], t[9], t[10], t[11], t[12]);
+                    nn::linear_backward(d, l, t[0], t[1], t.back());
+                    return NAN;
+                  }});
+  }
   return cs;
 }
 
@@ -1397,5 +1483,166 @@ BOOST_AUTO_TEST_CASE(gpt_steps_on_the_cuda_device_follow_the_cpu_device,
       worst = std::max(worst, std::abs(static_cast<double>(hx[i]) - hy[i]));
     BOOST_TEST(worst <= 1e-4 * scale,
                "unit " << u << ": gradients differ by " << worst << " (scale " << scale << ")");
+  }
+}
+
+// ---- gemm_cols beyond the oracle ----------------------------------------------------------
+// The cases above compare every device with the CPU device's gemm_cols in f64, which would
+// share a mistake of its own: these check it against gemm and a host product, and that
+// every device refuses the same bad windows.
+
+namespace {
+
+// The CPU device, and the cuda device where cuda_status() finds one (always under the
+// emulation).
+std::vector<std::unique_ptr<nn::Device>> devices_under_test() {
+  std::vector<std::unique_ptr<nn::Device>> devs;
+  devs.push_back(std::make_unique<nn::CpuDevice>(size_t{1} << 24));
+  if (nn::cuda_status().available()) devs.push_back(nn::make_cuda_device(size_t{1} << 24));
+  return devs;
+}
+
+std::vector<unsigned char> bytes_of(nn::Device& d, const Tensor& t) {
+  std::vector<unsigned char> b(t.nbytes());
+  d.copy_to_host(b.data(), t);
+  return b;
+}
+
+// n values in [-1, 1), rounded to t (upload stores them exactly).
+std::vector<double> draw(nn::Rng& rng, DType t, int64_t n) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (double& x : v) x = round_to(t, 2 * rng.uniform() - 1);
+  return v;
+}
+
+// The operand dtypes gemm_cols takes: one dtype, or f32 c with 16-bit a and b.
+struct GemmColsDtypes {
+  DType c, ab;
+  const char* name;
+};
+const GemmColsDtypes kGemmColsDtypes[] = {
+    {DType::f32, DType::f32, "f32"}, {DType::bf16, DType::bf16, "bf16"}, {DType::f32, DType::bf16, "f32 c, bf16 a b"}};
+
+}  // namespace
+
+// A window of all the columns is gemm itself, bit for bit, on every device.
+BOOST_AUTO_TEST_CASE(gemm_cols_over_all_columns_is_gemm) {
+  const int64_t M = 13, Nn = 5, K = 9;
+  nn::Rng rng(71);
+  for (auto& dev : devices_under_test()) {
+    nn::Device& d = *dev;
+    for (const GemmColsDtypes& dt : kGemmColsDtypes) {
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          for (double beta : {0.0, 0.5}) {
+            const Tensor a = upload(d, dt.ab, draw(rng, dt.ab, M * K), ta ? nn::Shape{K, M} : nn::Shape{M, K});
+            const Tensor b = upload(d, dt.ab, draw(rng, dt.ab, K * Nn), tb ? nn::Shape{Nn, K} : nn::Shape{K, Nn});
+            const std::vector<double> c0 = draw(rng, dt.c, M * Nn);
+            const Tensor by_gemm = upload(d, dt.c, c0, {M, Nn}), by_cols = upload(d, dt.c, c0, {M, Nn});
+            d.gemm(by_gemm, a, ta, b, tb, 0.75, beta);
+            d.gemm_cols(by_cols, 0, Nn, a, 0, ta ? M : K, ta, b, tb, 0.75, beta);
+            BOOST_TEST((bytes_of(d, by_cols) == bytes_of(d, by_gemm)),
+                       d.name() << " " << dt.name << " ta=" << ta << " tb=" << tb << " beta=" << beta
+                                << ": gemm_cols over all columns differs from gemm");
+          }
+        }
+      }
+    }
+  }
+}
+
+// c [13, 12] columns [4, 9) = -1.25 op(a's columns) op(b) + 0.5 c against a product in
+// double on the host from the same rounded inputs, and c's other columns unchanged, bit
+// for bit (a bf16 c included: the CPU device widens whole rows and rounds them back).
+BOOST_AUTO_TEST_CASE(gemm_cols_matches_a_host_product_and_leaves_the_other_columns) {
+  const int64_t M = 13, Nn = 5, K = 9, CW = 12, c_col = 4;
+  nn::Rng rng(72);
+  for (auto& dev : devices_under_test()) {
+    nn::Device& d = *dev;
+    for (const GemmColsDtypes& dt : kGemmColsDtypes) {
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          const int64_t AW = ta ? 17 : 16, a_col = ta ? 3 : 6, a_rows = ta ? K : M;
+          const std::vector<double> av = draw(rng, dt.ab, a_rows * AW), bv = draw(rng, dt.ab, K * Nn),
+                                    c0 = draw(rng, dt.c, M * CW);
+          const Tensor a = upload(d, dt.ab, av, {a_rows, AW}), c = upload(d, dt.c, c0, {M, CW});
+          const Tensor b = upload(d, dt.ab, bv, tb ? nn::Shape{Nn, K} : nn::Shape{K, Nn});
+          d.gemm_cols(c, c_col, Nn, a, a_col, ta ? M : K, ta, b, tb, -1.25, 0.5);
+          const std::vector<float> got = download(d, c);
+          std::vector<double> want(static_cast<size_t>(M * Nn));
+          double scale = 0;
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t j = 0; j < Nn; ++j) {
+              double s = 0;
+              for (int64_t l = 0; l < K; ++l) {
+                const double x = av[static_cast<size_t>(ta ? l * AW + a_col + i : i * AW + a_col + l)];
+                s += x * (tb ? bv[static_cast<size_t>(j * K + l)] : bv[static_cast<size_t>(l * Nn + j)]);
+              }
+              double& w = want[static_cast<size_t>(i * Nn + j)];
+              w = -1.25 * s + 0.5 * c0[static_cast<size_t>(i * CW + c_col + j)];
+              scale = std::max(scale, std::abs(w));
+            }
+          }
+          const double tol = dt.c == DType::bf16 ? 1e-2 : 1e-5;
+          size_t bad = 0, moved = 0;
+          for (int64_t i = 0; i < M; ++i) {
+            for (int64_t j = 0; j < CW; ++j) {
+              const double g = got[static_cast<size_t>(i * CW + j)];
+              if (j < c_col || j >= c_col + Nn) {
+                moved += g != c0[static_cast<size_t>(i * CW + j)];
+              } else {
+                const double w = want[static_cast<size_t>(i * Nn + j - c_col)];
+                bad += !(std::abs(g - w) <= tol * (std::abs(w) + scale));
+              }
+            }
+          }
+          const std::string where =
+              d.name() + " " + dt.name + " ta=" + std::to_string(ta) + " tb=" + std::to_string(tb);
+          BOOST_TEST(bad == 0u, where << ": " << bad << " elements of the window off by more than " << tol);
+          BOOST_TEST(moved == 0u, where << ": " << moved << " elements outside the window changed");
+        }
+      }
+    }
+  }
+}
+
+// Windows past either edge of c or a, and shapes that do not chain, are programmer errors:
+// std::invalid_argument naming the op, on every device and in both dtypes, before anything
+// is written.
+BOOST_AUTO_TEST_CASE(gemm_cols_refuses_bad_windows) {
+  auto names_op = [](const std::invalid_argument& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return std::string(e.what()).find("gemm_cols") != std::string::npos;
+  };
+  nn::Rng rng(73);
+  for (auto& dev : devices_under_test()) {
+    nn::Device& d = *dev;
+    for (DType t : {DType::f32, DType::bf16}) {
+      // c [5, 8] columns [2, 5) = a [5, 10] columns [1, 5) @ b [4, 3] is the valid call.
+      const Tensor c = upload(d, t, draw(rng, t, 40), {5, 8}), a = upload(d, t, draw(rng, t, 50), {5, 10});
+      const Tensor b = upload(d, t, draw(rng, t, 12), {4, 3}), c6 = upload(d, t, draw(rng, t, 48), {6, 8});
+      const Tensor flat = upload(d, t, draw(rng, t, 40), {40});
+      const std::vector<unsigned char> before = bytes_of(d, c);
+      const std::vector<std::pair<const char*, std::function<void()>>> bad = {
+          {"c's window past its last column", [&] { d.gemm_cols(c, 6, 3, a, 1, 4, false, b, false, 1, 1); }},
+          {"c's window before its first column", [&] { d.gemm_cols(c, -1, 3, a, 1, 4, false, b, false, 1, 1); }},
+          {"c's window of negative width", [&] { d.gemm_cols(c, 5, -3, a, 1, 4, false, b, false, 1, 1); }},
+          {"a's window past its last column", [&] { d.gemm_cols(c, 2, 3, a, 7, 4, false, b, false, 1, 1); }},
+          {"a's window before its first column", [&] { d.gemm_cols(c, 2, 3, a, -2, 4, false, b, false, 1, 1); }},
+          {"a's window transposed past its last column", [&] { d.gemm_cols(c, 2, 3, a, 6, 5, true, b, false, 1, 1); }},
+          {"a's window not b's rows", [&] { d.gemm_cols(c, 2, 3, a, 1, 3, false, b, false, 1, 1); }},
+          {"c's window not b's columns", [&] { d.gemm_cols(c, 2, 2, a, 1, 4, false, b, false, 1, 1); }},
+          {"b transposed", [&] { d.gemm_cols(c, 2, 3, a, 1, 4, false, b, true, 1, 1); }},
+          {"c's rows not a's", [&] { d.gemm_cols(c6, 2, 3, a, 1, 4, false, b, false, 1, 1); }},
+          {"a 1-D c", [&] { d.gemm_cols(flat, 2, 3, a, 1, 4, false, b, false, 1, 1); }}};
+      for (const auto& [what, call] : bad) {
+        BOOST_TEST_CONTEXT(d.name() << " " << nn::dtype_name(t) << ": " << what) {
+          BOOST_CHECK_EXCEPTION(call(), std::invalid_argument, names_op);
+        }
+      }
+      BOOST_TEST((bytes_of(d, c) == before), d.name() << " " << nn::dtype_name(t) << ": a refused call wrote c");
+      BOOST_CHECK_NO_THROW(d.gemm_cols(c, 2, 3, a, 1, 4, false, b, false, 1, 1));
+      BOOST_TEST((bytes_of(d, c) != before), d.name() << " " << nn::dtype_name(t) << ": the valid call wrote nothing");
+    }
   }
 }

@@ -4,7 +4,13 @@
 #define BOOST_TEST_MODULE gradcheck_layers
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
 #include "nn/cpu_device.h"
+#include "nn/linear.h"
 #include "test_util.h"
 
 using namespace ferry;
@@ -17,6 +23,19 @@ using test::zeros;
 namespace {
 constexpr double kTol = 1e-6;  // see test_util.h: max_grad_error
 constexpr DType F = DType::f64;
+
+// Where an adapter sits on its layer's output (nn/linear.h: LoraPair).
+struct AdapterAt {
+  int64_t row0, rows;
+  double scale;
+};
+
+// A LoRA layer's two layouts on an output of 13 rows: two adapters on row windows of one
+// packed weight (q's rows [0, 5) and v's [9, 13) of Llama's wqkv; k's rows [5, 9) bare), and
+// one adapter over the whole output.
+constexpr int64_t kLoraOut = 13;
+const std::vector<std::vector<AdapterAt>> kLoraLayouts = {{{0, 5, 2.0}, {9, 4, 0.5}}, {{0, kLoraOut, 1.5}}};
+const char* const kLoraLayoutNames[] = {"two adapters on row windows", "one adapter over the whole output"};
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(linear_with_bias) {
@@ -283,4 +302,110 @@ BOOST_AUTO_TEST_CASE(rotary_embedding) {
   Tensor dpart = zeros(dev, F, {B * T, heads * hd});
   dev.rope_backward(dpart, R, T, 2, hd, 10000.0);
   BOOST_TEST(max_grad_error(loss2, x, dpart) < kTol);
+}
+
+// The linear layer with LoRA adapters (nn/linear.h): L = sum(y * R) with y = x w^T + b plus
+// each adapter's scale (x a^T) b^T in its rows, or y = gelu(that) with `pre` defined (the
+// adapters added before the GELU, so backward is given dL/dpre). Against differences for x
+// (dx is overwritten: it starts random), every adapter's a and b, and w and the bias where
+// they are trained; in both layouts, with and without a bias, a GELU, and a trained w.
+BOOST_AUTO_TEST_CASE(linear_with_lora_adapters) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 5, IN = 7, OUT = kLoraOut, r = 2;
+  uint64_t seed = 60;
+  for (size_t layout = 0; layout < kLoraLayouts.size(); ++layout) {
+    for (int bias = 0; bias < 2; ++bias) {
+      for (int gelu = 0; gelu < 2; ++gelu) {
+        for (int trained = 0; trained < 2; ++trained) {
+          BOOST_TEST_CONTEXT(kLoraLayoutNames[layout] << (bias ? ", bias" : ", no bias") << (gelu ? ", GELU" : "")
+                                                      << (trained ? ", w trained" : ", w frozen")) {
+            const Tensor x = random_tensor(dev, F, {N, IN}, seed++), R = random_tensor(dev, F, {N, OUT}, seed++);
+            nn::Linear l{random_tensor(dev, F, {OUT, IN}, seed++), Tensor{}, Tensor{}, Tensor{}, {}};
+            if (bias) {
+              l.b = random_tensor(dev, F, {OUT}, seed++);
+              l.db = zeros(dev, F, {OUT});
+            }
+            if (trained) l.dw = zeros(dev, F, {OUT, IN});
+            for (const AdapterAt& at : kLoraLayouts[layout]) {
+              l.lora.push_back({random_tensor(dev, F, {r, IN}, seed), random_tensor(dev, F, {at.rows, r}, seed + 1),
+                                zeros(dev, F, {r, IN}), zeros(dev, F, {at.rows, r}), at.row0, at.rows, at.scale});
+              seed += 2;
+            }
+            const Tensor y = zeros(dev, F, {N, OUT}), pre = gelu ? zeros(dev, F, {N, OUT}) : Tensor{};
+            auto loss = [&] {
+              nn::linear_forward(dev, l, y, x, pre);
+              return test::dot(y, R);
+            };
+            loss();
+            Tensor dy = R;
+            if (gelu) {
+              dy = zeros(dev, F, {N, OUT});
+              dev.gelu_backward(dy, pre, R);
+            }
+            const Tensor dx = random_tensor(dev, F, {N, IN}, seed++);
+            nn::linear_backward(dev, l, dx, dy, x);
+            BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
+            for (size_t k = 0; k < l.lora.size(); ++k) {
+              BOOST_TEST(max_grad_error(loss, l.lora[k].a, l.lora[k].da) < kTol, "adapter " << k << "'s a");
+              BOOST_TEST(max_grad_error(loss, l.lora[k].b, l.lora[k].db) < kTol, "adapter " << k << "'s b");
+            }
+            if (trained) BOOST_TEST(max_grad_error(loss, l.w, l.dw) < kTol);
+            if (bias) BOOST_TEST(max_grad_error(loss, l.b, l.db) < kTol);
+          }
+        }
+      }
+    }
+  }
+}
+
+// An adapter whose b is zero (PEFT's initialisation) leaves the base layer's output as it
+// was, bit for bit; with b random the layer is the base layer with its weight merged,
+// W' = W + scale (b a) in the adapter's rows (PEFT's merge_and_unload), within rounding.
+BOOST_AUTO_TEST_CASE(lora_adapters_start_as_the_base_layer_and_merge_into_its_weight) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 5, IN = 7, OUT = kLoraOut, r = 2;
+  uint64_t seed = 160;
+  for (size_t layout = 0; layout < kLoraLayouts.size(); ++layout) {
+    for (int bias = 0; bias < 2; ++bias) {
+      for (int gelu = 0; gelu < 2; ++gelu) {
+        BOOST_TEST_CONTEXT(kLoraLayoutNames[layout] << (bias ? ", bias" : ", no bias") << (gelu ? ", GELU" : "")) {
+          const Tensor x = random_tensor(dev, F, {N, IN}, seed++);
+          const nn::Linear base{random_tensor(dev, F, {OUT, IN}, seed++),
+                                bias ? random_tensor(dev, F, {OUT}, seed++) : Tensor{}, Tensor{}, Tensor{}, {}};
+          nn::Linear adapted = base;
+          for (const AdapterAt& at : kLoraLayouts[layout]) {
+            adapted.lora.push_back({random_tensor(dev, F, {r, IN}, seed++), zeros(dev, F, {at.rows, r}), Tensor{},
+                                    Tensor{}, at.row0, at.rows, at.scale});
+          }
+          auto forward = [&](const nn::Linear& l) {
+            const Tensor y = zeros(dev, F, {N, OUT}), pre = gelu ? zeros(dev, F, {N, OUT}) : Tensor{};
+            nn::linear_forward(dev, l, y, x, pre);
+            return y;
+          };
+          const Tensor y0 = forward(base), y1 = forward(adapted);
+          BOOST_TEST(std::memcmp(y0.data(), y1.data(), y0.nbytes()) == 0, "b = 0 changed the base layer's output");
+
+          // W' = W + scale (b a) in each adapter's rows, b random.
+          const nn::Linear merged{random_tensor(dev, F, {OUT, IN}, 0), base.b, Tensor{}, Tensor{}, {}};
+          dev.copy(merged.w, base.w);
+          for (nn::LoraPair& p : adapted.lora) {
+            p.b = random_tensor(dev, F, {p.rows, r}, seed++);
+            double* wm = merged.w.data_as<double>() + p.row0 * IN;
+            for (int64_t i = 0; i < p.rows; ++i)
+              for (int64_t k = 0; k < IN; ++k)
+                for (int64_t j = 0; j < r; ++j)
+                  wm[i * IN + k] += p.scale * p.b.data_as<double>()[i * r + j] * p.a.data_as<double>()[j * IN + k];
+          }
+          const Tensor want = forward(merged), got = forward(adapted);
+          double scale = 0, worst = 0;
+          for (int64_t i = 0; i < want.numel(); ++i) scale = std::max(scale, std::abs(want.data_as<double>()[i]));
+          for (int64_t i = 0; i < want.numel(); ++i)
+            worst = std::max(worst, std::abs(got.data_as<double>()[i] - want.data_as<double>()[i]));
+          BOOST_TEST(worst <= 1e-13 * scale, "adapted vs merged: worst difference " << worst << " of " << scale);
+          // The adapters changed the output: the comparison above is not of two base layers.
+          BOOST_TEST(std::memcmp(got.data(), y0.data(), y0.nbytes()) != 0);
+        }
+      }
+    }
+  }
 }

@@ -105,6 +105,36 @@ BOOST_AUTO_TEST_CASE(every_stage_matches_the_single_process_reference) {
   }
 }
 
+// LoRA (docs/guide/adapters.md): the base frozen, each rank holding its share of the
+// adapters and of the base; the same losses and weights as the single process.
+BOOST_AUTO_TEST_CASE(lora_at_every_stage_matches_the_single_process_reference) {
+  comm::Communicator& world = *Mpi::world;
+  const int W = world.size();
+  json doc = base_doc();
+  doc["lora"] = {{"r", 4}, {"lora_alpha", 16}, {"target_modules", json::array({"c_attn", "c_proj", "c_fc"})}};
+  comm::SingleProcessCommunicator alone;
+  const Run ref = train(runtime::config_from_json(doc, "ref", "", {"gradient_accumulation_steps=" + std::to_string(2 * W)}, 1), alone);
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int bucket : {500000000, 100}) {
+      BOOST_TEST_CONTEXT("world " << W << ", lora, stage " << stage << ", bucket " << bucket) {
+        doc["zero_optimization"] = {{"stage", stage}, {"reduce_bucket_size", bucket}, {"allgather_bucket_size", bucket}};
+        const Run run = train(runtime::config_from_json(doc, "zero", "", {}, W), world);
+        BOOST_REQUIRE(run.losses.size() == ref.losses.size());
+        for (size_t i = 0; i < ref.losses.size(); ++i) {
+          BOOST_TEST(std::abs(run.losses[i] - ref.losses[i]) <= 1e-5 * std::abs(ref.losses[i]));
+        }
+        double worst = 0;
+        for (size_t u = 0; u < ref.weights.size(); ++u) {
+          BOOST_REQUIRE(run.weights[u].size() == ref.weights[u].size());
+          for (size_t i = 0; i < ref.weights[u].size(); ++i)
+            worst = std::max(worst, std::abs(static_cast<double>(run.weights[u][i]) - ref.weights[u][i]));
+        }
+        BOOST_TEST(worst <= 1e-4);
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(stage3_peak_is_a_shard_plus_one_unit) {
   comm::Communicator& world = *Mpi::world;
   const int W = world.size();

@@ -108,7 +108,10 @@ void CudaDevice::gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const
     fail(kDev, "gemm_cols", "takes one dtype, or f32 c with 16-bit a and b: c " + c.describe() + ", a " +
                                 a.describe() + ", b " + b.describe());
   }
-  if (K == 0) fail(kDev, "gemm_cols", "an empty inner dimension");
+  if (K == 0) {  // an empty product (an empty micro-batch): C = beta C, which accumulation leaves as is
+    if (beta == 1.0) return;
+    fail(kDev, "gemm_cols", "an empty inner dimension with beta != 1");
+  }
   auto at = [](const Tensor& t, int64_t col) {
     return static_cast<const char*>(t.data()) + static_cast<size_t>(col) * dtype_size(t.dtype());
   };
