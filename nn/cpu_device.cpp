@@ -9,6 +9,7 @@
 
 #include "nn/cpu_attention.h"
 #include "nn/cpu_kernels.h"
+#include "nn/dropout_mask.h"
 #include "nn/llama_kernels.h"
 #include "nn/op_checks.h"
 
@@ -424,6 +425,73 @@ void CpuDevice::scale(const Tensor& x, double factor) {
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) p[i] *= f;
   });
+}
+
+namespace {
+
+// dropout_rows over storage S computed in A (nn/dropout_mask.h): load widens to A, store
+// rounds once, as the cuda kernel's Operand does. Rows in parallel; each element's value
+// depends on its position alone.
+template <class A, class Load, class Store>
+void dropout_rows_cpu(int64_t N, int64_t C, uint64_t key, int64_t row0, uint64_t threshold, A scale, Load load,
+                      Store store) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    // dropout_word(rh, j) = mix(rh + (j + 1) G), the columns' words by adding G (mod 2^64).
+    uint64_t z = dropout_row_hash(key, row0 + i) + kDropoutGamma;
+    for (int64_t j = 0; j < C; ++j, z += kDropoutGamma) {
+      const int64_t k = i * C + j;
+      store(k, dropout_mix(z) >= threshold ? load(k) * scale : A(0));
+    }
+  }
+}
+
+}  // namespace
+
+void CpuDevice::dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) {
+  checks::dropout_rows("cpu", out, in, p, row0);
+  if (p == 0.0) {
+    if (out.data() != in.data()) copy(out, in);
+    return;
+  }
+  const int64_t N = in.dim(0), C = in.dim(1);
+  const uint64_t threshold = dropout_threshold(p);
+  const double scale = dropout_scale(p);
+  switch (in.dtype()) {
+    case DType::f64: {
+      const double* x = in.data_as<double>();
+      double* y = out.data_as<double>();
+      dropout_rows_cpu<double>(
+          N, C, key, row0, threshold, scale, [x](int64_t k) { return x[k]; }, [y](int64_t k, double v) { y[k] = v; });
+      return;
+    }
+    case DType::f32: {
+      const float* x = in.data_as<float>();
+      float* y = out.data_as<float>();
+      dropout_rows_cpu<float>(
+          N, C, key, row0, threshold, static_cast<float>(scale), [x](int64_t k) { return x[k]; },
+          [y](int64_t k, float v) { y[k] = v; });
+      return;
+    }
+    case DType::bf16: {
+      const uint16_t* x = in.data_as<uint16_t>();
+      uint16_t* y = out.data_as<uint16_t>();
+      dropout_rows_cpu<float>(
+          N, C, key, row0, threshold, static_cast<float>(scale), [x](int64_t k) { return bf16_to_f32(x[k]); },
+          [y](int64_t k, float v) { y[k] = f32_to_bf16(v); });
+      return;
+    }
+    case DType::f16: {
+      const uint16_t* x = in.data_as<uint16_t>();
+      uint16_t* y = out.data_as<uint16_t>();
+      dropout_rows_cpu<float>(
+          N, C, key, row0, threshold, static_cast<float>(scale), [x](int64_t k) { return f16_to_f32(x[k]); },
+          [y](int64_t k, float v) { y[k] = f32_to_f16(v); });
+      return;
+    }
+    case DType::i32:
+      break;  // refused by the checks
+  }
 }
 
 void CpuDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,

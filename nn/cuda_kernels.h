@@ -45,6 +45,11 @@ void accumulate(Stream s, Arr dst, Arr src, int64_t n);
 void scale(Stream s, Arr x, double factor, int64_t n);
 void add_bias(Stream s, Arr out, Arr bias, int64_t N, int64_t C);
 void column_sums(Stream s, Arr dst, Arr src, int64_t N, int64_t C);  // dst[c] += sum_n src[n,c]
+// out[N,C] = in masked and scaled (DeviceOps::dropout_rows; nn/dropout_mask.h): element
+// (i, j) kept when dropout_word(dropout_row_hash(key, row0 + i), j) >= threshold, then
+// multiplied by scale (rounded to the accumulation type). out may be in. One launch.
+void dropout_rows(Stream s, Arr out, Arr in, int64_t N, int64_t C, uint64_t key, int64_t row0, uint64_t threshold,
+                  double scale);
 // partial: device double[kSumSquaresBlocks + 1]; the total lands in partial[kSumSquaresBlocks].
 constexpr int kSumSquaresBlocks = 512;
 void sum_squares(Stream s, Arr x, int64_t n, double* partial);

@@ -58,6 +58,19 @@ class DeviceOps {
   // then a copy).
   virtual void sum_squares_to(const Tensor& x, const Tensor& out) = 0;
   virtual void scale(const Tensor& x, double factor) = 0;
+  // Dropout with a mask that is a pure function of its key and each element's global
+  // position (PEFT's lora_dropout on an adapter's input, nn/linear.h): for 2-D out and in
+  // [N, C] of one dtype (f32, bf16, f16 or f64),
+  //   out[i, j] = keep(key, row0 + i, j) ? in[i, j] * (1 / (1 - p)) : 0,
+  // keep and the scale as nn/dropout_mask.h defines them (a stateless 64-bit hash against a
+  // threshold the host computes from p; the product in f32, f64 for f64, rounded once).
+  // Every device gives the same bits: the mask does not depend on N, C, the device or its
+  // launch shape, so rows split over calls (row0 = each piece's first global row) get the
+  // mask the whole tensor gets, and backward recomputes forward's mask from the same
+  // (key, row0). A dropped element is +0 whatever in holds (NaN included). out may be in
+  // itself (the same tensor; no other overlap); p == 0 is a copy (nothing when out is in).
+  // 0 <= p < 1 and row0 >= 0, else std::invalid_argument, as for shapes and dtypes.
+  virtual void dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) = 0;
 
   // ---- model kernels (shapes: B batch, T time, C channels, V vocab, NH heads) -----------
   // out[B*T,C] = wte[tokens] + wpe[t]; tokens i32[B*T].

@@ -121,6 +121,12 @@ void LedgerDevice::scale(const Tensor& x, double factor) {
   ledger_.add(op_cost::scale(x));
 }
 
+void LedgerDevice::dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) {
+  ShapeOnlyOps::dropout_rows(out, in, p, key, row0);
+  const OpCost c = op_cost::dropout_rows(out, in, p);
+  if (c.launches > 0) ledger_.add(c);
+}
+
 void LedgerDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                                      int64_t T) {
   ShapeOnlyOps::embedding_forward(out, tokens, wte, wpe, T);

@@ -15,9 +15,17 @@ Linear unit_linear(const UnitSpec& u, const Tensor& weights, const Tensor& grads
 
 namespace {
 
-Tensor adapter_input(Device& dev, const LoraPair& p, const Tensor& x) {  // u = x a^T, [N, r]
-  const Tensor u = Tensor::empty(dev, x.dtype(), {x.dim(0), p.a.dim(0)});
-  dev.gemm(u, x, false, p.a, true, 1.0, 0.0);
+// x' = the adapter's dropout of x, into a temporary; x itself without dropout.
+Tensor dropped_input(Device& dev, const LoraPair& p, const Tensor& x) {
+  if (p.dropout == 0.0) return x;
+  const Tensor xd = Tensor::empty(dev, x.dtype(), x.shape());
+  dev.dropout_rows(xd, x, p.dropout, p.dropout_key, p.dropout_row0);
+  return xd;
+}
+
+Tensor adapter_input(Device& dev, const LoraPair& p, const Tensor& xd) {  // u = x' a^T, [N, r]
+  const Tensor u = Tensor::empty(dev, xd.dtype(), {xd.dim(0), p.a.dim(0)});
+  dev.gemm(u, xd, false, p.a, true, 1.0, 0.0);
   return u;
 }
 
@@ -30,7 +38,7 @@ void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor&
     const Tensor& sum = pre.defined() ? pre : y;
     linear_forward(dev, Linear{l.w, l.b, Tensor{}, Tensor{}, {}}, sum, x);
     for (const LoraPair& p : l.lora) {
-      const Tensor u = adapter_input(dev, p, x);
+      const Tensor u = adapter_input(dev, p, dropped_input(dev, p, x));
       dev.gemm_cols(sum, p.row0, p.rows, u, 0, u.dim(1), false, p.b, true, p.scale, 1.0);
     }
     if (pre.defined()) dev.gelu_forward(y, pre);
@@ -50,14 +58,27 @@ void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tenso
   if (l.dw.defined()) dev.gemm(l.dw, dy, true, x, false, 1.0, 1.0);
   if (l.db.defined()) dev.bias_backward(l.db, dy);
   for (const LoraPair& p : l.lora) {
-    const Tensor u = adapter_input(dev, p, x);
-    const int64_t r = u.dim(1);
-    if (p.db.defined()) dev.gemm_cols(p.db, 0, r, dy, p.row0, p.rows, true, u, false, p.scale, 1.0);
-    if (!p.da.defined() && !dx.defined()) continue;
-    const Tensor du = Tensor::empty(dev, dy.dtype(), {dy.dim(0), r});
-    dev.gemm_cols(du, 0, r, dy, p.row0, p.rows, false, p.b, false, p.scale, 0.0);
-    if (p.da.defined()) dev.gemm(p.da, du, true, x, false, 1.0, 1.0);
-    if (dx.defined()) dev.gemm(dx, du, false, p.a, false, 1.0, 1.0);
+    Tensor du;
+    {  // x' and u freed before dx's temporary is made: one [N, in] temporary at a time
+      const Tensor xd = dropped_input(dev, p, x);
+      const Tensor u = adapter_input(dev, p, xd);
+      const int64_t r = u.dim(1);
+      if (p.db.defined()) dev.gemm_cols(p.db, 0, r, dy, p.row0, p.rows, true, u, false, p.scale, 1.0);
+      if (!p.da.defined() && !dx.defined()) continue;
+      du = Tensor::empty(dev, dy.dtype(), {dy.dim(0), r});
+      dev.gemm_cols(du, 0, r, dy, p.row0, p.rows, false, p.b, false, p.scale, 0.0);
+      if (p.da.defined()) dev.gemm(p.da, du, true, xd, false, 1.0, 1.0);
+    }
+    if (!dx.defined()) continue;
+    if (p.dropout == 0.0) {
+      dev.gemm(dx, du, false, p.a, false, 1.0, 1.0);
+      continue;
+    }
+    // dx += D (du a), D forward's diagonal map: the same mask and scale, in place on du a.
+    const Tensor dxd = Tensor::empty(dev, dx.dtype(), dx.shape());
+    dev.gemm(dxd, du, false, p.a, false, 1.0, 0.0);
+    dev.dropout_rows(dxd, dxd, p.dropout, p.dropout_key, p.dropout_row0);
+    dev.accumulate(dx, dxd);
   }
 }
 

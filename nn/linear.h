@@ -18,12 +18,19 @@
 namespace ferry::nn {
 
 // A low-rank adapter on rows [row0, row0 + rows) of the layer's output (nn/lora.h):
-// y[:, rows] += scale x a^T b^T, a [r, in], b [rows, r].
+// y[:, rows] += scale x' a^T b^T, a [r, in], b [rows, r], where x' is the layer's input x
+// after PEFT's lora_dropout: x' = DeviceOps::dropout_rows(x, dropout, dropout_key,
+// dropout_row0), x itself when dropout is 0. The mask is a function of (dropout_key, global
+// row, column) alone, so backward recomputes it from the same fields; a layer's forward and
+// its backward must be given the same values.
 struct LoraPair {
   Tensor a, b;
   Tensor da, db;  // their gradients, accumulated into; undefined: not trained
   int64_t row0 = 0, rows = 0;
   double scale = 1.0;
+  double dropout = 0.0;       // PEFT's lora_dropout p, in [0, 1); 0: none (x' = x, no temporary)
+  uint64_t dropout_key = 0;   // this adapter's mask key for this micro-batch (nn::Model::linear)
+  int64_t dropout_row0 = 0;   // the global row index of x's first row (a position in the step)
 };
 
 struct Linear {
@@ -48,8 +55,12 @@ void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor&
 
 // From dy[N,out] and the forward's input x[N,in]: dx = dy w (overwritten; skipped when dx
 // is undefined), dw += dy^T x and db += the column sums of dy, each only where defined.
-// Adapters: u = x a^T is recomputed (an [N, r] GEMM, not kept from forward), then
-// db += scale dy[:, rows]^T u, du = scale dy[:, rows] b, da += du^T x, dx += du a.
+// Adapters: u = x' a^T is recomputed (an [N, r] GEMM, not kept from forward), then
+// db += scale dy[:, rows]^T u, du = scale dy[:, rows] b, da += du^T x', dx += du a; with
+// dropout, x' is recomputed from x (forward's mask) and dx += dropout_rows(du a) (the same
+// mask and 1 / (1 - p): the map x -> x' is diagonal), du a made in an [N, in] temporary of
+// dx's dtype (one rounding more than the GEMM adding into dx at dropout 0).
+// Temporaries per adapter with dropout: x' [N, in] in x's dtype, and that [N, in].
 void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tensor& dy, const Tensor& x);
 
 }  // namespace ferry::nn

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "nn/rng.h"
+
 namespace ferry::nn {
 
 int64_t Model::num_parameters() const {
@@ -85,10 +87,25 @@ void Model::add_lora(const Arch& arch, const LlamaConfig& llama, const LoraOptio
   lora_scale_ = options.scale();
 }
 
+void Model::set_lora_dropout(double p, uint64_t key, int64_t row0) {
+  if (!(p >= 0.0 && p < 1.0) || row0 < 0) {
+    throw std::invalid_argument("set_lora_dropout: p must be in [0, 1) and row0 >= 0, got p " + std::to_string(p) +
+                                ", row0 " + std::to_string(row0));
+  }
+  lora_dropout_ = p;
+  lora_dropout_key_ = key;
+  lora_dropout_row0_ = row0;
+}
+
+uint64_t Model::lora_dropout_key(uint64_t key, size_t adapter) {
+  return Rng::derive({key, static_cast<uint64_t>(adapter)}).next_u64();
+}
+
 Linear Model::linear(int unit, const Tensor& weights, const Tensor& grads, size_t w_index, size_t b_index) const {
   const UnitSpec& u = units().at(static_cast<size_t>(unit));
   Linear l = unit_linear(u, weights, grads, w_index, b_index);
-  for (const LoraAdapter& a : lora_) {
+  for (size_t i = 0; i < lora_.size(); ++i) {
+    const LoraAdapter& a = lora_[i];
     if (a.unit != unit || a.base != w_index) continue;
     LoraPair p;
     p.a = u.view(weights, a.a);
@@ -98,6 +115,11 @@ Linear Model::linear(int unit, const Tensor& weights, const Tensor& grads, size_
     p.row0 = a.row0;
     p.rows = a.rows;
     p.scale = lora_scale_;
+    if (lora_dropout_ > 0.0) {
+      p.dropout = lora_dropout_;
+      p.dropout_key = lora_dropout_key(lora_dropout_key_, i);
+      p.dropout_row0 = lora_dropout_row0_;
+    }
     l.lora.push_back(p);
   }
   return l;

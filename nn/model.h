@@ -30,6 +30,20 @@ class Model {
   void add_lora(const Arch& arch, const LlamaConfig& llama, const LoraOptions& options);
   const std::vector<LoraAdapter>& lora() const { return lora_; }
   double lora_scale() const { return lora_scale_; }
+  // PEFT's lora_dropout for the next forward and its backward (nn/linear.h: LoraPair):
+  // every adapter's input is dropped with probability p, adapter i of lora() masked with
+  // its own key, lora_dropout_key(key, i), at global rows row0, row0 + 1, ... for the rows
+  // of the batch (row b T + t of the B x T tokens is global row row0 + b T + t). The trainer
+  // calls it before each micro-batch's forward with a key made of (seed, step, micro-batch)
+  // and the global index of the micro-batch's first row, and leaves it unchanged until that
+  // micro-batch's backward is done (backward, and a checkpointed forward recomputed there,
+  // rebuild the masks from it); p = 0 for evaluation. Never called: p = 0, the layer
+  // unchanged bit for bit. Throws std::invalid_argument unless 0 <= p < 1 and row0 >= 0.
+  void set_lora_dropout(double p, uint64_t key, int64_t row0);
+  double lora_dropout() const { return lora_dropout_; }
+  // Adapter `adapter`'s mask key in a micro-batch keyed `key`: distinct adapters, distinct
+  // masks (a hash of the two; nn/rng.h's Rng::derive).
+  static uint64_t lora_dropout_key(uint64_t key, size_t adapter);
   int64_t num_parameters() const;  // distinct parameters, padding excluded
   virtual void init_unit(int unit, const Tensor& flat, uint64_t seed) const = 0;
   virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
@@ -101,6 +115,9 @@ class Model {
  private:
   std::vector<LoraAdapter> lora_;
   double lora_scale_ = 0.0;
+  double lora_dropout_ = 0.0;
+  uint64_t lora_dropout_key_ = 0;
+  int64_t lora_dropout_row0_ = 0;
 };
 
 }  // namespace ferry::nn

@@ -98,4 +98,20 @@ void doc_start(const char* device, const char* op, const Tensor& doc_start, cons
   }
 }
 
+void dropout_rows(const char* device, const Tensor& out, const Tensor& in, double p, int64_t row0) {
+  const char* op = "dropout_rows";
+  if (out.ndim() != 2 || out.shape() != in.shape() || out.dtype() != in.dtype() || in.dtype() == DType::i32) {
+    fail(device, op, "needs 2-D [N, C] tensors of one shape and one floating dtype: out " + out.describe() +
+                         ", in " + in.describe());
+  }
+  if (!(p >= 0.0 && p < 1.0)) fail(device, op, "p must be in [0, 1), got " + std::to_string(p));
+  if (row0 < 0) fail(device, op, "row0 must be >= 0, got " + std::to_string(row0));
+  const auto* o = static_cast<const unsigned char*>(out.data());
+  const auto* i = static_cast<const unsigned char*>(in.data());
+  if (o != i && o < i + in.nbytes() && i < o + out.nbytes()) {
+    fail(device, op, "out and in overlap without being the same tensor: out " + out.describe() + ", in " +
+                         in.describe());
+  }
+}
+
 }  // namespace ferry::nn::checks

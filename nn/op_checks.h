@@ -43,4 +43,8 @@ void doc_start(const char* device, const char* op, const Tensor& doc_start, cons
 void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, int64_t T,
           int64_t heads, int64_t head_dim);
 
+// dropout_rows: out and in 2-D, one shape and one floating dtype, the same tensor or apart
+// (no partial overlap); 0 <= p < 1 (NaN refused); row0 >= 0.
+void dropout_rows(const char* device, const Tensor& out, const Tensor& in, double p, int64_t row0);
+
 }  // namespace ferry::nn::checks

@@ -149,6 +149,16 @@ OpCost scale(const Tensor& x) {
   return memory_op("scale", 1, 2.0 * bytes_of(x), 2.0 * bytes_of(x));
 }
 
+OpCost dropout_rows(const Tensor& out, const Tensor& in, double p) {
+  const double x = bytes_of(out) + bytes_of(in);
+  if (p == 0.0) {
+    OpCost c = memory_op("copy", out.data() == in.data() ? 0 : 1, x, x);
+    if (c.launches == 0) c.bytes = c.min_bytes = 0;
+    return c;
+  }
+  return memory_op("dropout_rows", out.numel() > 0 ? 1 : 0, x, x);
+}
+
 OpCost embedding_forward(const Tensor& out, const Tensor& tokens) {
   // A row of wte and one of wpe read per token (the gathers; wte and wpe have out's
   // dtype), the output written.

@@ -71,6 +71,9 @@ OpCost add(const Tensor& out, const Tensor& a, const Tensor& b);
 OpCost accumulate(const Tensor& dst, const Tensor& src);
 OpCost sum_squares(const Tensor& x, bool to_device);  // to_device: sum_squares_to
 OpCost scale(const Tensor& x);
+// One kernel; p == 0 is the device-to-device copy the cuda device makes instead ("copy"), or
+// nothing at all when out is in (no launch: not to be recorded).
+OpCost dropout_rows(const Tensor& out, const Tensor& in, double p);
 OpCost embedding_forward(const Tensor& out, const Tensor& tokens);
 OpCost embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
                           int64_t T);

@@ -52,6 +52,10 @@ void ShapeOnlyOps::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void ShapeOnlyOps::accumulate(const Tensor& dst, const Tensor& src) { same_numel(dev_, "accumulate", dst, src); }
 
+void ShapeOnlyOps::dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t, int64_t row0) {
+  checks::dropout_rows(dev_, out, in, p, row0);
+}
+
 void ShapeOnlyOps::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor&, const Tensor&,
                                        int64_t) {
   if (tokens.dtype() != DType::i32 || tokens.numel() != checks::rows_of(out)) {

@@ -28,6 +28,7 @@ class ShapeOnlyOps : public virtual DeviceOps {
   void accumulate(const Tensor& dst, const Tensor& src) override;
   double sum_squares(const Tensor&) override { return 0.0; }
   void scale(const Tensor&, double) override {}
+  void dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) override;
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          int64_t T) override;

@@ -29,13 +29,16 @@
 #include <vector>
 
 #include "cuda_precondition.h"
+#include "nn/counting_device.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
+#include "nn/dropout_mask.h"
 #ifdef FERRY_CUDA_EMULATION
 #include "nn/cuda_kernels.h"
 #include "testing/emu_cuda_api.h"  // ferry_emu::compute_major
 #endif
 #include "nn/gpt.h"
+#include "nn/ledger_device.h"
 #include "nn/linear.h"
 #include "nn/linear_cross_entropy.h"
 #include "nn/rng.h"
@@ -824,6 +827,63 @@ std::vector<OpCase> all_cases() {
                     return NAN;
                   }});
   }
+  // dropout_rows (PEFT's lora_dropout), appended to keep the seeds above: odd rows (the
+  // scalar path), rows of 8s (the vector path), in place, a misaligned view, a large row0.
+  cs.push_back({"dropout_rows", {{Role::act, {N, C}, true}, {Role::act, {N, C}}}, [](D& d, const Ts& t) {
+                  d.dropout_rows(t[0], t[1], 0.3, 0x5eed, 17);
+                  return NAN;
+                }});
+  cs.push_back({"dropout_rows (rows of 8s)",
+                {{Role::act, {N, CV}, true}, {Role::act, {N, CV}}},
+                [](D& d, const Ts& t) {
+                  d.dropout_rows(t[0], t[1], 0.45, 0xfeedface12345ull, int64_t{1} << 40);
+                  return NAN;
+                }});
+  cs.push_back({"dropout_rows (in place)", {{Role::act, {N, CV}, true, true}}, [](D& d, const Ts& t) {
+                  d.dropout_rows(t[0], t[0], 0.1, 3, 0);
+                  return NAN;
+                }});
+  cs.push_back({"dropout_rows (misaligned)",
+                {{Role::act, {N, CV}, true, false, -1, 1, 1}, {Role::act, {N, CV}, false, false, -1, 1, 3}},
+                [](D& d, const Ts& t) {
+                  d.dropout_rows(t[0], t[1], 0.7, 99, 5);
+                  return NAN;
+                }});
+  // The LoRA layer with dropout on both adapters' input (each its own key, rows from global
+  // row 40): forward with GELU, backward with w frozen.
+  const auto with_dropout = [](nn::Linear l) {
+    for (size_t k = 0; k < l.lora.size(); ++k) {
+      l.lora[k].dropout = 0.25;
+      l.lora[k].dropout_key = 1000 + k;
+      l.lora[k].dropout_row0 = 40;
+    }
+    return l;
+  };
+  {
+    std::vector<Buf> bufs = {{Role::act, {N, LO}, true}, {Role::act, {N, LI}}};
+    bufs.insert(bufs.end(), layer.begin(), layer.end());
+    bufs.push_back({Role::act, {N, LO}, true});  // pre
+    cs.push_back({"linear_forward (two adapters with dropout, bias, GELU)", bufs,
+                  [lora_layer, with_dropout](D& d, const Ts& t) {
+                    nn::linear_forward(d, with_dropout(lora_layer(t, {}, {}, {}, {}, {}, {})), t[0], t[1], t[8]);
+                    return NAN;
+                  }});
+  }
+  {
+    std::vector<Buf> bufs = {{Role::act, {N, LI}, true}, {Role::act, {N, LO}}};
+    bufs.insert(bufs.end(), layer.begin(), layer.end());
+    bufs.push_back({Role::wgrad, {LO}, true, true});
+    for (size_t k : {size_t{2}, size_t{3}, size_t{4}, size_t{5}}) {
+      bufs.push_back({Role::wgrad, layer[k].shape, true, true});
+    }
+    bufs.push_back({Role::act, {N, LI}});  // x, last
+    cs.push_back({"linear_backward (two adapters with dropout, bias, frozen w)", bufs,
+                  [lora_layer, with_dropout](D& d, const Ts& t) {
+                    const nn::Linear l = with_dropout(lora_layer(t, Tensor{}, t[8], t[9], t[10], t[11], t[12]));
+                    nn::linear_backward(d, l, t[0], t[1], t.back());
+                    return NAN;
+                  }});
+  }
   return cs;
 }
 
@@ -930,6 +990,8 @@ BOOST_AUTO_TEST_CASE(cuda_kernels_at_the_gpu_block_sizes) {
                                           "gelu_backward",
                                           "softmax_cross_entropy_forward",
                                           "softmax_cross_entropy_backward (ignored targets)",
+                                          "dropout_rows",
+                                          "dropout_rows (rows of 8s)",
                                           "adamw"};
   auto dev = nn::make_cuda_device(size_t{1} << 30);
   size_t ran = 0;
@@ -1646,3 +1708,307 @@ BOOST_AUTO_TEST_CASE(gemm_cols_refuses_bad_windows) {
     }
   }
 }
+
+// ---- dropout_rows beyond the oracle ------------------------------------------------------
+// The cases above compare each device with the CPU device in f64 within a tolerance; a mask
+// must be equal bit for bit (backward recomputes forward's, resumed and resharded runs
+// recompute a step's), and must be a fair coin: these check both.
+
+namespace {
+
+const DType kDropoutDtypes[] = {DType::f32, DType::bf16, DType::f16, DType::f64};
+
+// What dropout_rows must write, bit for bit, from nn/dropout_mask.h: the product in f32
+// (f64 for f64), rounded once to t; +0 where dropped.
+std::vector<unsigned char> dropout_reference(DType t, const std::vector<double>& in, int64_t N, int64_t C, double p,
+                                             uint64_t key, int64_t row0) {
+  const size_t es = nn::dtype_size(t);
+  std::vector<unsigned char> out(static_cast<size_t>(N * C) * es);
+  const uint64_t threshold = nn::dropout_threshold(p);
+  const double scale = nn::dropout_scale(p);
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = 0; j < C; ++j) {
+      const size_t k = static_cast<size_t>(i * C + j);
+      double v = 0;
+      if (nn::dropout_keep(key, row0 + i, j, threshold)) {
+        v = t == DType::f64 ? in[k] * scale
+                            : static_cast<double>(static_cast<float>(in[k]) * static_cast<float>(scale));
+      }
+      encode(t, v, out.data() + k * es);
+    }
+  }
+  return out;
+}
+
+// An [N, C] view starting `offset` elements into its allocation, holding `v`.
+Tensor upload_at(nn::Device& d, DType t, const std::vector<double>& v, int64_t N, int64_t C, int64_t offset) {
+  const size_t es = nn::dtype_size(t);
+  const Tensor all = Tensor::empty(d, t, {offset + N * C});
+  std::vector<unsigned char> bytes(static_cast<size_t>(offset + N * C) * es, 0);
+  for (size_t k = 0; k < v.size(); ++k) encode(t, v[k], bytes.data() + (static_cast<size_t>(offset) + k) * es);
+  d.copy_from_host(all, bytes.data());
+  return all.view(offset, {N, C});
+}
+
+// The mask dropout_rows gives an [N, C] tensor of ones on the CPU device (1: kept).
+std::vector<uint8_t> cpu_mask(int64_t N, int64_t C, double p, uint64_t key, int64_t row0) {
+  nn::CpuDevice d(size_t{1} << 28);
+  const Tensor x = Tensor::empty(d, DType::f32, {N, C});
+  d.fill(x, 1.0);
+  d.dropout_rows(x, x, p, key, row0);
+  std::vector<uint8_t> m(static_cast<size_t>(N * C));
+  for (int64_t k = 0; k < N * C; ++k) m[static_cast<size_t>(k)] = x.data_as<float>()[k] != 0.0f;
+  return m;
+}
+
+double kept_fraction(const std::vector<uint8_t>& m) {
+  double kept = 0;
+  for (uint8_t b : m) kept += b;
+  return kept / static_cast<double>(m.size());
+}
+
+}  // namespace
+
+// Every device writes the reference's bytes: every dtype, odd rows (the scalar path), rows
+// of 8s (the vector path), a view off the 16-byte boundary, several p, keys and row0, out
+// of place and in place; p = 0 is a copy and, in place, leaves the bytes as they are.
+BOOST_AUTO_TEST_CASE(dropout_rows_writes_the_same_bits_on_every_device) {
+  struct Shape {
+    int64_t N, C, offset;
+  };
+  const Shape shapes[] = {{37, 29, 0}, {16, 64, 0}, {9, 40, 3}, {1, 1, 0}};
+  const double ps[] = {0.0, 0.1, 0.3, 0.9};
+  const std::pair<uint64_t, int64_t> masks[] = {{1, 0}, {0xdeadbeefcafef00dull, 1000003}, {0, int64_t{1} << 40}};
+  nn::Rng rng(81);
+  size_t compared = 0;
+  for (auto& dev : devices_under_test()) {
+    nn::Device& d = *dev;
+    for (const DType t : kDropoutDtypes) {
+      for (const Shape& sh : shapes) {
+        for (const double p : ps) {
+          for (const auto& [key, row0] : masks) {
+            BOOST_TEST_CONTEXT(d.name() << " " << nn::dtype_name(t) << " [" << sh.N << ", " << sh.C << "] offset "
+                                        << sh.offset << " p " << p << " key " << key << " row0 " << row0) {
+              const std::vector<double> v = draw(rng, t, sh.N * sh.C);
+              const std::vector<unsigned char> want =
+                  p == 0.0 ? bytes_of(d, upload_at(d, t, v, sh.N, sh.C, 0))
+                           : dropout_reference(t, v, sh.N, sh.C, p, key, row0);
+              const Tensor in = upload_at(d, t, v, sh.N, sh.C, sh.offset);
+              const Tensor out = upload_at(d, t, std::vector<double>(v.size(), NAN), sh.N, sh.C, sh.offset);
+              d.dropout_rows(out, in, p, key, row0);
+              BOOST_TEST((bytes_of(d, out) == want), "out of place differs from the reference");
+              BOOST_TEST((bytes_of(d, in) == bytes_of(d, upload_at(d, t, v, sh.N, sh.C, 0))), "in was written");
+              d.dropout_rows(in, in, p, key, row0);
+              BOOST_TEST((bytes_of(d, in) == want), "in place differs from the reference");
+              ++compared;
+            }
+          }
+        }
+      }
+    }
+  }
+  BOOST_TEST(compared == (nn::cuda_status().available() ? 2u : 1u) * 4u * 4u * 4u * 3u);
+}
+
+// The mask of element (row, col) depends on (key, row, col) alone: a tensor's rows split in
+// two calls at row0 and row0 + N1 give the whole tensor's mask; a taller tensor's first rows
+// and a wider one's first columns are the smaller one's; every device agrees.
+BOOST_AUTO_TEST_CASE(dropout_masks_depend_on_the_global_position_alone) {
+  const int64_t N = 24, C = 40, R = 1000;
+  const uint64_t key = 0x1234;
+  const double p = 0.4;
+  for (auto& dev : devices_under_test()) {
+    nn::Device& d = *dev;
+    for (const DType t : {DType::f32, DType::bf16}) {
+      BOOST_TEST_CONTEXT(d.name() << " " << nn::dtype_name(t)) {
+        nn::Rng rng(82);
+        const std::vector<double> v = draw(rng, t, (N + 8) * (C + 8));
+        // x [N, C] is the top-left corner of wide [N + 8, C + 8]'s values.
+        std::vector<double> x(static_cast<size_t>(N * C));
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t j = 0; j < C; ++j)
+            x[static_cast<size_t>(i * C + j)] = v[static_cast<size_t>(i * (C + 8) + j)];
+        const Tensor whole = upload(d, t, x, {N, C});
+        d.dropout_rows(whole, whole, p, key, R);
+        const std::vector<unsigned char> want = bytes_of(d, whole);
+        for (const int64_t N1 : {int64_t{1}, N / 2, N - 5}) {
+          const Tensor split = upload(d, t, x, {N, C});
+          d.dropout_rows(split.view(0, {N1, C}), split.view(0, {N1, C}), p, key, R);
+          d.dropout_rows(split.view(N1 * C, {N - N1, C}), split.view(N1 * C, {N - N1, C}), p, key, R + N1);
+          BOOST_TEST((bytes_of(d, split) == want), "rows split at " << N1 << " differ from the whole");
+        }
+        const Tensor big = upload(d, t, v, {N + 8, C + 8});
+        d.dropout_rows(big, big, p, key, R);
+        const std::vector<float> got = download(d, big), small = download(d, whole);
+        size_t differ = 0;
+        for (int64_t i = 0; i < N; ++i)
+          for (int64_t j = 0; j < C; ++j)
+            differ += got[static_cast<size_t>(i * (C + 8) + j)] != small[static_cast<size_t>(i * C + j)];
+        BOOST_TEST(differ == 0u, differ << " elements differ between [N, C] and the corner of [N + 8, C + 8]");
+      }
+    }
+  }
+  // Against the CPU device's, the cuda device's [N, C] at row0 = 0 and its halves (the
+  // first test compared each with the reference; this is the brief's split, whole).
+  const std::vector<uint8_t> m = cpu_mask(N, C, p, key, 0), top = cpu_mask(N / 2, C, p, key, 0),
+                             bottom = cpu_mask(N / 2, C, p, key, N / 2);
+  std::vector<uint8_t> halves = top;
+  halves.insert(halves.end(), bottom.begin(), bottom.end());
+  BOOST_TEST((halves == m));
+}
+
+// A fair coin per element: the kept fraction of a [1024, 1024] tensor is 1 - p within 5
+// standard deviations, in every row parity and column parity, for neighbours in a row and in
+// a column (P(both kept) = (1 - p)^2: no correlation between adjacent elements), and kept
+// values are exactly x / (1 - p) as f32 rounds it. Other keys and other rows give other masks
+// (agreement p^2 + (1 - p)^2, as independent coins).
+BOOST_AUTO_TEST_CASE(dropout_keeps_a_fraction_one_minus_p_independently) {
+  const int64_t N = 1024, C = 1024;
+  for (const double p : {0.05, 0.3, 0.5, 0.9}) {
+    BOOST_TEST_CONTEXT("p " << p) {
+      const std::vector<uint8_t> m = cpu_mask(N, C, p, 7, 0);
+      const double q = 1 - p, n = static_cast<double>(N * C);
+      const double sd = std::sqrt(p * q / n);
+      BOOST_TEST(std::abs(kept_fraction(m) - q) <= 5 * sd, "kept " << kept_fraction(m) << ", want " << q);
+      double parity[2][2] = {{0, 0}, {0, 0}}, right = 0, below = 0;
+      for (int64_t i = 0; i < N; ++i) {
+        for (int64_t j = 0; j < C; ++j) {
+          const uint8_t b = m[static_cast<size_t>(i * C + j)];
+          parity[i % 2][j % 2] += b;
+          if (j + 1 < C) right += b & m[static_cast<size_t>(i * C + j + 1)];
+          if (i + 1 < N) below += b & m[static_cast<size_t>((i + 1) * C + j)];
+        }
+      }
+      for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 2; ++b)
+          BOOST_TEST(std::abs(parity[a][b] / (n / 4) - q) <= 5 * sd * 2, "rows " << a << " cols " << b);
+      const double pairs = static_cast<double>(N * (C - 1)), sd2 = std::sqrt(q * q * (1 - q * q) / pairs);
+      BOOST_TEST(std::abs(right / pairs - q * q) <= 5 * sd2, "neighbours in a row kept together " << right / pairs);
+      BOOST_TEST(std::abs(below / pairs - q * q) <= 5 * sd2, "neighbours in a column kept together " << below / pairs);
+      const double agree_want = p * p + q * q, sd3 = std::sqrt(agree_want * (1 - agree_want) / n);
+      for (const auto& [key, row0] : {std::pair<uint64_t, int64_t>{8, 0}, {7, 1}, {7 ^ (uint64_t{1} << 63), 0}}) {
+        const std::vector<uint8_t> other = cpu_mask(N, C, p, key, row0);
+        double agree = 0;
+        for (size_t k = 0; k < m.size(); ++k) agree += m[k] == other[k];
+        BOOST_TEST(std::abs(agree / n - agree_want) <= 5 * sd3,
+                   "key " << key << " row0 " << row0 << ": masks agree on " << agree / n << " of the elements");
+      }
+    }
+  }
+  // The kept value: 1 / (1 - p) as f32 rounds the product.
+  nn::CpuDevice d(size_t{1} << 24);
+  const Tensor x = Tensor::empty(d, DType::f32, {4, 64});
+  d.fill(x, 0.75);
+  d.dropout_rows(x, x, 0.3, 1, 0);
+  const float kept = 0.75f * static_cast<float>(1.0 / 0.7);
+  size_t other = 0;
+  for (int64_t k = 0; k < x.numel(); ++k) other += x.data_as<float>()[k] != 0.0f && x.data_as<float>()[k] != kept;
+  BOOST_TEST(other == 0u);
+}
+
+// The mask's definition pinned (nn/dropout_mask.h): changing the hash changes every run's
+// masks, so a resumed run would no longer continue the one it resumes. Values computed
+// from the definition when it was written.
+BOOST_AUTO_TEST_CASE(dropout_mask_definition_is_pinned) {
+  BOOST_TEST(nn::dropout_threshold(0.5) == uint64_t{1} << 63);
+  BOOST_TEST(nn::dropout_threshold(0.0) == 0u);
+  BOOST_TEST(nn::dropout_threshold(0.25) == uint64_t{1} << 62);
+  BOOST_TEST(nn::dropout_word(nn::dropout_row_hash(0, 0), 0) == 0xa706dd2f4d197e6full);
+  BOOST_TEST(nn::dropout_word(nn::dropout_row_hash(42, 7), 3) == 0x51b7c3520ac7a93full);
+  // Key 42, p 0.5, rows 0-1 of 32 columns: 1 kept, 0 dropped.
+  const std::vector<uint8_t> m = cpu_mask(2, 32, 0.5, 42, 0);
+  std::string bits;
+  for (uint8_t b : m) bits += b ? '1' : '0';
+  BOOST_TEST(bits == "0111101011111110101101101010010101110001110101101110101111000110");
+}
+
+// Bad calls are programmer errors on every device: std::invalid_argument naming the op,
+// before anything is written.
+BOOST_AUTO_TEST_CASE(dropout_rows_refuses_bad_calls) {
+  auto names_op = [](const std::invalid_argument& e) {
+    BOOST_TEST_MESSAGE(e.what());
+    return std::string(e.what()).find("dropout_rows") != std::string::npos;
+  };
+  auto devs = devices_under_test();
+  devs.push_back(std::make_unique<nn::CountingDevice>("counting", size_t{1} << 24, true));
+  for (auto& dev : devs) {
+    nn::Device& d = *dev;
+    const bool values = d.name().find("counting") == std::string::npos;  // the counting device holds none
+    nn::Rng rng(83);
+    const Tensor x = upload(d, DType::f32, draw(rng, DType::f32, 40), {5, 8});
+    const Tensor y = upload(d, DType::f32, draw(rng, DType::f32, 40), {5, 8});
+    const Tensor y16 = upload(d, DType::bf16, draw(rng, DType::bf16, 40), {5, 8});
+    const Tensor wide = upload(d, DType::f32, draw(rng, DType::f32, 48), {6, 8});
+    const Tensor flat = upload(d, DType::f32, draw(rng, DType::f32, 40), {40});
+    const Tensor ids = Tensor::empty(d, DType::i32, {5, 8});
+    const Tensor pool = upload(d, DType::f32, draw(rng, DType::f32, 48), {48});
+    const std::vector<unsigned char> before = bytes_of(d, y);
+    const std::vector<std::pair<const char*, std::function<void()>>> bad = {
+        {"p = 1", [&] { d.dropout_rows(y, x, 1.0, 1, 0); }},
+        {"p < 0", [&] { d.dropout_rows(y, x, -0.1, 1, 0); }},
+        {"p NaN", [&] { d.dropout_rows(y, x, NAN, 1, 0); }},
+        {"row0 < 0", [&] { d.dropout_rows(y, x, 0.5, 1, -1); }},
+        {"shapes differ", [&] { d.dropout_rows(wide, x, 0.5, 1, 0); }},
+        {"dtypes differ", [&] { d.dropout_rows(y16, x, 0.5, 1, 0); }},
+        {"1-D", [&] { d.dropout_rows(flat, flat, 0.5, 1, 0); }},
+        {"i32", [&] { d.dropout_rows(ids, ids, 0.5, 1, 0); }},
+        {"out overlaps in", [&] { d.dropout_rows(pool.view(0, {5, 8}), pool.view(8, {5, 8}), 0.5, 1, 0); }}};
+    for (const auto& [what, call] : bad) {
+      BOOST_TEST_CONTEXT(d.name() << ": " << what) { BOOST_CHECK_EXCEPTION(call(), std::invalid_argument, names_op); }
+    }
+    if (values) BOOST_TEST((bytes_of(d, y) == before), d.name() << ": a refused call wrote out");
+    BOOST_CHECK_NO_THROW(d.dropout_rows(y, x, 0.5, 1, 0));
+  }
+}
+
+#ifdef FERRY_CUDA_EMULATION
+// The ledger (nn/op_ledger.h) declares dropout_rows's launches as the cuda device issues
+// them: a LoRA layer with dropout forward and backward, and dropout_rows at p = 0 (a copy,
+// or nothing in place), launch on the emulation exactly what the ledger device records.
+BOOST_AUTO_TEST_CASE(dropout_launches_are_the_ledgers) {
+  const int64_t N = 21, IN = 13, OUT = 23, R = 3;
+  auto run = [&](nn::Device& d) {
+    auto t = [&](DType dt, nn::Shape s) {
+      const Tensor x = Tensor::empty(d, dt, std::move(s));
+      d.fill(x, 0.5);
+      return x;
+    };
+    const Tensor x = t(DType::bf16, {N, IN}), y = t(DType::bf16, {N, OUT}), dy = t(DType::bf16, {N, OUT});
+    const Tensor dx = t(DType::bf16, {N, IN});
+    nn::Linear l{t(DType::bf16, {OUT, IN}), t(DType::bf16, {OUT}), Tensor{}, t(DType::f32, {OUT}), {}};
+    l.lora.push_back({t(DType::bf16, {R, IN}), t(DType::bf16, {11, R}), t(DType::f32, {R, IN}), t(DType::f32, {11, R}),
+                      0, 11, 2.0, 0.2, 5, 40});
+    l.lora.push_back({t(DType::bf16, {R, IN}), t(DType::bf16, {7, R}), t(DType::f32, {R, IN}), t(DType::f32, {7, R}),
+                      16, 7, 0.5, 0.2, 6, 40});
+    d.synchronize();
+    return std::function<void()>([=, &d] {
+      nn::linear_forward(d, l, y, x);
+      nn::linear_backward(d, l, dx, dy, x);
+      d.dropout_rows(dx, x, 0.0, 1, 0);   // a copy
+      d.dropout_rows(dx, dx, 0.0, 1, 0);  // nothing
+      d.synchronize();
+    });
+  };
+  nn::LedgerDevice ledger("ledger", size_t{1} << 30);
+  const auto on_ledger = run(ledger);
+  const int64_t before = ledger.ledger().launches();
+  on_ledger();
+  const int64_t declared = ledger.ledger().launches() - before;
+
+  auto dev = nn::make_cuda_device(size_t{1} << 28);
+  auto& emu = ferry_emu::emu();
+  const auto on_cuda = run(*dev);
+  emu.set_record_order(true);
+  (void)emu.take_order();
+  on_cuda();
+  std::string kinds;
+  int64_t issued = 0;
+  for (const auto& o : emu.take_order()) {
+    if (o.what.empty() || o.what.rfind("cudaFree", 0) == 0 || o.what.rfind("cudaMalloc", 0) == 0) continue;
+    ++issued;
+    kinds += " " + o.what;
+  }
+  emu.set_record_order(false);
+  BOOST_TEST(issued == declared, "the emulation issued" << kinds);
+}
+#endif

@@ -9,8 +9,12 @@
 #include <cstring>
 #include <vector>
 
+#include "nn/arch.h"
 #include "nn/cpu_device.h"
+#include "nn/dropout_mask.h"
+#include "nn/gpt.h"
 #include "nn/linear.h"
+#include "nn/llama.h"
 #include "test_util.h"
 
 using namespace ferry;
@@ -408,4 +412,163 @@ BOOST_AUTO_TEST_CASE(lora_adapters_start_as_the_base_layer_and_merge_into_its_we
       }
     }
   }
+}
+
+// PEFT's lora_dropout on the adapters' input (nn/linear.h: LoraPair::dropout): the mask is a
+// function of (key, global row, column), so forward and backward see the same one and
+// differences are valid. Against differences for x, every adapter's a and b (and w and the
+// bias where trained), p = 0.3, each adapter its own key, rows starting at global row 7. The
+// forward is checked first against the formula itself (the adapters' part of y is
+// scale ((x . mask / (1 - p)) a^T) b^T, mask from nn/dropout_mask.h), so that a layer that
+// ignored dropout in both passes would fail here, not pass the differences.
+BOOST_AUTO_TEST_CASE(linear_with_lora_adapters_and_dropout) {
+  nn::CpuDevice dev(1 << 26);
+  const int64_t N = 6, IN = 7, OUT = kLoraOut, r = 2, row0 = 7;
+  const double p = 0.3;
+  uint64_t seed = 260;
+  for (size_t layout = 0; layout < kLoraLayouts.size(); ++layout) {
+    for (int gelu = 0; gelu < 2; ++gelu) {
+      for (int trained = 0; trained < 2; ++trained) {
+        BOOST_TEST_CONTEXT(kLoraLayoutNames[layout] << (gelu ? ", GELU" : "")
+                                                    << (trained ? ", w trained" : ", w frozen")) {
+          const Tensor x = random_tensor(dev, F, {N, IN}, seed++), R = random_tensor(dev, F, {N, OUT}, seed++);
+          nn::Linear l{random_tensor(dev, F, {OUT, IN}, seed++), random_tensor(dev, F, {OUT}, seed++), Tensor{},
+                       zeros(dev, F, {OUT}), {}};
+          if (trained) l.dw = zeros(dev, F, {OUT, IN});
+          for (const AdapterAt& at : kLoraLayouts[layout]) {
+            nn::LoraPair a{random_tensor(dev, F, {r, IN}, seed), random_tensor(dev, F, {at.rows, r}, seed + 1),
+                           zeros(dev, F, {r, IN}), zeros(dev, F, {at.rows, r}), at.row0, at.rows, at.scale};
+            a.dropout = p;
+            a.dropout_key = 0x5eed0000 + seed;
+            a.dropout_row0 = row0;
+            l.lora.push_back(a);
+            seed += 2;
+          }
+          // The forward against the formula, without GELU: y - base = the adapters' sum.
+          {
+            const nn::Linear base{l.w, l.b, Tensor{}, Tensor{}, {}};
+            const Tensor y = zeros(dev, F, {N, OUT}), y0 = zeros(dev, F, {N, OUT});
+            nn::linear_forward(dev, l, y, x);
+            nn::linear_forward(dev, base, y0, x);
+            const uint64_t threshold = nn::dropout_threshold(p);
+            double worst = 0, size = 0;
+            size_t dropped = 0;
+            for (const nn::LoraPair& a : l.lora) {
+              for (int64_t n = 0; n < N; ++n) {
+                for (int64_t o = 0; o < a.rows; ++o) {
+                  double want = 0;
+                  for (int64_t j = 0; j < r; ++j) {
+                    double u = 0;
+                    for (int64_t k = 0; k < IN; ++k) {
+                      const bool keep = nn::dropout_keep(a.dropout_key, row0 + n, k, threshold);
+                      dropped += !keep;
+                      if (keep) u += x.data_as<double>()[n * IN + k] / (1 - p) * a.a.data_as<double>()[j * IN + k];
+                    }
+                    want += a.scale * u * a.b.data_as<double>()[o * r + j];
+                  }
+                  const int64_t at = n * OUT + a.row0 + o;
+                  worst = std::max(worst, std::abs(y.data_as<double>()[at] - y0.data_as<double>()[at] - want));
+                  size = std::max(size, std::abs(want));
+                }
+              }
+            }
+            BOOST_TEST(worst <= 1e-12 * std::max(1.0, size), "the adapters' part of y off by " << worst);
+            BOOST_TEST(dropped > 0u);  // the mask dropped something: the comparison is not of dropout 0
+          }
+          const Tensor y = zeros(dev, F, {N, OUT}), pre = gelu ? zeros(dev, F, {N, OUT}) : Tensor{};
+          auto loss = [&] {
+            nn::linear_forward(dev, l, y, x, pre);
+            return test::dot(y, R);
+          };
+          loss();
+          Tensor dy = R;
+          if (gelu) {
+            dy = zeros(dev, F, {N, OUT});
+            dev.gelu_backward(dy, pre, R);
+          }
+          const Tensor dx = random_tensor(dev, F, {N, IN}, seed++);
+          nn::linear_backward(dev, l, dx, dy, x);
+          BOOST_TEST(max_grad_error(loss, x, dx) < kTol);
+          for (size_t k = 0; k < l.lora.size(); ++k) {
+            BOOST_TEST(max_grad_error(loss, l.lora[k].a, l.lora[k].da) < kTol, "adapter " << k << "'s a");
+            BOOST_TEST(max_grad_error(loss, l.lora[k].b, l.lora[k].db) < kTol, "adapter " << k << "'s b");
+          }
+          if (trained) BOOST_TEST(max_grad_error(loss, l.w, l.dw) < kTol);
+          BOOST_TEST(max_grad_error(loss, l.b, l.db) < kTol);
+        }
+      }
+    }
+  }
+}
+
+// The model's side (nn/model.h: set_lora_dropout): a GPT-2 with adapters on every linear
+// layer, dropout 0.3 keyed per micro-batch. Every adapter tensor's gradient against
+// differences of the model's loss, with activation checkpointing off and on (backward
+// recomputes the forward, masks included, from the model's setting); the same key gives the
+// same loss bit for bit, another key or another row0 another loss, p = 0 the loss of a model
+// never given dropout.
+BOOST_AUTO_TEST_CASE(model_lora_dropout_gradients_match_differences) {
+  nn::CpuDevice dev(1 << 28);
+  const nn::GPTConfig cfg{/*n_layer=*/2, /*n_head=*/3, /*n_embd=*/9, /*vocab_size=*/11, /*block_size=*/7};
+  nn::LoraOptions lora;
+  lora.r = 2;
+  lora.alpha = 4;
+  lora.target_modules = {"all-linear"};
+  const int64_t B = 2, T = 5;
+  for (int checkpointing = 0; checkpointing < 2; ++checkpointing) {
+    BOOST_TEST_CONTEXT((checkpointing ? "activation checkpointing" : "activations kept")) {
+      nn::GPT model(cfg, dev, F);
+      model.add_lora(nn::arch("gpt2"), nn::LlamaConfig{}, lora);
+      model.set_activation_checkpointing(checkpointing == 1);
+      nn::ResidentUnits units(dev, F, model.units());
+      for (int u = 0; u < model.num_units(); ++u) model.init_unit(u, units.weights[static_cast<size_t>(u)], 7);
+      // Random B (PEFT starts it at 0, which would leave A without gradient) and larger weights.
+      for (size_t u = 0; u < units.weights.size(); ++u) {
+        dev.accumulate(units.weights[u], random_tensor(dev, F, units.weights[u].shape(), 99 + u, 0.3));
+      }
+      Tensor tokens = Tensor::empty(dev, DType::i32, {B * T}), targets = Tensor::empty(dev, DType::i32, {B * T});
+      nn::Rng rng(3);
+      for (int64_t i = 0; i < B * T; ++i) {
+        tokens.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+        targets.data_as<int32_t>()[i] = static_cast<int32_t>(rng.below(11));
+      }
+      auto loss = [&] { return model.forward(units, tokens, targets, B, T); };
+      const double plain = loss();
+      model.set_lora_dropout(0.0, 77, 40);
+      BOOST_TEST(loss() == plain);
+      model.set_lora_dropout(0.3, 78, 40);
+      const double other_key = loss();
+      model.set_lora_dropout(0.3, 77, 50);
+      const double other_rows = loss();
+      model.set_lora_dropout(0.3, 77, 40);
+      const double l0 = loss();
+      BOOST_TEST(loss() == l0);
+      BOOST_TEST(l0 != plain);
+      BOOST_TEST(l0 != other_key);
+      BOOST_TEST(l0 != other_rows);
+      units.zero_grads();
+      loss();
+      model.backward(units);
+      int64_t checked = 0;
+      for (const nn::LoraAdapter& a : model.lora()) {
+        const nn::UnitSpec& u = model.units()[static_cast<size_t>(a.unit)];
+        for (const size_t t : {a.a, a.b}) {
+          const Tensor w = u.view(units.weights[static_cast<size_t>(a.unit)], t);
+          const Tensor g = u.grad_view(units.grads[static_cast<size_t>(a.unit)], t);
+          BOOST_TEST_INFO("tensor " << u.tensors[t].name);
+          BOOST_TEST(max_grad_error(loss, w, g, 40) < kTol);
+          checked += std::min<int64_t>(w.numel(), 40);
+        }
+      }
+      BOOST_TEST(checked > 0);
+      BOOST_CHECK_THROW(model.set_lora_dropout(1.0, 77, 40), std::invalid_argument);
+      BOOST_CHECK_THROW(model.set_lora_dropout(0.3, 77, -1), std::invalid_argument);
+    }
+  }
+  // Each adapter its own key, and each micro-batch key its own set.
+  std::vector<uint64_t> keys;
+  for (const uint64_t key : {uint64_t{0}, uint64_t{1}, uint64_t{77}})
+    for (size_t a = 0; a < 64; ++a) keys.push_back(nn::Model::lora_dropout_key(key, a));
+  std::sort(keys.begin(), keys.end());
+  BOOST_TEST((std::adjacent_find(keys.begin(), keys.end()) == keys.end()));
 }

@@ -282,6 +282,7 @@ BOOST_AUTO_TEST_CASE(a_checkpoint_holds_the_adapters_resumes_bit_for_bit_and_exp
   const std::string adapter = kRoot + "peft/llama3-all";
   json d = doc("llama3", 4);
   d["model"]["adapter_from"] = adapter;
+  d["lora"] = {{"lora_dropout", 0.1}};  // masks keyed by step and position: a resume draws the same
   d["checkpoint"] = {{"dir", (dir.path / "a").string()}, {"every_steps", 2}, {"keep_last", 0}};
   const std::vector<double> straight = losses(config(d));
   // Two steps, then a resume for the last two.
@@ -333,6 +334,21 @@ BOOST_AUTO_TEST_CASE(a_checkpoint_holds_the_adapters_resumes_bit_for_bit_and_exp
                  .find("--peft DIR, or the merged model with --hf DIR --merge") != std::string::npos);
   BOOST_TEST(error_of([&] { runtime::export_safetensors(a4, (dir.path / "x.safetensors").string(), "fp32"); })
                  .find("holds LoRA adapters") != std::string::npos);
+  // A resume on another base is refused, naming the file that changed.
+  {
+    const fs::path other = dir.path / "other-base";
+    fs::create_directories(other);
+    for (const auto& e : fs::directory_iterator(kRoot + "hf/llama3")) fs::copy_file(e.path(), other / e.path().filename());
+    fs::copy_file(kRoot + "hf/qwen2-untied/model.safetensors", other / "model-00003-of-00005.safetensors",
+                  fs::copy_options::overwrite_existing);
+    json moved = doc("llama3", 5);
+    moved["model"]["init_from"] = other.string();
+    moved["model"]["adapter_from"] = adapter;
+    moved["checkpoint"] = {{"dir", (dir.path / "a").string()}, {"resume", "auto"}};
+    const std::string e = error_of([&] { losses(config(moved)); });
+    BOOST_TEST_MESSAGE("a resume on another base: " << e);
+    BOOST_TEST(e.find("model-00003-of-00005.safetensors") != std::string::npos);
+  }
   json full = doc("llama3", 5);
   full["checkpoint"] = {{"dir", (dir.path / "a").string()}, {"resume", "auto"}};
   const std::string into_full = error_of([&] { losses(config(full)); });
@@ -353,7 +369,7 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_do_with_adapters_is_refused_by_name) {
   BOOST_TEST(refusal(base, {"lora.r=4", "lora.target_modules=lm_head"}).find("lm_head") != std::string::npos);
   BOOST_TEST(refusal(base, {"lora.r=4", "lora.target_modules=embed_tokens"}).find("takes no adapter") != std::string::npos);
   BOOST_TEST(refusal(base, {"lora.r=4", "lora.modules_to_save=k_proj"}).find("one piece of") != std::string::npos);
-  BOOST_TEST(refusal(base, {"lora.r=4", "lora.lora_dropout=0.05"}).find("lora.lora_dropout") != std::string::npos);
+  BOOST_TEST(refusal(base, {"lora.r=4", "lora.lora_dropout=0.99"}).find("lora.lora_dropout") != std::string::npos);
   BOOST_TEST(refusal(base, {"lora.target_modules=q_proj"}).find("need lora.r > 0") != std::string::npos);
   BOOST_TEST(refusal(base, {"lora.r=4", "lora.bias=all"}).find("lora.bias") != std::string::npos);
   // adapter_config.json: each variant ferry does not compute, by file and key.
@@ -376,7 +392,10 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_do_with_adapters_is_refused_by_name) {
   BOOST_TEST(from(with("regex", [](json& c) { c["target_modules"] = ".*proj"; })).find("regular expression") != std::string::npos);
   BOOST_TEST(from(with("ranks", [](json& c) { c["rank_pattern"] = {{"q_proj", 8}}; })).find("'rank_pattern'") != std::string::npos);
   BOOST_TEST(from(with("ia3", [](json& c) { c["peft_type"] = "IA3"; })).find("LORA adapters only") != std::string::npos);
-  BOOST_TEST(from(with("dropout", [](json& c) { c["lora_dropout"] = 0.05; })).find("lora.lora_dropout = 0") != std::string::npos);
+  // Dropout is the file's unless the run sets its own.
+  const std::string dropped = with("dropout", [](json& c) { c["lora_dropout"] = 0.05; });
+  BOOST_TEST(config(base, {"model.adapter_from=" + dropped}).lora.dropout == 0.05);
+  BOOST_TEST(config(base, {"model.adapter_from=" + dropped, "lora.lora_dropout=0"}).lora.dropout == 0.0);
   BOOST_TEST(from(adapter, {"lora.r=8"}).find("key 'lora.r' is 8 but") != std::string::npos);
   BOOST_CHECK_NO_THROW((void)config(doc("llama3"), {"model.adapter_from=" + adapter, "lora.lora_dropout=0"}));
   json no_base = base;

@@ -106,12 +106,13 @@ BOOST_AUTO_TEST_CASE(every_stage_matches_the_single_process_reference) {
 }
 
 // LoRA (docs/guide/adapters.md): the base frozen, each rank holding its share of the
-// adapters and of the base; the same losses and weights as the single process.
+// adapters and of the base, dropout on; the same losses and weights as the single process.
 BOOST_AUTO_TEST_CASE(lora_at_every_stage_matches_the_single_process_reference) {
   comm::Communicator& world = *Mpi::world;
   const int W = world.size();
   json doc = base_doc();
-  doc["lora"] = {{"r", 4}, {"lora_alpha", 16}, {"target_modules", json::array({"c_attn", "c_proj", "c_fc"})}};
+  // Dropout on: its masks are keyed by global position, the same at every world size.
+  doc["lora"] = {{"r", 4}, {"lora_alpha", 16}, {"lora_dropout", 0.1}, {"target_modules", json::array({"c_attn", "c_proj", "c_fc"})}};
   comm::SingleProcessCommunicator alone;
   const Run ref = train(runtime::config_from_json(doc, "ref", "", {"gradient_accumulation_steps=" + std::to_string(2 * W)}, 1), alone);
   for (int stage = 0; stage <= 3; ++stage) {

@@ -112,6 +112,7 @@ class CudaDevice final : public Device, private DeviceClock {
   double seconds_between(const DeviceClock::Mark& a, const DeviceClock::Mark& b) override;
   DeviceClock::Mark passed_mark() override;
   void scale(const Tensor& x, double factor) override;
+  void dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) override;
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                          const Tensor& wpe, int64_t T) override;

@@ -1,6 +1,7 @@
 // The cuda device's model ops: shape checks (nn/op_checks.h) and the launchers of
 // nn/cuda_kernels.h on the compute stream; the value-error flags of embedding and loss.
 #include "nn/cuda/device_impl.h"
+#include "nn/dropout_mask.h"
 #include "nn/linear_cross_entropy.h"
 
 namespace ferry::nn::cuda_dev {
@@ -57,6 +58,16 @@ double CudaDevice::sum_squares(const Tensor& x) {
 
 void CudaDevice::scale(const Tensor& x, double factor) {
   cuda::scale(st(), arr(x), factor, x.numel());
+}
+
+void CudaDevice::dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) {
+  checks::dropout_rows(kDev, out, in, p, row0);
+  if (p == 0.0) {
+    if (out.data() != in.data()) copy(out, in);
+    return;
+  }
+  cuda::dropout_rows(st(), arr(out), arr(in), in.dim(0), in.dim(1), key, row0, dropout_threshold(p),
+                     dropout_scale(p));
 }
 
 void CudaDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,

@@ -1,8 +1,9 @@
-// Elementwise kernels (cast, fill, add, accumulate, scale, add_bias): 16 bytes per operand
-// per thread step where the operands allow it (docs/design/cuda.md, "Memory-bound kernels");
-// column sums (bias gradients) and the sum of squares (gradient norms).
+// Elementwise kernels (cast, fill, add, accumulate, scale, add_bias, dropout_rows): 16 bytes
+// per operand per thread step where the operands allow it (docs/design/cuda.md, "Memory-bound
+// kernels"); column sums (bias gradients) and the sum of squares (gradient norms).
 // Also the emulation's block-size switch (nn/cuda_kernels.h).
 #include "nn/cuda/column_reduce.cuh"
+#include "nn/dropout_mask.h"
 
 namespace ferry::nn::cuda {
 FERRY_CUDA_ABI_BEGIN
@@ -88,6 +89,34 @@ __global__ void add_bias_kernel(X out, X bias, int64_t N, int64_t C, bool vector
     });
   } else {
     for_each_cell(N, C, [&](int64_t i, int64_t, int64_t c) { out.set(i, out[i] + bias[c]); });
+  }
+}
+
+// Rows of C as add_bias walks them; each element's mask word from its global row and its
+// column alone (nn/dropout_mask.h), so the vector and the scalar paths, any block size and
+// the CPU device agree bit for bit. The row's hash is computed once per chunk (a chunk lies
+// in one row when C is a multiple of the chunk width). A dropped element is stored as 0,
+// not as x * 0, so that it does not depend on x.
+template <class A, class X>
+__global__ void dropout_rows_kernel(X out, X in, int64_t N, int64_t C, uint64_t key, int64_t row0,
+                                    uint64_t threshold, A scale, bool vectors) {
+  constexpr int W = X::kWidth;
+  if (vectors) {
+    for_each_cell(N, C / W, [&](int64_t j, int64_t r, int64_t c) {
+      A x[W];
+      in.load(j, x);
+      // dropout_word(rh, col) = mix(rh + (col + 1) G): the chunk's columns by adding G, not
+      // by a 64-bit multiply each (the same words, mod 2^64).
+      uint64_t z = dropout_row_hash(key, row0 + r) + (static_cast<uint64_t>(c * W) + 1) * kDropoutGamma;
+      FERRY_UNROLL
+      for (int k = 0; k < W; ++k, z += kDropoutGamma) x[k] = dropout_mix(z) >= threshold ? x[k] * scale : A(0);
+      out.store(j, x);
+    });
+  } else {
+    for_each_cell(N, C, [&](int64_t i, int64_t r, int64_t c) {
+      const bool keep = dropout_word(dropout_row_hash(key, row0 + r), c) >= threshold;
+      out.set(i, keep ? in[i] * scale : A(0));
+    });
   }
 }
 
@@ -204,6 +233,23 @@ void add_bias(Stream s, Arr out, Arr bias, int64_t N, int64_t C) {
       auto& kernel = add_bias_kernel<A, X>;
       FERRY_LAUNCH(kernel, grid_for(cells), block_threads(), 0, as_stream(s), X(out), X(bias), N,
                    C, vectors);
+    });
+  });
+  FERRY_CUDA_CHECK_LAUNCH();
+}
+
+void dropout_rows(Stream s, Arr out, Arr in, int64_t N, int64_t C, uint64_t key, int64_t row0, uint64_t threshold,
+                  double scale) {
+  if (N * C == 0) return;
+  by_acc(wide(out, in), [&](auto a) {
+    using A = decltype(a);
+    by_storage<A>({out, in}, {}, [&](auto x, auto) {
+      using X = Operand<A, typename decltype(x)::type>;
+      const bool vectors = X::kTyped && C % X::kWidth == 0 && vector_chunks<X>(C, {out.p, in.p}) > 0;
+      const int64_t cells = vectors ? N * C / X::kWidth : N * C;
+      auto& kernel = dropout_rows_kernel<A, X>;
+      FERRY_LAUNCH(kernel, grid_for(cells), block_threads(), 0, as_stream(s), X(out), X(in), N, C, key, row0,
+                   threshold, static_cast<A>(scale), vectors);
     });
   });
   FERRY_CUDA_CHECK_LAUNCH();

@@ -257,6 +257,25 @@ std::vector<nn::UnitSpec> model_layout(const Config& c) {
   return units;
 }
 
+double run_flops_per_token(const Config& c, const std::vector<nn::UnitSpec>& units, int64_t T) {
+  double flops = c.arch().flops_per_token(c.model, c.llama, T);
+  const bool tied = c.arch().always_tied || c.llama.tie_embeddings;
+  for (const nn::UnitSpec& u : units) {
+    for (const nn::TensorSpec& t : u.tensors) {
+      if (t.shape.size() != 2) continue;
+      const bool embedding = &u == &units.front();  // token (and GPT-2's position) table: a lookup
+      const bool head = embedding && tied && &t == &u.tensors.front();
+      const double n = static_cast<double>(t.numel());
+      if (nn::is_lora_tensor(t.name)) {
+        flops += 6.0 * n;  // forward, and both gradients
+      } else if (!t.trainable && (!embedding || head)) {
+        flops -= 2.0 * n;  // no weight gradient
+      }
+    }
+  }
+  return flops;
+}
+
 size_t parse_bytes(const json& value, const std::string& what) {
   if (value.is_number_integer()) {
     if (value.get<int64_t>() < 0) throw ConfigError(what + " must not be negative, got " + value.dump());

@@ -163,6 +163,10 @@ void create_nvme_folders(const Config& c);
 // zero.compute, with activation checkpointing as configured; and its unit layout.
 std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& device);
 std::vector<nn::UnitSpec> model_layout(const Config& c);
+// The run's FLOPs per token (the 6N + attention rule, nn/arch.h) for `units` (model_layout):
+// with frozen tensors, a frozen matrix costs 4 FLOPs a parameter (no weight gradient) and
+// each adapter 6; what `ferry plan` and the run's TFLOP/s and MFU count.
+double run_flops_per_token(const Config& c, const std::vector<nn::UnitSpec>& units, int64_t T);
 
 size_t parse_bytes(const nlohmann::json& value, const std::string& what);
 

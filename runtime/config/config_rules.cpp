@@ -254,14 +254,13 @@ void adapter_from_rules(json& resolved, const json& user, Config& c, const std::
   clash("lora.use_rslora", c.lora.rslora, f.rslora);
   clash("lora.target_modules", mine_targets, f.target_modules);
   clash("lora.modules_to_save", mine_saved, f.modules_to_save);
-  if (f.dropout > 0 && !given(user, "lora.lora_dropout")) {
-    fail(source, file + " has lora_dropout " + json(f.dropout).dump() +
-                     "; ferry's adapters have no dropout yet (docs/design/adapters.md): set lora.lora_dropout = 0 to "
-                     "continue training this adapter without it");
-  }
+  // Dropout is a training choice, not part of the adapter: the file's unless the run sets its own.
+  if (!given(user, "lora.lora_dropout")) c.lora.dropout = f.dropout;
+  if (c.lora.dropout >= 1.0) fail(source, file + " has lora_dropout " + json(c.lora.dropout).dump() + ": it must be below 1");
   f.dropout = c.lora.dropout;
   c.lora = f;
-  for (const char* key : {"lora.r", "lora.lora_alpha", "lora.use_rslora", "lora.target_modules", "lora.modules_to_save"}) {
+  for (const char* key : {"lora.r", "lora.lora_alpha", "lora.use_rslora", "lora.lora_dropout", "lora.target_modules",
+                          "lora.modules_to_save"}) {
     set_path(resolved, key, find_knob(key)->bind.read(c));
   }
 }

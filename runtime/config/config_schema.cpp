@@ -221,7 +221,8 @@ const std::vector<Knob>& config_knobs() {
        "the adapters' scale is lora_alpha / r (PEFT's default 8)", 0, {}, true},
       {"lora.use_rslora", F(lora.rslora), KnobType::boolean, false, "rank-stabilised scale lora_alpha / sqrt(r)"},
       {"lora.lora_dropout", F(lora.dropout), KnobType::number, 0.0,
-       "dropout on the adapters' input; only 0 is supported yet (docs/design/adapters.md)", 0, 0},
+       "dropout on the adapters' input (PEFT's), masks keyed by the seed, step and global position: the same at "
+       "every world size and on resume", 0, 0.95},
       {"lora.target_modules", F(lora.target_modules), KnobType::names, nullptr,
        "the Hugging Face modules that get adapters, PEFT's names and matching (q_proj, k_proj, v_proj, o_proj, "
        "gate_proj, up_proj, down_proj; gpt2: c_attn, c_proj, c_fc), or all-linear; absent: PEFT's default for "

@@ -53,6 +53,14 @@ const std::map<std::string, Alias>& aliases() {
       {"bf16", {{"bf16.enabled"}, Conv::bool_only}},
       {"fp16", {{"fp16.enabled"}, Conv::bool_only}},
       {"optim", {{"optimizer.type"}, Conv::adamw_name}},
+      // Axolotl's adapter keys (PEFT's under other names)
+      {"lora_r", {{"lora.r"}}},
+      {"lora_alpha", {{"lora.lora_alpha"}}},
+      {"lora_dropout", {{"lora.lora_dropout"}}},
+      {"lora_target_modules", {{"lora.target_modules"}}},
+      {"lora_modules_to_save", {{"lora.modules_to_save"}}},
+      {"peft_use_rslora", {{"lora.use_rslora"}}},
+      {"lora_model_dir", {{"model.adapter_from"}}},
   };
   return m;
 }
@@ -109,6 +117,25 @@ void put(json& out, const std::string& path, const json& value, const std::strin
 // Moves one Trainer key into `out`; false when `key` is not one.
 bool translate_one(const std::string& key, const json& value, json& out, const std::string& source,
                    TrainerKeys& keys) {
+  if (key == "adapter") {  // Axolotl: which adapter; its rank comes with lora_r
+    if (value == "lora") {
+      keys.applied.push_back("adapter = \"lora\" (the rank is lora_r -> lora.r)");
+      return true;
+    }
+    if (value == "qlora") {
+      fail(source, "key 'adapter' is \"qlora\": ferry trains LoRA on a frozen base in the compute dtype; the 4-bit "
+                   "(NF4) base is not built yet (docs/design/adapters.md): use adapter: lora, and offload_param to fit the base");
+    }
+    fail(source, "key 'adapter' is " + value.dump() + "; ferry trains LoRA adapters (adapter: lora)");
+  }
+  if (key == "lora_target_linear") {  // Axolotl: every linear layer
+    if (!value.is_boolean()) fail(source, "key 'lora_target_linear' must be true or false, got " + value.dump());
+    if (value.get<bool>()) {
+      put(out, "lora.target_modules", "all-linear", key, source);
+      keys.applied.push_back("lora_target_linear = true -> lora.target_modules = \"all-linear\"");
+    }
+    return true;
+  }
   if (schedule_word(key)) {
     (key == "lr_scheduler_type" ? keys.lr_scheduler_type : key == "warmup_ratio" ? keys.warmup_ratio
                                                                                  : keys.warmup_steps) = value;
@@ -142,6 +169,7 @@ bool translate_one(const std::string& key, const json& value, json& out, const s
 // object is ferry's own section).
 bool is_trainer_key(const std::string& key, const json& value) {
   if (schedule_word(key) || key == "adam_beta1" || key == "adam_beta2") return true;
+  if (key == "adapter" || key == "lora_target_linear") return true;
   const auto it = aliases().find(key);
   return it != aliases().end() && (it->second.conv != Conv::bool_only || value.is_boolean());
 }
@@ -298,6 +326,11 @@ std::string trainer_key_hint(const std::string& key) {
       {"test_datasets", "a separate validation file is data.val_path"},
       {"gradient_checkpointing_kwargs", "activation checkpointing is activation_checkpointing.enabled"},
   };
+  if (key.starts_with("peft.") || key.starts_with("adapter.") || key == "peft" || key == "peft_config" ||
+      key == "lora_config" || key.starts_with("lora_config.")) {
+    return "LoRA settings are the lora section, with PEFT's names: lora.r, lora.lora_alpha, lora.target_modules, "
+           "lora.modules_to_save, lora.use_rslora (docs/guide/adapters.md); a PEFT folder is model.adapter_from";
+  }
   const auto it = hints.find(key);
   return it == hints.end() ? "" : it->second;
 }

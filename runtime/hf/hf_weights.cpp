@@ -149,6 +149,15 @@ HfWeights::HfWeights(const std::string& dir, const json& model, const std::vecto
 
 HfWeights::~HfWeights() = default;
 
+nlohmann::json HfWeights::file_sizes() const {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& r : readers_) {
+    const std::filesystem::path p(r->path());
+    out[p.filename().string()] = std::filesystem::file_size(p);
+  }
+  return out;
+}
+
 std::string HfWeights::describe() const {
   return dir_ + " (" + std::to_string(readers_.size()) + " safetensors file" + (readers_.size() == 1 ? "" : "s") +
          ", " + dtypes_ + ")";

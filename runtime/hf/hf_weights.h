@@ -49,6 +49,9 @@ class HfWeights {
   int files() const { return static_cast<int>(readers_.size()); }
   // "3 files (BF16), 124439808 parameters": for the run's header.
   std::string describe() const;
+  // Each weight file's name (in dir) and size: what an adapters' checkpoint records of its
+  // frozen base, and checks on resume.
+  nlohmann::json file_sizes() const;
   const std::string& dir() const { return dir_; }
 
  private:

@@ -22,36 +22,39 @@ double TimePlan::sequential_s() const { return compute_s + nvme_s + comm_s + ada
 
 TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   const std::vector<nn::UnitSpec> units = model_layout(c);
-  double P = 0;
-  for (const nn::UnitSpec& u : units) P += static_cast<double>(u.numel);
+  // P: every parameter; T: the trained ones (all of them but with adapters, whose frozen
+  // base is gathered and read but never reduced, updated or written).
+  double P = 0, T = 0;
+  for (const nn::UnitSpec& u : units) P += static_cast<double>(u.numel), T += static_cast<double>(u.trainable_numel);
   const int stage = c.zero.stage;
   const int group = stage > 0 && c.zero.shard_group_size > 0 ? c.zero.shard_group_size : ranks;
-  const double shard = P / static_cast<double>(group);
+  const double shard = P / static_cast<double>(group), trained_shard = T / static_cast<double>(group);
   const offload::Tier opt = c.offload.optimizer_device;
   const offload::Tier par = stage == 3 ? c.offload.param_device : offload::Tier::device;
   TimePlan t;
   const double tokens = static_cast<double>(c.micro_batch * c.grad_accum * c.model.block_size);  // per rank
-  const double flops = c.arch().flops_per_token(c.model, c.llama, c.model.block_size);
+  const double flops = run_flops_per_token(c, units, c.model.block_size);
   t.compute_s = flops * tokens / r.flops;
-  // Whole-buffer collectives of the fp32 model (4P bytes each), the unit ferry bench comm's
-  // rate is measured in; an all-reduce counts as two (reduce-scatter + all-gather).
+  // Whole-buffer collectives of the fp32 model (4 bytes a parameter), the unit ferry bench
+  // comm's rate is measured in; an all-reduce counts as two (reduce-scatter + all-gather).
   const double accum = static_cast<double>(c.grad_accum);
-  const double buffers = group == 1 ? 0.0
-                         : stage <= 1 ? 2.0 + (stage == 1 ? 1.0 : 0.0)  // gradient all-reduce; stage 1: + weights
-                         : stage == 2 ? accum + 1.0                     // reduce-scatter per micro-batch; weights
-                                      : 3.0 * accum;                    // gather fwd + bwd, reduce-scatter
-  t.comm_across_bytes = group < ranks ? 2.0 * 4 * shard : 0.0;  // all-reduce of the gradient shard
-  t.comm_bytes = buffers * 4 * P + t.comm_across_bytes;
+  if (group > 1) {
+    if (stage <= 1) t.comm_bytes = (2.0 + (stage == 1 ? 1.0 : 0.0)) * 4 * T;  // gradient all-reduce; stage 1: + weights
+    if (stage == 2) t.comm_bytes = (accum + 1.0) * 4 * T;                      // reduce-scatter per micro-batch; weights
+    if (stage == 3) t.comm_bytes = 2.0 * accum * 4 * P + accum * 4 * T;        // gather fwd + bwd, reduce-scatter
+  }
+  t.comm_across_bytes = group < ranks ? 2.0 * 4 * trained_shard : 0.0;  // all-reduce of the gradient shard
+  t.comm_bytes += t.comm_across_bytes;
   // hpZ: a unit's first gather of the step (forward, first micro-batch) runs over the
   // world and leaves a node copy; its other 2 x accum - 1 gathers come from the copy. The
   // bytes are the same; they stay inside the node group. (One comm rate: ferry bench comm
   // on one node measures the node's.)
   if (stage == 3 && c.zero.hpz_partition_size > 1 && group > 1) t.comm_node_bytes = (2.0 * accum - 1.0) * 4 * P;
   t.comm_s = t.comm_bytes / r.comm_bytes_per_s;
-  if (par == offload::Tier::nvme) t.nvme_bytes += accum * 2 * 4 * shard + 4 * shard;  // read fwd + bwd, write once
-  if (opt == offload::Tier::nvme) t.nvme_bytes += 24 * shard;                        // master, m, v read and written
+  if (par == offload::Tier::nvme) t.nvme_bytes += accum * 2 * 4 * shard + 4 * trained_shard;  // read fwd + bwd, write once
+  if (opt == offload::Tier::nvme) t.nvme_bytes += 24 * trained_shard;  // master, m, v read and written
   t.nvme_s = t.nvme_bytes / r.nvme_bytes_per_s;
-  if (opt != offload::Tier::device) t.adam_s = shard / r.adam_params_per_s;
+  if (opt != offload::Tier::device) t.adam_s = trained_shard / r.adam_params_per_s;
   return t;
 }
 

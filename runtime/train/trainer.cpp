@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -205,6 +206,26 @@ void Trainer::describe_placement() {
   Engine& e = *engine_;
   out_ << "model: " << e.model().describe() << ": " << e.model().num_parameters() << " parameters in "
        << e.model().num_units() << " units" << (cfg_.activation_checkpointing ? ", activation checkpointing" : "") << "\n";
+  if (cfg_.lora.enabled()) {
+    int64_t trained = 0;
+    for (const nn::UnitSpec& u : e.model().units())
+      for (const nn::TensorSpec& t : u.tensors) trained += t.trainable ? t.numel() : 0;
+    std::set<std::string> leaves;
+    for (const nn::LoraAdapter& a : e.model().lora()) leaves.insert(a.module.substr(a.module.rfind('.') + 1));
+    std::string names;
+    for (const std::string& l : leaves) names += (names.empty() ? "" : ", ") + l;
+    out_ << "adapters: LoRA r " << cfg_.lora.r << ", alpha " << fmt("%g", cfg_.lora.alpha) << " (scale "
+         << fmt("%g", cfg_.lora.scale()) << (cfg_.lora.rslora ? ", rsLoRA" : "") << ") on " << e.model().lora().size()
+         << " modules (" << names << ")"
+         << (cfg_.lora.modules_to_save.empty() ? std::string() : ", trained in full: " + [&] {
+               std::string m;
+               for (const std::string& x : cfg_.lora.modules_to_save) m += (m.empty() ? "" : ", ") + x;
+               return m;
+             }())
+         << (cfg_.adapter_from.empty() ? std::string() : ", starting from " + cfg_.adapter_from) << "; " << trained
+         << " trained parameters (" << fmt("%.2f", 100.0 * static_cast<double>(trained) / static_cast<double>(e.model().num_parameters()))
+         << "%), the rest frozen: no gradient, reduction or optimizer state for it\n";
+  }
   if (hf_) {
     out_ << "weights: from " << hf_->describe() << ", converted to fp32; this rank read "
          << nn::format_bytes(hf_->bytes_read()) << " of them; peak resident once loaded "
@@ -322,6 +343,13 @@ StepStats Trainer::train_step(int64_t step) {
       device().copy_into_new(doc_start, batch.doc_start.data());
     }
     model().set_document_starts(doc_start);
+    // LoRA dropout: masks keyed by (seed, step) over the step's global rows (this
+    // micro-batch's first sequence is (micro x ranks + rank) x B, the sampler's), so every
+    // world size and a resume draw the same ones; backward recomputes them.
+    if (cfg_.lora.dropout > 0) {
+      model().set_lora_dropout(cfg_.lora.dropout, nn::Rng::derive({cfg_.model_seed, static_cast<uint64_t>(step), 0x10aa}).next_u64(),
+                               (micro * comm_.size() + comm_.rank()) * B * T);
+    }
     units().set_micro_batch(micro == cfg_.grad_accum - 1);
     const int64_t counted = std::count_if(batch.targets.begin(), batch.targets.end(),
                                           [](int32_t t) { return t != nn::kIgnoreTarget; });
@@ -356,7 +384,7 @@ StepStats Trainer::train_step(int64_t step) {
   s.to_host_bytes = moved.to_host - moved_before.to_host;
   const double seconds = std::chrono::duration<double>(clock::now() - t0).count();
   s.tokens_per_s = static_cast<double>(B * T * cfg_.grad_accum * comm_.size()) / seconds;  // global
-  s.tflops = model().flops_per_token(T) * s.tokens_per_s / 1e12;
+  s.tflops = run_flops_per_token(cfg_, model().units(), T) * s.tokens_per_s / 1e12;  // adapters: no frozen dW
   s.device_peak_bytes = device().memory().peak;
   s.time = tracer_->end_step();
   if (log::enabled(log::Level::debug, log::Subsys::train)) {
@@ -368,6 +396,7 @@ StepStats Trainer::train_step(int64_t step) {
 
 double Trainer::evaluate() {
   sync_updates();
+  model().set_lora_dropout(0.0, 0, 0);  // evaluation and sampling see the adapters whole
   const int64_t B = cfg_.micro_batch, T = cfg_.model.block_size;
   model().set_document_starts(Tensor{});  // validation rows hold one record each
   double sum = 0;
@@ -385,6 +414,7 @@ double Trainer::evaluate() {
 
 std::string Trainer::sample(int64_t n_tokens, double temperature, uint64_t seed) {
   sync_updates();
+  model().set_lora_dropout(0.0, 0, 0);
   model().set_document_starts(Tensor{});
   // Prompt: the first line's worth of the validation split (up to 32 tokens); the training
   // split's where there is no validation (data.val_fraction 0).
@@ -509,7 +539,8 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
   if (cfg_.lora.enabled()) {
     req.lora = {{"scale", cfg_.lora.scale()},
                 {"adapters", adapters_json(model().lora(), model().units())},
-                {"base", cfg_.init_from}};
+                {"base", cfg_.init_from},
+                {"base_files", hf_ ? hf_->file_sizes() : nlohmann::json::object()}};
   }
   if (!cfg_.init_from.empty()) {
     req.carry_root = cfg_.init_from;
@@ -534,6 +565,19 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
 int64_t Trainer::load_checkpoint(const std::string& step_dir) {
   sync_updates();
   const nlohmann::json manifest = runtime::load_checkpoint(step_dir, model_shape(), model().units(), units(), optimizer(), comm_);
+  // Adapters are only meaningful on the base they were trained on: its weight files, by
+  // name and size, as the checkpoint recorded them (every rank sees the same folder).
+  if (manifest.contains("lora") && hf_) {
+    const nlohmann::json saved = manifest.at("lora").value("base_files", nlohmann::json::object()), now = hf_->file_sizes();
+    for (const auto& [name, bytes] : saved.items()) {
+      const std::string here = (std::filesystem::path(cfg_.init_from) / name).string();
+      if (!now.contains(name) || now.at(name) != bytes) {
+        throw CheckpointError(step_dir + ": its adapters were trained on a base whose " + name + " had " + bytes.dump() +
+                              " bytes; " + here + (now.contains(name) ? " has " + now.at(name).dump() : std::string(" is not there")) +
+                              " (another base model: set model.init_from to the one the run started from)");
+      }
+    }
+  }
   // Allowed to differ (a user may mean it), but the run then no longer continues the saved one.
   const nlohmann::json& t = manifest.at("trainer");
   auto warn = [&](const std::string& what) {

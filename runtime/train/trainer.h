@@ -57,7 +57,7 @@ namespace ferry::runtime {
 struct StepStats {
   int64_t step = 0;  // 1-based
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
-  double tflops = 0;  // achieved model TFLOP/s of the whole job (Model::flops_per_token x tokens / wall)
+  double tflops = 0;  // achieved model TFLOP/s of the whole job (run_flops_per_token x tokens / wall)
   size_t device_peak_bytes = 0;
   bool stop = false;  // some rank received SIGTERM/SIGINT (base/stop_signal.h)
   double loss_scale = 1;  // fp16: the scale this step's backward used
