@@ -81,12 +81,13 @@ Run export_command(CLI::App& cmd) {
   auto* peft = cmd.add_option("--peft", a->peft, "a LoRA run's adapters as a PEFT folder: adapter_config.json, "
                                                  "adapter_model.safetensors (peft's PeftModel.from_pretrained loads it)");
   auto* merge = cmd.add_flag("--merge", a->merge, "--hf of a LoRA run: the base with the adapters merged in (W + scale B A)");
-  cmd.add_option("--base", a->base, "--merge: the base model folder, when it moved since the run (default: the run's "
-                                    "model.init_from)");
+  auto* base = cmd.add_option("--base", a->base, "--merge: the base model folder, when it moved since the run (default: "
+                                                 "the run's model.init_from)");
   hf->excludes(out);
   peft->excludes(hf);
   peft->excludes(out);
   merge->needs(hf);
+  base->needs(merge);
   cmd.add_option("--dtype", a->dtype, "fp32 | bf16 | fp16 (default fp32; fp16 with --hf only)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd.add_option("--max-shard-size", a->max_shard, "--hf: the largest safetensors file (default 5GB)");

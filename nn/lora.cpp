@@ -1,5 +1,6 @@
 #include "nn/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <stdexcept>
@@ -106,21 +107,29 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
       const TensorSpec t = units[u].tensors[i];
       bool in_block = false;
       const std::vector<Piece> pieces = pieces_of(arch, llama, t, &in_block);
+      bool saved = false;
       for (size_t s = 0; s < o.modules_to_save.size(); ++s) {
         const std::string& m = o.modules_to_save[s];
+        // PEFT's _set_trainable: a module whose name ends with the entry (no dot needed).
         bool hit = false;
-        for (const Piece& p : pieces) hit = hit || matches(p.module, m);
-        // A tied head is the token embedding: saving either trains it.
-        if (tied && m == "lm_head" && u == 0 && i == 0) hit = true;
+        for (const Piece& p : pieces) hit = hit || p.module.ends_with(m);
+        if (tied && u == 0 && i == 0 && (hit || m == "lm_head")) {
+          // PEFT would train an untied copy of the one it names and leave the other.
+          throw std::invalid_argument("lora.modules_to_save: '" + m + "' is " + t.name +
+                                      ", which this model ties to its output layer; PEFT would untie the two, ferry "
+                                      "keeps one matrix: train neither in full, or start from an untied model");
+        }
         if (hit && pieces.size() > 1) {
           throw std::invalid_argument("lora.modules_to_save: '" + m + "' is one piece of " + t.name +
-                                      ", which ferry keeps packed with its neighbours (q, k, v or gate, up); it can be "
-                                      "trained in full only as a whole: give it an adapter with lora.target_modules");
+                                      ", which ferry keeps packed with its neighbours (q, k, v or gate, up) and "
+                                      "cannot train in part: give it an adapter with lora.target_modules instead");
         }
-        if (hit) keep[u][i] = true, save_used[s] = true;
+        if (hit) keep[u][i] = true, save_used[s] = true, saved = true;
       }
       const bool linear = in_block && t.shape.size() == 2;
       for (const Piece& p : pieces) {
+        // PEFT never puts an adapter on a module it trains in full.
+        if (saved) continue;
         bool wanted = all_linear && linear;
         for (size_t k = 0; k < targets.size(); ++k) {
           if (all_linear || !matches(p.module, targets[k])) continue;
@@ -161,7 +170,7 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
       throw std::invalid_argument("lora.target_modules: 'lm_head' is the output layer, fused with the loss: it takes no "
                                   "adapter; train it in full with lora.modules_to_save = [\"lm_head\"]");
     }
-    if (!target_used[k]) {
+    if (!target_used[k] && (o.strict_names || std::none_of(target_used.begin(), target_used.end(), [](bool b) { return b; }))) {
       throw std::invalid_argument("lora.target_modules: no module of this " + std::string(arch.name) +
                                   " model matches '" + targets[k] +
                                   "' (Hugging Face module names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
@@ -169,7 +178,7 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
     }
   }
   for (size_t s = 0; s < o.modules_to_save.size(); ++s) {
-    if (!save_used[s]) {
+    if (!save_used[s] && o.strict_names) {
       throw std::invalid_argument("lora.modules_to_save: no module of this " + std::string(arch.name) +
                                   " model matches '" + o.modules_to_save[s] + "'");
     }

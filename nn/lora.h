@@ -11,8 +11,10 @@
 // Names follow PEFT: a target matches a module whose name equals it or ends in "." + it
 // (so GPT-2's "c_proj" is both attn.c_proj and mlp.c_proj); "all-linear" is every block
 // projection. The output layer (fused with the loss) and the embeddings take no adapter;
-// modules_to_save trains them (or any other module) in full instead. Everything else is
-// frozen (TensorSpec::trainable).
+// modules_to_save trains them (or any other module) in full instead, matching as peft's
+// _set_trainable does (the module's name ends with the entry), and a module saved in full
+// gets no adapter. A tied embedding and head cannot be saved (peft would untie them).
+// Everything else is frozen (TensorSpec::trainable).
 // Errors: std::invalid_argument naming the target or module. Threads: pure functions.
 #pragma once
 
@@ -34,6 +36,10 @@ struct LoraOptions {
   double dropout = 0.0;      // on the adapter's input (PEFT's lora_dropout)
   std::vector<std::string> target_modules;  // empty: the family's default (lora_default_targets)
   std::vector<std::string> modules_to_save;
+  // Every name must match a module (a configuration's typo is an error); false for a PEFT
+  // adapter_config.json, where peft itself ignores names that match nothing as long as one
+  // target matches.
+  bool strict_names = true;
   bool enabled() const { return r > 0; }
   double scale() const;
 };

@@ -372,6 +372,35 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_do_with_adapters_is_refused_by_name) {
   BOOST_TEST(refusal(base, {"lora.r=4", "lora.lora_dropout=0.99"}).find("lora.lora_dropout") != std::string::npos);
   BOOST_TEST(refusal(base, {"lora.target_modules=q_proj"}).find("need lora.r > 0") != std::string::npos);
   BOOST_TEST(refusal(base, {"lora.r=4", "lora.bias=all"}).find("lora.bias") != std::string::npos);
+  // Tied embeddings: peft would untie what ferry keeps as one matrix.
+  BOOST_TEST(refusal(doc("qwen2"), {"lora.r=4", "lora.modules_to_save=lm_head"}).find("ties to its output layer") !=
+             std::string::npos);
+  BOOST_TEST(refusal(doc("gpt2"), {"lora.r=4", "lora.modules_to_save=wte"}).find("ties to its output layer") !=
+             std::string::npos);
+  // A module saved in full gets no adapter (peft's rule), and saving matches name endings.
+  {
+    const runtime::Config c = config(base, {"lora.r=4", "lora.target_modules=all-linear", "lora.modules_to_save=o_proj"});
+    nn::CpuDevice dev(size_t{64} << 20, 1);
+    const std::unique_ptr<nn::Model> m = runtime::make_model(c, dev);
+    int o_adapters = 0, o_trained = 0;
+    for (const nn::LoraAdapter& a : m->lora()) o_adapters += a.module.ends_with(".o_proj");
+    for (const nn::UnitSpec& u : m->units())
+      for (const nn::TensorSpec& t : u.tensors) o_trained += t.name.ends_with("attention.wo.weight") && t.trainable;
+    BOOST_TEST(o_adapters == 0);
+    BOOST_TEST(o_trained == 3);
+    BOOST_TEST(m->lora().size() == 3u * 6u);
+  }
+  // Axolotl: `adapter: lora` needs its rank; nulls are absent.
+  auto plus = [&](json extra) {
+    json d = base;
+    d.update(extra);
+    return d;
+  };
+  BOOST_TEST(refusal(plus({{"adapter", "lora"}})).find("no rank is given") != std::string::npos);
+  BOOST_TEST(config(plus({{"adapter", "lora"}, {"lora_r", 8}, {"lora_target_linear", true}})).lora.r == 8);
+  BOOST_TEST(config(plus({{"adapter", nullptr}, {"lora_r", nullptr}})).lora.r == 0);
+  BOOST_TEST(refusal(plus({{"adapter", "qlora"}, {"lora_r", 8}})).find("NF4") != std::string::npos);
+  BOOST_TEST(refusal(base, {"peft.r=8"}).find("the lora section") != std::string::npos);
   // adapter_config.json: each variant ferry does not compute, by file and key.
   const std::string adapter = kRoot + "peft/llama3-all";
   auto with = [&](const std::string& name, const std::function<void(json&)>& change) {
@@ -397,6 +426,15 @@ BOOST_AUTO_TEST_CASE(what_ferry_cannot_do_with_adapters_is_refused_by_name) {
   BOOST_TEST(config(base, {"model.adapter_from=" + dropped}).lora.dropout == 0.05);
   BOOST_TEST(config(base, {"model.adapter_from=" + dropped, "lora.lora_dropout=0"}).lora.dropout == 0.0);
   BOOST_TEST(from(adapter, {"lora.r=8"}).find("key 'lora.r' is 8 but") != std::string::npos);
+  BOOST_TEST(from(with("pissa", [](json& c) { c["init_lora_weights"] = "pissa"; })).find("'init_lora_weights'") != std::string::npos);
+  BOOST_TEST(from(with("notype", [](json& c) { c.erase("peft_type"); })).find("LORA adapters only") != std::string::npos);
+  BOOST_TEST(from(with("typed", [](json& c) { c["peft_type"] = 7; })).find("LORA adapters only") != std::string::npos);
+  // No target_modules: the family's default, as peft; a name matching nothing beside one
+  // that does is ignored, as peft.
+  BOOST_TEST(config(base, {"model.adapter_from=" + with("default", [](json& c) { c.erase("target_modules"); })})
+                 .lora.target_modules.empty());
+  BOOST_TEST(config(base, {"model.adapter_from=" + with("extra-name", [](json& c) { c["target_modules"].push_back("nothing"); })})
+                 .lora.r == 4);
   BOOST_CHECK_NO_THROW((void)config(doc("llama3"), {"model.adapter_from=" + adapter, "lora.lora_dropout=0"}));
   json no_base = base;
   no_base["model"].erase("init_from");

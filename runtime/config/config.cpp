@@ -357,6 +357,10 @@ Config config_from_json(const json& doc, const std::string& source, const std::s
   for (const std::string& o : overrides)
     for (const std::string& arg : translate_trainer_override(o, trainer)) apply_override(user, arg);
   apply_trainer_schedule(user, trainer);
+  if (!trainer.adapter_source.empty() && !get_path(user, "lora.r") && !get_path(user, "model.adapter_from")) {
+    throw ConfigError(trainer.adapter_source + ": key 'adapter' is \"lora\" but no rank is given: set lora_r (lora.r), "
+                      "or leave adapter out to train every weight");
+  }
   json resolved = json::object();
   for (const Knob& k : config_knobs()) set_path(resolved, k.path, k.default_value);
   if (const json* preset = get_path(user, "model.preset"); preset && preset->is_string()) {

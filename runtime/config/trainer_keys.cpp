@@ -117,8 +117,14 @@ void put(json& out, const std::string& path, const json& value, const std::strin
 // Moves one Trainer key into `out`; false when `key` is not one.
 bool translate_one(const std::string& key, const json& value, json& out, const std::string& source,
                    TrainerKeys& keys) {
+  // Axolotl writes `adapter: null`, `lora_r: null`... in full fine-tunes' files: absent.
+  if (value.is_null() && (key == "adapter" || key == "lora_target_linear" || key.starts_with("lora_") ||
+                          key == "peft_use_rslora")) {
+    return true;
+  }
   if (key == "adapter") {  // Axolotl: which adapter; its rank comes with lora_r
     if (value == "lora") {
+      keys.adapter_source = source;
       keys.applied.push_back("adapter = \"lora\" (the rank is lora_r -> lora.r)");
       return true;
     }
@@ -169,7 +175,8 @@ bool translate_one(const std::string& key, const json& value, json& out, const s
 // object is ferry's own section).
 bool is_trainer_key(const std::string& key, const json& value) {
   if (schedule_word(key) || key == "adam_beta1" || key == "adam_beta2") return true;
-  if (key == "adapter" || key == "lora_target_linear") return true;
+  if (key == "adapter") return value.is_string() || value.is_null();  // an object: the adapter.* hint
+  if (key == "lora_target_linear") return true;
   const auto it = aliases().find(key);
   return it != aliases().end() && (it->second.conv != Conv::bool_only || value.is_boolean());
 }

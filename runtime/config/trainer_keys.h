@@ -28,6 +28,7 @@ struct TrainerKeys {
   // The schedule words as given (null: absent) and where each came from.
   nlohmann::json lr_scheduler_type, warmup_ratio, warmup_steps;
   std::string schedule_source;
+  std::string adapter_source;  // where Axolotl's `adapter: lora` came from ("" = not given): it needs a rank
 };
 
 // Moves the top-level Trainer names of `doc` to ferry's key paths; returns the document

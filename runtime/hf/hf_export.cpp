@@ -73,6 +73,7 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
                                "; give it with --base DIR");
     }
     base_weights = std::make_unique<HfWeights>(from, model, layout);
+    check_adapter_base(reader.manifest(), *base_weights, rep.checkpoint);
   }
   rep.architecture = hf_architecture(hfl.arch);
   if (fs::exists(fs::path(out) / "model.safetensors") || fs::exists(fs::path(out) / "model.safetensors.index.json")) {

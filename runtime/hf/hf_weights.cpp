@@ -4,6 +4,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "base/crc32c.h"
+#include <fstream>
 #include <set>
 #include <stdexcept>
 
@@ -149,11 +152,22 @@ HfWeights::HfWeights(const std::string& dir, const json& model, const std::vecto
 
 HfWeights::~HfWeights() = default;
 
-nlohmann::json HfWeights::file_sizes() const {
+nlohmann::json HfWeights::file_fingerprints() const {
   nlohmann::json out = nlohmann::json::object();
+  constexpr uint64_t kEnd = uint64_t{1} << 20;
   for (const auto& r : readers_) {
     const std::filesystem::path p(r->path());
-    out[p.filename().string()] = std::filesystem::file_size(p);
+    const uint64_t size = std::filesystem::file_size(p);
+    std::ifstream in(p, std::ios::binary);
+    std::vector<char> buf(static_cast<size_t>(std::min(size, kEnd)));
+    uint32_t crc = 0;
+    for (const uint64_t at : {uint64_t{0}, size > kEnd ? size - kEnd : uint64_t{0}}) {
+      in.seekg(static_cast<std::streamoff>(at));
+      in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+      if (!in) throw std::runtime_error(p.string() + ": cannot read it back");
+      crc = crc32c(buf.data(), buf.size(), crc);
+    }
+    out[p.filename().string()] = {{"bytes", size}, {"crc32c_ends", crc}};
   }
   return out;
 }

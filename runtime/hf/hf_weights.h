@@ -49,9 +49,11 @@ class HfWeights {
   int files() const { return static_cast<int>(readers_.size()); }
   // "3 files (BF16), 124439808 parameters": for the run's header.
   std::string describe() const;
-  // Each weight file's name (in dir) and size: what an adapters' checkpoint records of its
-  // frozen base, and checks on resume.
-  nlohmann::json file_sizes() const;
+  // Each weight file's name (in dir), size and CRC-32C of its first and last MiB: what an
+  // adapters' checkpoint records of its frozen base, and checks on resume and merge (a base
+  // and its instruct variant have the same names and sizes; their first MiB, the header
+  // and the first tensors, differ). Reads 2 MiB per file.
+  nlohmann::json file_fingerprints() const;
   const std::string& dir() const { return dir_; }
 
  private:

@@ -16,6 +16,7 @@
 #include "runtime/ckpt/safetensors.h"
 #include "runtime/config/config.h"
 #include "runtime/hf/hf_tensors.h"
+#include "runtime/hf/hf_weights.h"
 
 namespace ferry::runtime {
 
@@ -123,6 +124,9 @@ PeftWeights::PeftWeights(const std::string& dir, const json& model, const std::v
       throw std::runtime_error(path_ + ": no tensor " + s.name + " (the run's lora.target_modules and "
                                "lora.modules_to_save must be the adapter's)");
     }
+    if (e->dtype != "F32" && e->dtype != "BF16" && e->dtype != "F16") {
+      throw std::runtime_error(path_ + ": " + s.name + " is " + e->dtype + "; adapters are read in F32, BF16 or F16");
+    }
     const std::vector<int64_t>& shape = s.shape;
     if (e->shape != shape) {
       throw std::runtime_error(path_ + ": " + s.name + " is " + nn::shape_str(e->shape) + ", the run's is " +
@@ -151,6 +155,18 @@ void PeftWeights::fill(int unit, int64_t begin, int64_t n, float* dst) {
     for (int64_t k = lo; k < hi; ++k) {
       const int64_t i = k - s.offset, r = i / s.cols, col = i % s.cols;
       dst[k - begin] = v[static_cast<size_t>(s.transposed ? col * s.rows + r : i)];
+    }
+  }
+}
+
+void check_adapter_base(const json& manifest, const HfWeights& base, const std::string& checkpoint) {
+  const json saved = manifest.at("lora").value("base_files", json::object()), now = base.file_fingerprints();
+  for (const auto& [name, print] : saved.items()) {
+    const std::string here = (fs::path(base.dir()) / name).string();
+    if (!now.contains(name) || now.at(name) != print) {
+      throw CheckpointError(checkpoint + ": its adapters were trained on a base whose " + name + " was " + print.dump() +
+                            "; " + here + (now.contains(name) ? " is " + now.at(name).dump() : std::string(" is not there")) +
+                            " (another base model: give the one the run started from)");
     }
   }
 }

@@ -71,6 +71,11 @@ struct PeftExportReport {
 // fp16), each written as NAME.tmp and renamed when synced, the weights last.
 PeftExportReport export_peft(const std::string& checkpoint, const std::string& out, const std::string& dtype);
 
+class HfWeights;
+// Refuses (CheckpointError, naming the file) a base folder whose weight files are not those
+// an adapters' checkpoint recorded (manifest "lora.base_files": HfWeights::file_fingerprints).
+void check_adapter_base(const nlohmann::json& manifest, const HfWeights& base, const std::string& checkpoint);
+
 // ferry export --hf --merge: adds each adapter's scale x B A into its base rows of the unit
 // `unit_w` (the unit's full f32 buffer in `layout`'s offsets).
 void merge_adapters(const nlohmann::json& manifest, const std::vector<nn::UnitSpec>& layout, int unit, float* unit_w);

@@ -25,6 +25,7 @@ void micro_batch(const Config& c, nn::Device& dev, nn::Model& model, nn::UnitAcc
   const Tensor tokens = Tensor::empty(dev, DType::i32, {B * T});
   const Tensor targets = Tensor::empty(dev, DType::i32, {B * T});
   model.defer_loss(loss_acc, B * T);
+  if (c.lora.dropout > 0) model.set_lora_dropout(c.lora.dropout, 0, 0);  // its masked inputs are buffers too
   model.forward(units, tokens, targets, B, T);
   model.backward(units);
   model.defer_loss(Tensor{}, 0);

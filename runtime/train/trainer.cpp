@@ -521,8 +521,12 @@ nlohmann::json Trainer::model_shape() const {
     shape["lora"] = {{"r", cfg_.lora.r},
                      {"lora_alpha", cfg_.lora.alpha},
                      {"use_rslora", cfg_.lora.rslora},
-                     {"target_modules", cfg_.lora.target_modules.empty() ? nn::lora_default_targets(cfg_.arch())
-                                                                         : cfg_.lora.target_modules},
+                     {"target_modules", [&] {  // sorted: the same list in another order is the same run
+                        std::vector<std::string> t = cfg_.lora.target_modules.empty() ? nn::lora_default_targets(cfg_.arch())
+                                                                                       : cfg_.lora.target_modules;
+                        std::sort(t.begin(), t.end());
+                        return t;
+                      }()},
                      {"modules_to_save", cfg_.lora.modules_to_save}};
   }
   return shape;
@@ -540,7 +544,7 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
     req.lora = {{"scale", cfg_.lora.scale()},
                 {"adapters", adapters_json(model().lora(), model().units())},
                 {"base", cfg_.init_from},
-                {"base_files", hf_ ? hf_->file_sizes() : nlohmann::json::object()}};
+                {"base_files", hf_ ? hf_->file_fingerprints() : nlohmann::json::object()}};
   }
   if (!cfg_.init_from.empty()) {
     req.carry_root = cfg_.init_from;
@@ -565,18 +569,15 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
 int64_t Trainer::load_checkpoint(const std::string& step_dir) {
   sync_updates();
   const nlohmann::json manifest = runtime::load_checkpoint(step_dir, model_shape(), model().units(), units(), optimizer(), comm_);
-  // Adapters are only meaningful on the base they were trained on: its weight files, by
-  // name and size, as the checkpoint recorded them (every rank sees the same folder).
-  if (manifest.contains("lora") && hf_) {
-    const nlohmann::json saved = manifest.at("lora").value("base_files", nlohmann::json::object()), now = hf_->file_sizes();
-    for (const auto& [name, bytes] : saved.items()) {
-      const std::string here = (std::filesystem::path(cfg_.init_from) / name).string();
-      if (!now.contains(name) || now.at(name) != bytes) {
-        throw CheckpointError(step_dir + ": its adapters were trained on a base whose " + name + " had " + bytes.dump() +
-                              " bytes; " + here + (now.contains(name) ? " has " + now.at(name).dump() : std::string(" is not there")) +
-                              " (another base model: set model.init_from to the one the run started from)");
-      }
+  // Adapters are only meaningful on the base they were trained on: its weight files as the
+  // checkpoint recorded them (every rank sees the same folder).
+  if (manifest.contains("lora")) {
+    const std::string base = manifest.at("lora").value("base", "");
+    if (!hf_ && !base.empty()) {
+      throw CheckpointError(step_dir + ": its adapters were trained on the base " + base +
+                            "; set model.init_from to it");
     }
+    if (hf_) check_adapter_base(manifest, *hf_, step_dir);
   }
   // Allowed to differ (a user may mean it), but the run then no longer continues the saved one.
   const nlohmann::json& t = manifest.at("trainer");
