@@ -30,7 +30,7 @@ namespace {
 // Two shapes: the embedding is the largest unit (16 channels), or a block is (96). Small,
 // so that the 88 runs stay quick under the sanitizers.
 Config config_for(int stage, const std::string& opt, const std::string& par, const std::string& nvme, int world,
-                  int64_t channels, bool checkpointing = false, bool llama = false) {
+                  int64_t channels, bool checkpointing = false, bool llama = false, const json& extra = json::object()) {
   json d = {{"model", {{"n_layer", 3}, {"n_head", 4}, {"n_embd", channels}, {"block_size", 32}, {"vocab_size", 256}}},
             {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
             {"device", {{"memory", "512MiB"}, {"threads", 1}}},
@@ -49,6 +49,7 @@ Config config_for(int stage, const std::string& opt, const std::string& par, con
   }
   if (opt == "nvme") d["zero_optimization"]["offload_optimizer"]["nvme_path"] = nvme;
   if (par == "nvme") d["zero_optimization"]["offload_param"]["nvme_path"] = nvme;
+  d.update(extra);
   return config_from_json(d, "test", "", {}, world);
 }
 
@@ -166,6 +167,33 @@ BOOST_AUTO_TEST_CASE(memory_bf16) {
                           std::string("bf16 ") + arch + (ckpt ? " checkpointing" : "") + ", world " +
                               std::to_string(world) + " stage " + std::to_string(stage) + " optimizer " + opt +
                               " params " + par);
+      }
+    }
+  }
+}
+
+// LoRA (docs/guide/adapters.md): the frozen base's shards, the adapters' gradients and
+// states, dropout's masked inputs; fp32 and bf16, Llama (packed q/k/v pieces) and GPT-2.
+BOOST_AUTO_TEST_CASE(memory_lora) {
+  test::TempDir dir("plan_lora");
+  for (int world : {1, 2}) {
+    for (const auto& [arch, bf16] : std::vector<std::pair<const char*, bool>>{{"llama", false}, {"llama", true}, {"gpt2", false}}) {
+      for (const auto& [stage, opt, par] : std::vector<std::tuple<int, const char*, const char*>>{
+               {0, "none", "none"}, {2, "cpu", "none"}, {3, "none", "none"}, {3, "cpu", "none"}, {3, "nvme", "nvme"}}) {
+        const bool llama = std::string(arch) == "llama";
+        const json lora = {{"lora", {{"r", 4}, {"target_modules", "all-linear"}, {"lora_dropout", 0.1}}}};
+        Config c = config_for(stage, opt, par, dir.path.string(), world, llama ? 64 : 96, false, llama, lora);
+        if (bf16) c.zero.compute = nn::DType::bf16;
+        const MemoryPlan p = check_against_run(c, world,
+                                               std::string("lora ") + arch + (bf16 ? " bf16" : "") + ", world " +
+                                                   std::to_string(world) + " stage " + std::to_string(stage) +
+                                                   " optimizer " + opt + " params " + par);
+        // The adapters' states are a small part of the full fine-tune's.
+        Config full = config_for(stage, opt, par, dir.path.string(), world, llama ? 64 : 96, false, llama);
+        if (bf16) full.zero.compute = nn::DType::bf16;
+        BOOST_TEST(p.device_states + p.host_states + p.nvme < plan_memory(full, world).device_states +
+                                                                   plan_memory(full, world).host_states +
+                                                                   plan_memory(full, world).nvme);
       }
     }
   }

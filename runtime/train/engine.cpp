@@ -216,6 +216,7 @@ void Engine::build_states(const EngineHooks& hooks) {
     master_init = [this, &hooks](int u, float* dst) {
       const UnitPartition& s = units_->spans_of(u);
       const Partition& p = s.trained;
+      if (!units_->trains(u) || p.shard == 0) return;  // nothing of it in the optimizer: no init to read
       const Tensor full = Tensor::empty(*host_, DType::f32, {std::max(s.gathered(), p.padded)});
       host_->fill(full, 0.0);
       hooks.init_unit(*this, u, full.view(0, {s.numel}));

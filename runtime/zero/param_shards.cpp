@@ -37,7 +37,9 @@ ParamShards::ParamShards(nn::Device& device, const std::vector<UnitPartition>& p
                          const std::vector<std::string>& names, int rank, const Placement& place, DType compute)
     : dev_(device), names_(names), place_(place) {
   for (const UnitPartition& p : parts) sizes_.push_back(p.stored());
-  if (place_.params != offload::Tier::device && compute == DType::bf16) dtype_ = DType::bf16;
+  if ((place_.params != offload::Tier::device || place_.low_precision_on_device) && compute == DType::bf16) {
+    dtype_ = DType::bf16;
+  }
   const size_t n = parts.size();
   std::vector<int64_t> main_sizes, cpu_sizes;
   std::vector<bool> in_cpu(n, false);

@@ -41,6 +41,10 @@ struct Placement {
   // Names this process's nvme files: its rank in the job (-1: the communicator's rank).
   // Hybrid sharding needs it, as ranks of two groups share an index within their groups.
   int file_rank = -1;
+  // Shards in the compute dtype (bf16) on the device too, the fp32 master being the
+  // optimizer's: ShardedUnits sets it for frozen tensors with the optimizer off the device,
+  // so a frozen base costs two bytes a parameter at stage 3 wherever it is kept.
+  bool low_precision_on_device = false;
 };
 
 class ParamShards {

@@ -71,7 +71,15 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     parts_.push_back(spans_.back().trained);
     any_frozen_ = any_frozen_ || spans_.back().has_frozen();
   }
-  if (policy_.sharded_weights) shards_ = std::make_unique<ParamShards>(dev_, spans_, unit_names(units), place_.file_rank >= 0 ? place_.file_rank : comm.rank(), place_, zero.compute);
+  if (policy_.sharded_weights) {
+    // A frozen base with the optimizer off the device: bf16 shards there too (the master
+    // of the trained span is the optimizer's, as for shards off the device).
+    Placement shards_place = place_;
+    shards_place.low_precision_on_device = any_frozen_ && place_.grads_on_host;
+    shards_ = std::make_unique<ParamShards>(dev_, spans_, unit_names(units),
+                                            place_.file_rank >= 0 ? place_.file_rank : comm.rank(), shards_place,
+                                            zero.compute);
+  }
   const DType model_dtype = policy_.compute_copy ? zero_.compute : DType::f32;
   for (size_t u = 0; u < n; ++u) {
     const UnitPartition& s = spans_[u];
