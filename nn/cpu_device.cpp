@@ -448,6 +448,35 @@ void dropout_rows_cpu(int64_t N, int64_t C, uint64_t key, int64_t row0, uint64_t
 
 }  // namespace
 
+// Rows dequantized in parallel (each row's elements are independent), then rounded once to
+// the panel's dtype: the values nf4_dequantize_rect gives, whatever the thread count.
+void CpuDevice::nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0, int64_t c0) {
+  checks::nf4_dequantize("cpu", panel, blob, l, r0, c0);
+  const int64_t R = panel.dim(0), C = panel.dim(1);
+  if (R * C == 0) return;
+  const auto* bytes = static_cast<const uint8_t*>(blob.data());
+  const DType t = panel.dtype();
+  void* out = panel.data();
+#pragma omp parallel
+  {
+    std::vector<float> row(static_cast<size_t>(C));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      nf4_dequantize_rect(bytes, l, r0 + r, 1, c0, C, row.data());
+      const auto at = static_cast<size_t>(r * C);
+      for (size_t c = 0; c < row.size(); ++c) {
+        switch (t) {
+          case DType::f32: static_cast<float*>(out)[at + c] = row[c]; break;
+          case DType::f64: static_cast<double*>(out)[at + c] = row[c]; break;
+          case DType::bf16: static_cast<uint16_t*>(out)[at + c] = f32_to_bf16(row[c]); break;
+          case DType::f16: static_cast<uint16_t*>(out)[at + c] = f32_to_f16(row[c]); break;
+          case DType::i32: break;  // refused by the checks
+        }
+      }
+    }
+  }
+}
+
 void CpuDevice::dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) {
   checks::dropout_rows("cpu", out, in, p, row0);
   if (p == 0.0) {

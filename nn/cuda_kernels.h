@@ -50,6 +50,17 @@ void column_sums(Stream s, Arr dst, Arr src, int64_t N, int64_t C);  // dst[c] +
 // multiplied by scale (rounded to the accumulation type). out may be in. One launch.
 void dropout_rows(Stream s, Arr out, Arr in, int64_t N, int64_t C, uint64_t key, int64_t row0, uint64_t threshold,
                   double scale);
+// NF4 dequantization (DeviceOps::nf4_dequantize): where a blob keeps each part (byte offsets,
+// nn/nf4_blob.h's Nf4Layout) and the matrix's row length.
+struct Nf4Args {
+  int64_t cols = 0;
+  int64_t code_at = 0, offset_at = 0, nested_at = 0, absmax_at = 0, packed_at = 0;
+  bool double_quant = true;
+};
+// panel[R, C] = rows [r0, r0 + R) x columns [c0, c0 + C) of the matrix in `blob` (device
+// bytes), each value rounded once to panel's dtype. One launch.
+void nf4_dequantize(Stream s, Arr panel, const uint8_t* blob, const Nf4Args& q, int64_t R, int64_t C, int64_t r0,
+                    int64_t c0);
 // partial: device double[kSumSquaresBlocks + 1]; the total lands in partial[kSumSquaresBlocks].
 constexpr int kSumSquaresBlocks = 512;
 void sum_squares(Stream s, Arr x, int64_t n, double* partial);

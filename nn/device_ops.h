@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "nn/adamw_formula.h"
+#include "nn/nf4_blob.h"
 #include "nn/rope.h"
 #include "nn/tensor.h"
 
@@ -71,6 +72,13 @@ class DeviceOps {
   // itself (the same tensor; no other overlap); p == 0 is a copy (nothing when out is in).
   // 0 <= p < 1 and row0 >= 0, else std::invalid_argument, as for shapes and dtypes.
   virtual void dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) = 0;
+  // NF4 (QLoRA's frozen base, nn/nf4_blob.h): panel[R, C] (2-D; f32, bf16, f16 or f64) =
+  // rows [r0, r0 + R) x columns [c0, c0 + C) of the matrix whose blob (layout l) starts at
+  // `blob`'s first byte, each value nf4_dequantize_rect's float32 rounded once to panel's
+  // dtype: the same bits on every device. `blob` is raw bytes in a tensor of any dtype (a
+  // view of a unit's frozen span) at least l.bytes long; the rectangle lies inside the
+  // matrix, else std::invalid_argument. nn/nf4_matmul.h multiplies by such panels.
+  virtual void nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0, int64_t c0) = 0;
 
   // ---- model kernels (shapes: B batch, T time, C channels, V vocab, NH heads) -----------
   // out[B*T,C] = wte[tokens] + wpe[t]; tokens i32[B*T].

@@ -127,6 +127,13 @@ void LedgerDevice::dropout_rows(const Tensor& out, const Tensor& in, double p, u
   if (c.launches > 0) ledger_.add(c);
 }
 
+void LedgerDevice::nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0,
+                                  int64_t c0) {
+  ShapeOnlyOps::nf4_dequantize(panel, blob, l, r0, c0);
+  const OpCost c = op_cost::nf4_dequantize(panel, l);
+  if (c.launches > 0) ledger_.add(c);
+}
+
 void LedgerDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                                      int64_t T) {
   ShapeOnlyOps::embedding_forward(out, tokens, wte, wpe, T);

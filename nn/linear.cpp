@@ -32,11 +32,22 @@ Tensor adapter_input(Device& dev, const LoraPair& p, const Tensor& xd) {  // u =
 }  // namespace
 
 void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor& x, const Tensor& pre) {
+  if (!l.nf4.empty()) {
+    const Tensor& sum = pre.defined() ? pre : y;
+    for (const Nf4Weight& w : l.nf4) nf4_matmul_nt(dev, sum, w.row0, x, w, 0.0);
+    if (l.b.defined()) dev.add_bias(sum, l.b);
+    for (const LoraPair& p : l.lora) {
+      const Tensor u = adapter_input(dev, p, dropped_input(dev, p, x));
+      dev.gemm_cols(sum, p.row0, p.rows, u, 0, u.dim(1), false, p.b, true, p.scale, 1.0);
+    }
+    if (pre.defined()) dev.gelu_forward(y, pre);
+    return;
+  }
   if (!l.lora.empty()) {
     // The base product first (no GELU: the adapters add before it), then each adapter into
     // its columns of the output.
     const Tensor& sum = pre.defined() ? pre : y;
-    linear_forward(dev, Linear{l.w, l.b, Tensor{}, Tensor{}, {}}, sum, x);
+    linear_forward(dev, Linear{l.w, l.b, Tensor{}, Tensor{}, {}, {}}, sum, x);
     for (const LoraPair& p : l.lora) {
       const Tensor u = adapter_input(dev, p, dropped_input(dev, p, x));
       dev.gemm_cols(sum, p.row0, p.rows, u, 0, u.dim(1), false, p.b, true, p.scale, 1.0);
@@ -54,7 +65,14 @@ void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor&
 }
 
 void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tensor& dy, const Tensor& x) {
-  if (dx.defined()) dev.gemm(dx, dy, false, l.w, false, 1.0, 0.0);
+  if (dx.defined() && !l.nf4.empty()) {
+    const bool widen = l.nf4.size() > 1 && is_low_precision(dx.dtype());
+    const Tensor sum = widen ? Tensor::empty(dev, DType::f32, dx.shape()) : dx;
+    for (size_t k = 0; k < l.nf4.size(); ++k) nf4_matmul_nn(dev, sum, dy, l.nf4[k].row0, l.nf4[k], k == 0 ? 0.0 : 1.0);
+    if (widen) dev.cast(dx, sum);
+  } else if (dx.defined()) {
+    dev.gemm(dx, dy, false, l.w, false, 1.0, 0.0);
+  }
   if (l.dw.defined()) dev.gemm(l.dw, dy, true, x, false, 1.0, 1.0);
   if (l.db.defined()) dev.bias_backward(l.db, dy);
   for (const LoraPair& p : l.lora) {

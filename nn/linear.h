@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nn/device.h"
+#include "nn/nf4_matmul.h"
 #include "nn/unit.h"
 
 namespace ferry::nn {
@@ -39,6 +40,9 @@ struct Linear {
   Tensor dw;  // w's gradient, accumulated into (+=); undefined: w is frozen
   Tensor db;  // b's gradient, accumulated into; undefined: no bias, or a frozen one
   std::vector<LoraPair> lora;  // adapters beside the weight (usually with w frozen)
+  // A frozen NF4 base (QLoRA): when not empty, W is these pieces, which cover its rows in
+  // order, and w holds their blobs' bytes (it is not read as values); dw is undefined.
+  std::vector<Nf4Weight> nf4;
 };
 
 // The linear layer whose weight is tensor `w_index` of unit `u` and whose bias is tensor
@@ -61,6 +65,9 @@ void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor&
 // mask and 1 / (1 - p): the map x -> x' is diagonal), du a made in an [N, in] temporary of
 // dx's dtype (one rounding more than the GEMM adding into dx at dropout 0).
 // Temporaries per adapter with dropout: x' [N, in] in x's dtype, and that [N, in].
+// An NF4 base (l.nf4): the products of nn/nf4_matmul.h, piece by piece, the bias added
+// after (no fused epilogue); backward's dx from several pieces is summed in an f32 [N, in]
+// temporary when dx is 16-bit, and rounded once.
 void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tensor& dy, const Tensor& x);
 
 }  // namespace ferry::nn

@@ -1,5 +1,6 @@
 #include "nn/op_checks.h"
 
+#include <cstdint>
 #include <stdexcept>
 
 namespace ferry::nn::checks {
@@ -111,6 +112,26 @@ void dropout_rows(const char* device, const Tensor& out, const Tensor& in, doubl
   if (o != i && o < i + in.nbytes() && i < o + out.nbytes()) {
     fail(device, op, "out and in overlap without being the same tensor: out " + out.describe() + ", in " +
                          in.describe());
+  }
+}
+
+void nf4_dequantize(const char* device, const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0,
+                    int64_t c0) {
+  const char* op = "nf4_dequantize";
+  if (panel.ndim() != 2 || panel.dtype() == DType::i32) {
+    fail(device, op, "needs a 2-D floating panel, got " + panel.describe());
+  }
+  if (!blob.defined() || static_cast<int64_t>(blob.nbytes()) < l.bytes) {
+    fail(device, op, "the blob " + (blob.defined() ? blob.describe() : std::string("(none)")) + " holds fewer than " +
+                         std::to_string(l.bytes) + " bytes");
+  }
+  if (reinterpret_cast<uintptr_t>(blob.data()) % 16 != 0) {
+    fail(device, op, "the blob must start on a 16-byte boundary (its floats are loaded in place)");
+  }
+  if (r0 < 0 || c0 < 0 || r0 + panel.dim(0) > l.rows || c0 + panel.dim(1) > l.cols) {
+    fail(device, op, "panel " + panel.describe() + " at row " + std::to_string(r0) + ", column " +
+                         std::to_string(c0) + " outside the [" + std::to_string(l.rows) + ", " +
+                         std::to_string(l.cols) + "] matrix");
   }
 }
 

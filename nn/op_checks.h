@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "nn/nf4_blob.h"
 #include "nn/tensor.h"
 
 namespace ferry::nn::checks {
@@ -46,5 +47,8 @@ void rope(const char* device, const char* op, const Tensor& a, const Tensor& b, 
 // dropout_rows: out and in 2-D, one shape and one floating dtype, the same tensor or apart
 // (no partial overlap); 0 <= p < 1 (NaN refused); row0 >= 0.
 void dropout_rows(const char* device, const Tensor& out, const Tensor& in, double p, int64_t row0);
+// nf4_dequantize: a 2-D floating panel, a blob of at least l.bytes, the rectangle inside l.
+void nf4_dequantize(const char* device, const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0,
+                    int64_t c0);
 
 }  // namespace ferry::nn::checks

@@ -159,6 +159,11 @@ OpCost dropout_rows(const Tensor& out, const Tensor& in, double p) {
   return memory_op("dropout_rows", out.numel() > 0 ? 1 : 0, x, x);
 }
 
+OpCost nf4_dequantize(const Tensor& panel, const Nf4Layout& l) {
+  const double x = bytes_of(panel) + static_cast<double>(l.rect_bytes(panel.dim(0), panel.dim(1)));
+  return memory_op("nf4_dequantize", panel.numel() > 0 ? 1 : 0, x, x);
+}
+
 OpCost embedding_forward(const Tensor& out, const Tensor& tokens) {
   // A row of wte and one of wpe read per token (the gathers; wte and wpe have out's
   // dtype), the output written.

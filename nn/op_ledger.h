@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "nn/attention_kernel.h"
+#include "nn/nf4_blob.h"
 #include "nn/rope.h"
 #include "nn/tensor.h"
 
@@ -74,6 +75,8 @@ OpCost scale(const Tensor& x);
 // One kernel; p == 0 is the device-to-device copy the cuda device makes instead ("copy"), or
 // nothing at all when out is in (no launch: not to be recorded).
 OpCost dropout_rows(const Tensor& out, const Tensor& in, double p);
+// One kernel: the rectangle's nibbles and block scales read, the panel written.
+OpCost nf4_dequantize(const Tensor& panel, const Nf4Layout& l);
 OpCost embedding_forward(const Tensor& out, const Tensor& tokens);
 OpCost embedding_backward(const Tensor& dwte, const Tensor& dwpe, const Tensor& dout, const Tensor& tokens,
                           int64_t T);

@@ -52,6 +52,11 @@ void ShapeOnlyOps::add(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void ShapeOnlyOps::accumulate(const Tensor& dst, const Tensor& src) { same_numel(dev_, "accumulate", dst, src); }
 
+void ShapeOnlyOps::nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0,
+                                  int64_t c0) {
+  checks::nf4_dequantize(dev_, panel, blob, l, r0, c0);
+}
+
 void ShapeOnlyOps::dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t, int64_t row0) {
   checks::dropout_rows(dev_, out, in, p, row0);
 }

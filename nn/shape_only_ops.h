@@ -29,6 +29,7 @@ class ShapeOnlyOps : public virtual DeviceOps {
   double sum_squares(const Tensor&) override { return 0.0; }
   void scale(const Tensor&, double) override {}
   void dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) override;
+  void nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0, int64_t c0) override;
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte, const Tensor& wpe,
                          int64_t T) override;

@@ -289,6 +289,16 @@ inline float __half2float(__half h) {
 inline __half __float2half_rn(float f) {
   return {ferry::nn::f32_to_f16(f)};
 }
+// One float32 rounding each, never contracted into an FMA with a neighbour (CUDA's own
+// guarantee for these intrinsics; here the volatile store makes the compiler round there).
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
 
 #include "testing/emu_cuda_api.h"
 #include "testing/emu_cublas.h"

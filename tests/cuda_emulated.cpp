@@ -20,4 +20,5 @@
 #include "nn/cuda/softmax_xent.cu"
 #include "nn/cuda/linear_xent.cu"
 #include "nn/cuda/adamw.cu"
+#include "nn/cuda/nf4.cu"
 // NOLINTEND(bugprone-suspicious-include)

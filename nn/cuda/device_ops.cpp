@@ -70,6 +70,21 @@ void CudaDevice::dropout_rows(const Tensor& out, const Tensor& in, double p, uin
                      dropout_scale(p));
 }
 
+void CudaDevice::nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0,
+                                int64_t c0) {
+  checks::nf4_dequantize(kDev, panel, blob, l, r0, c0);
+  cuda::Nf4Args q;
+  q.cols = l.cols;
+  q.code_at = l.code_at;
+  q.offset_at = l.offset_at;
+  q.nested_at = l.nested_at;
+  q.absmax_at = l.absmax_at;
+  q.packed_at = l.packed_at;
+  q.double_quant = l.double_quant;
+  cuda::nf4_dequantize(st(), arr(panel), static_cast<const uint8_t*>(blob.data()), q, panel.dim(0), panel.dim(1), r0,
+                       c0);
+}
+
 void CudaDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                                    const Tensor& wpe, int64_t T) {
   const int64_t N = tokens.numel(), C = wte.dim(1), V = wte.dim(0);

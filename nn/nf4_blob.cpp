@@ -1,0 +1,153 @@
+// NF4 blobs (nn/nf4_blob.h). The scale of a block is computed with the same two float32
+// roundings as nn/nf4.cpp's (a multiply, then an add): contraction into an FMA is off here
+// for the same reason as there.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include "nn/nf4_blob.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace ferry::nn {
+
+namespace {
+
+int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
+
+void fail(const char* fn, const std::string& what) { throw std::invalid_argument(std::string(fn) + ": " + what); }
+
+std::string dims(const Nf4Layout& l) {
+  std::string s = "[";
+  s += std::to_string(l.rows);
+  s += ", ";
+  s += std::to_string(l.cols);
+  s += "]";
+  return s;
+}
+
+}  // namespace
+
+int64_t Nf4Layout::rect_bytes(int64_t r, int64_t c) const {
+  const int64_t n = r * c;
+  const int64_t blocks_read = std::min(blocks(), r * ((c + kNf4BlockSize - 1) / kNf4BlockSize + 1));
+  return (n + 1) / 2 + blocks_read * (double_quant ? 1 : 4);
+}
+
+Nf4Layout nf4_layout(int64_t rows, int64_t cols, bool double_quant) {
+  if (rows < 0 || cols < 0) {
+    fail("nf4_layout", "a matrix of [" + std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  }
+  Nf4Layout l;
+  l.rows = rows;
+  l.cols = cols;
+  l.double_quant = double_quant;
+  const int64_t blocks = l.blocks();
+  int64_t at = 0;
+  if (double_quant) {
+    l.code_at = at;
+    at = align16(at + 256 * 4);
+    l.offset_at = at;
+    at = align16(at + 4);
+    l.nested_at = at;
+    at = align16(at + 4 * ((blocks + kNf4NestedBlockSize - 1) / kNf4NestedBlockSize));
+    l.absmax_at = at;
+    at = align16(at + blocks);
+  } else {
+    l.absmax_at = at;
+    at = align16(at + 4 * blocks);
+  }
+  l.packed_at = at;
+  l.bytes = align16(at + (l.numel() + 1) / 2);
+  return l;
+}
+
+void nf4_write_blob(const Nf4Tensor& q, const Nf4Layout& l, uint8_t* blob) {
+  nf4_check(q);
+  if (q.numel != l.numel() || q.double_quant != l.double_quant) {
+    fail("nf4_write_blob", "a state of " + std::to_string(q.numel) + " values (" +
+                               (q.double_quant ? "double" : "plain") + ") for a blob of " + dims(l) + " (" +
+                               (l.double_quant ? "double" : "plain") + ")");
+  }
+  if (blob == nullptr) fail("nf4_write_blob", "no blob");
+  std::memset(blob, 0, static_cast<size_t>(l.bytes));
+  if (l.double_quant) {
+    std::memcpy(blob + l.code_at, q.code.data(), 256 * 4);
+    std::memcpy(blob + l.offset_at, &q.offset, 4);
+    std::memcpy(blob + l.nested_at, q.nested_absmax.data(), q.nested_absmax.size() * 4);
+    std::memcpy(blob + l.absmax_at, q.absmax_code.data(), q.absmax_code.size());
+  } else {
+    std::memcpy(blob + l.absmax_at, q.absmax.data(), q.absmax.size() * 4);
+  }
+  std::memcpy(blob + l.packed_at, q.packed.data(), q.packed.size());
+}
+
+Nf4Tensor nf4_read_blob(const uint8_t* blob, const Nf4Layout& l) {
+  if (blob == nullptr && l.bytes > 0) fail("nf4_read_blob", "no blob");
+  Nf4Tensor q;
+  q.numel = l.numel();
+  q.double_quant = l.double_quant;
+  const auto blocks = static_cast<size_t>(l.blocks());
+  q.packed.assign(blob + l.packed_at, blob + l.packed_at + (q.numel + 1) / 2);
+  if (l.double_quant) {
+    q.code.resize(256);
+    std::memcpy(q.code.data(), blob + l.code_at, 256 * 4);
+    std::memcpy(&q.offset, blob + l.offset_at, 4);
+    q.nested_absmax.resize((blocks + kNf4NestedBlockSize - 1) / kNf4NestedBlockSize);
+    std::memcpy(q.nested_absmax.data(), blob + l.nested_at, q.nested_absmax.size() * 4);
+    q.absmax_code.assign(blob + l.absmax_at, blob + l.absmax_at + blocks);
+  } else {
+    q.absmax.resize(blocks);
+    std::memcpy(q.absmax.data(), blob + l.absmax_at, blocks * 4);
+  }
+  return q;
+}
+
+void nf4_dequantize_rect(const uint8_t* blob, const Nf4Layout& l, int64_t r0, int64_t R, int64_t c0, int64_t C,
+                         float* out) {
+  if (r0 < 0 || R < 0 || c0 < 0 || C < 0 || r0 + R > l.rows || c0 + C > l.cols) {
+    fail("nf4_dequantize_rect", "rows [" + std::to_string(r0) + ", +" + std::to_string(R) + ") x columns [" +
+                                    std::to_string(c0) + ", +" + std::to_string(C) + ") outside " + dims(l));
+  }
+  if (R * C == 0) return;
+  if (blob == nullptr || out == nullptr) fail("nf4_dequantize_rect", "no blob or no output");
+  const uint8_t* packed = blob + l.packed_at;
+  auto scale_of = [&](int64_t b) {
+    if (!l.double_quant) {
+      float s;
+      std::memcpy(&s, blob + l.absmax_at + 4 * b, 4);
+      return s;
+    }
+    float code, nested, offset;
+    std::memcpy(&code, blob + l.code_at + 4 * int64_t{blob[l.absmax_at + b]}, 4);
+    std::memcpy(&nested, blob + l.nested_at + 4 * (b / kNf4NestedBlockSize), 4);
+    std::memcpy(&offset, blob + l.offset_at, 4);
+    const float scaled = code * nested;
+    return scaled + offset;
+  };
+  int64_t cached = -1;
+  std::array<float, 16> w{};
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t row = (r0 + r) * l.cols + c0;
+    float* o = out + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t i = row + c;
+      const int64_t b = i / kNf4BlockSize;
+      if (b != cached) {
+        const float s = scale_of(b);
+        for (size_t k = 0; k < w.size(); ++k) w[k] = kNf4Table[k] * s;
+        cached = b;
+      }
+      const uint8_t byte = packed[i >> 1];
+      o[c] = w[(i & 1) ? (byte & 15) : (byte >> 4)];
+    }
+  }
+}
+
+}  // namespace ferry::nn
