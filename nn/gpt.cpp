@@ -83,26 +83,29 @@ double GPT::flops_per_token(const GPTConfig& cfg, int64_t T) {
   return 6.0 * matmul_weights + attention;
 }
 
+std::vector<double> GPT::initial_values(int unit, size_t i, uint64_t seed) const {
+  const TensorSpec& t = units_.at(static_cast<size_t>(unit)).tensors.at(i);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  std::vector<double> host(static_cast<size_t>(t.numel()), 0.0);
+  const bool is_gain = t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") ||
+                       t.name.ends_with("ln_f.weight");
+  if (is_gain) {
+    host.assign(host.size(), 1.0);
+  } else if (t.decay) {
+    const bool into_residual = t.name.ends_with("c_proj.weight");
+    const double sd = into_residual ? residual_std : 0.02;
+    Rng rng = Rng::derive({seed, static_cast<uint64_t>(unit), i});
+    for (double& x : host) x = sd * rng.normal();
+  }
+  return host;
+}
+
 void GPT::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
   const UnitSpec& u = units_.at(static_cast<size_t>(unit));
   if (flat.numel() != u.numel) throw std::invalid_argument("GPT::init_unit: wrong buffer size");
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
-  std::vector<double> host;
   for (size_t i = 0; i < u.tensors.size(); ++i) {
-    const TensorSpec& t = u.tensors[i];
-    host.assign(static_cast<size_t>(t.numel()), 0.0);
-    const bool is_gain = t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") ||
-                         t.name.ends_with("ln_f.weight");
-    if (is_gain) {
-      host.assign(host.size(), 1.0);
-    } else if (t.decay) {
-      const bool into_residual = t.name.ends_with("c_proj.weight");
-      const double sd = into_residual ? residual_std : 0.02;
-      Rng rng = Rng::derive({seed, static_cast<uint64_t>(unit), i});
-      for (double& x : host) x = sd * rng.normal();
-    }
-    const Tensor view = u.view(flat, i);
-    write_values(dev_, view, host);
+    if (u.tensors[i].quantized()) continue;  // its bytes come from quantized_bytes
+    write_values(dev_, u.view(flat, i), initial_values(unit, i, seed));
   }
   init_adapters(dev_, unit, flat, seed);
 }

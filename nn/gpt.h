@@ -52,6 +52,7 @@ class GPT final : public Model {
   // unit LayerNorm gains. Each tensor draws from its own stream of (seed, unit, tensor), so
   // the values do not depend on how units are later placed or sharded.
   void init_unit(int unit, const Tensor& flat, uint64_t seed) const override;
+  std::vector<double> initial_values(int unit, size_t i, uint64_t seed) const override;
 
   // Forward over tokens [B*T] (i32, on the device). With targets (i32 [B*T]) returns the
   // mean cross-entropy and keeps what backward() needs; the head and the loss are fused

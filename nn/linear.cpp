@@ -1,11 +1,21 @@
 #include "nn/linear.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace ferry::nn {
 
 Linear unit_linear(const UnitSpec& u, const Tensor& weights, const Tensor& grads, size_t w_index, size_t b_index) {
   Linear l;
   l.w = u.view(weights, w_index);
   l.dw = u.grad_view(grads, w_index);
+  if (u.tensors.at(w_index).quantized() && dtype_size(weights.dtype()) != kNf4ElementBytes) {
+    throw std::invalid_argument("unit_linear: " + u.tensors[w_index].name + " is stored in NF4, which a " +
+                                std::string(dtype_name(weights.dtype())) + " unit buffer cannot hold (bf16 or f16)");
+  }
+  for (const Nf4Piece& p : u.tensors.at(w_index).nf4) {
+    l.nf4.push_back({l.w.view(p.at / kNf4ElementBytes, {p.layout.bytes / kNf4ElementBytes}), p.layout, p.row0});
+  }
   if (b_index != kNoBias) {
     l.b = u.view(weights, b_index);
     l.db = u.grad_view(grads, b_index);

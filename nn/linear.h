@@ -47,7 +47,8 @@ struct Linear {
 
 // The linear layer whose weight is tensor `w_index` of unit `u` and whose bias is tensor
 // `b_index` (kNoBias: none), viewed inside the unit's `weights` and, for backward, its
-// `grads` (UnitSpec::grad_view: frozen tensors and an undefined `grads` give no gradient).
+// `grads` (UnitSpec::grad_view: frozen tensors and an undefined `grads` give no gradient);
+// a weight stored in NF4 (TensorSpec::nf4) gives its pieces in Linear::nf4.
 constexpr size_t kNoBias = static_cast<size_t>(-1);
 Linear unit_linear(const UnitSpec& u, const Tensor& weights, const Tensor& grads, size_t w_index,
                    size_t b_index = kNoBias);

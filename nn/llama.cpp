@@ -107,25 +107,28 @@ double Llama::flops_per_token(const LlamaConfig& c, int64_t T) {
   return 6.0 * matmul_weights + static_cast<double>(c.n_layer) * 12.0 * static_cast<double>(T) * QW;
 }
 
+std::vector<double> Llama::initial_values(int unit, size_t i, uint64_t seed) const {
+  const TensorSpec& t = units_.at(static_cast<size_t>(unit)).tensors.at(i);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
+  std::vector<double> host(static_cast<size_t>(t.numel()), 0.0);
+  if (t.name.ends_with(".bias")) {
+    // zero, as nn::GPT's biases
+  } else if (!t.decay) {
+    host.assign(host.size(), 1.0);  // the norms' gains
+  } else {
+    const bool into_residual = t.name.ends_with("wo.weight") || t.name.ends_with("w_down.weight");
+    Rng rng = Rng::derive({seed, static_cast<uint64_t>(unit), i});
+    for (double& x : host) x = (into_residual ? residual_std : 0.02) * rng.normal();
+  }
+  return host;
+}
+
 void Llama::init_unit(int unit, const Tensor& flat, uint64_t seed) const {
   const UnitSpec& u = units_.at(static_cast<size_t>(unit));
   if (flat.numel() != u.numel) throw std::invalid_argument("Llama::init_unit: wrong buffer size");
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(cfg_.n_layer));
-  std::vector<double> host;
   for (size_t i = 0; i < u.tensors.size(); ++i) {
-    const TensorSpec& t = u.tensors[i];
-    host.assign(static_cast<size_t>(t.numel()), 0.0);
-    if (t.name.ends_with(".bias")) {
-      // zero, as nn::GPT's biases
-    } else if (!t.decay) {
-      host.assign(host.size(), 1.0);  // the norms' gains
-    } else {
-      const bool into_residual = t.name.ends_with("wo.weight") || t.name.ends_with("w_down.weight");
-      Rng rng = Rng::derive({seed, static_cast<uint64_t>(unit), i});
-      for (double& x : host) x = (into_residual ? residual_std : 0.02) * rng.normal();
-    }
-    const Tensor view = u.view(flat, i);
-    write_values(dev_, view, host);
+    if (u.tensors[i].quantized()) continue;  // its bytes come from quantized_bytes
+    write_values(dev_, u.view(flat, i), initial_values(unit, i, seed));
   }
   init_adapters(dev_, unit, flat, seed);
 }

@@ -69,6 +69,7 @@ class Llama final : public Model {
   // N(0, 0.02) for matrices and the embedding, N(0, 0.02/sqrt(2 n_layer)) for wo and
   // w_down (into the residual stream), unit norm gains; per-tensor streams as nn::GPT.
   void init_unit(int unit, const Tensor& flat, uint64_t seed) const override;
+  std::vector<double> initial_values(int unit, size_t i, uint64_t seed) const override;
 
   double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) override;
   void backward(UnitAccess& units) override;

@@ -100,6 +100,11 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
   const bool tied = arch.always_tied || llama.tie_embeddings;
   std::vector<LoraAdapter> adapters;
   std::vector<std::vector<bool>> keep(units.size());
+  struct Quantize {
+    size_t unit, tensor;
+    std::vector<std::pair<int64_t, int64_t>> pieces;
+  };
+  std::vector<Quantize> quantize;
   for (size_t u = 0; u < units.size(); ++u) {
     const size_t own = units[u].tensors.size();
     keep[u].assign(own, false);
@@ -127,6 +132,11 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
         if (hit) keep[u][i] = true, save_used[s] = true, saved = true;
       }
       const bool linear = in_block && t.shape.size() == 2;
+      if (o.nf4 && linear && !saved) {
+        std::vector<std::pair<int64_t, int64_t>> rows;
+        for (const Piece& p : pieces) rows.emplace_back(p.row0, p.rows);
+        quantize.push_back({u, i, rows});
+      }
       for (const Piece& p : pieces) {
         // PEFT never puts an adapter on a module it trains in full.
         if (saved) continue;
@@ -186,6 +196,7 @@ std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& ar
   for (size_t u = 0; u < units.size(); ++u)
     for (size_t i = 0; i < keep[u].size(); ++i)
       if (!keep[u][i]) units[u].set_trainable(i, false);
+  for (const Quantize& q : quantize) units[q.unit].quantize(q.tensor, q.pieces, o.double_quant);
   return adapters;
 }
 

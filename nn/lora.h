@@ -40,6 +40,13 @@ struct LoraOptions {
   // adapter_config.json, where peft itself ignores names that match nothing as long as one
   // target matches.
   bool strict_names = true;
+  // QLoRA: the frozen block projections stored in NF4 (bitsandbytes' 4-bit NormalFloat,
+  // nn/nf4_blob.h), each Hugging Face module quantized on its own, with double quantization
+  // of the block scales unless double_quant is false; the embeddings, norms, biases, head
+  // and modules to save stay as they are (transformers' bitsandbytes integration quantizes
+  // every nn.Linear but lm_head).
+  bool nf4 = false;
+  bool double_quant = true;
   bool enabled() const { return r > 0; }
   double scale() const;
 };
@@ -56,7 +63,8 @@ struct LoraAdapter {
 std::vector<std::string> lora_default_targets(const Arch& arch);
 
 // Adds each adapter's tensors to `units` and freezes every tensor that is neither an
-// adapter nor part of a module to save. `layers` and the llama shape give the packed
+// adapter nor part of a module to save; with options.nf4, stores the frozen block
+// projections in NF4 (UnitSpec::quantize). `layers` and the llama shape give the packed
 // projections' pieces (q | k | v rows, gate | up rows).
 std::vector<LoraAdapter> apply_lora(std::vector<UnitSpec>& units, const Arch& arch, const LlamaConfig& llama,
                                     const LoraOptions& options);

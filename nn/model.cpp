@@ -1,6 +1,7 @@
 #include "nn/model.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <stdexcept>
 
@@ -58,6 +59,34 @@ double Model::mean_loss(Device& dev, const Tensor& losses, const Tensor& targets
   }
   loss_tokens_ = std::max<int64_t>(1, counted);
   return sum / static_cast<double>(loss_tokens_);
+}
+
+void Model::quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& rows, DType values, int64_t begin,
+                            int64_t n, uint8_t* dst) const {
+  const TensorSpec& t = units().at(static_cast<size_t>(unit)).tensors.at(i);
+  if (!t.quantized()) throw std::invalid_argument("Model::quantized_bytes: " + t.name + " is not quantized");
+  std::vector<double> init;
+  std::vector<uint8_t> blob;
+  for (const Nf4Piece& p : t.nf4) {
+    const int64_t lo = std::max(begin, p.at), hi = std::min(begin + n, p.at + p.layout.bytes);
+    if (lo >= hi) continue;
+    const int64_t cols = p.layout.cols, count = p.layout.numel();
+    std::vector<float> v(static_cast<size_t>(count));
+    if (rows) {
+      rows(p.row0, p.layout.rows, v.data());
+    } else {
+      if (init.empty()) init = initial_values(unit, i, seed);
+      for (int64_t k = 0; k < count; ++k) v[static_cast<size_t>(k)] = static_cast<float>(init[static_cast<size_t>(p.row0 * cols + k)]);
+    }
+    for (float& x : v) {
+      if (values == DType::bf16) x = bf16_to_f32(f32_to_bf16(x));
+      if (values == DType::f16) x = f16_to_f32(f32_to_f16(x));
+    }
+    const Nf4Tensor q = nf4_quantize(v.data(), count, p.layout.double_quant, nullptr, nullptr);
+    blob.assign(static_cast<size_t>(p.layout.bytes), 0);
+    nf4_write_blob(q, p.layout, blob.data());
+    std::memcpy(dst + (lo - begin), blob.data() + (lo - p.at), static_cast<size_t>(hi - lo));
+  }
 }
 
 void Model::write_values(Device& dev, const Tensor& view, const std::vector<double>& host) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,21 @@ class Model {
   // masks (a hash of the two; nn/rng.h's Rng::derive).
   static uint64_t lora_dropout_key(uint64_t key, size_t adapter);
   int64_t num_parameters() const;  // distinct parameters, padding excluded
+  // Writes unit `unit`'s initial values into `flat` ([numel], any dtype), all but its
+  // quantized tensors (TensorSpec::nf4), whose bytes quantized_bytes gives.
   virtual void init_unit(int unit, const Tensor& flat, uint64_t seed) const = 0;
+  // Tensor i's initial values (numel(), row-major), as init_unit draws them.
+  virtual std::vector<double> initial_values(int unit, size_t i, uint64_t seed) const = 0;
+  // Bytes [begin, begin + n) of quantized tensor i's blobs (kNf4ElementBytes x its stored
+  // elements; TensorSpec::nf4) into dst: each piece's rows, given by `rows(row0, rows, dst)`
+  // (a Hugging Face folder's values) or else the model's initial values, rounded to
+  // `values` (the compute dtype: what a LoRA run's frozen base would hold, and what
+  // transformers quantizes a model loaded in that dtype from), then nf4_quantize'd. Only the
+  // pieces the range touches are read and quantized (a whole piece each: double
+  // quantization centres on a mean over all its blocks).
+  using RowsFn = std::function<void(int64_t row0, int64_t rows, float* dst)>;
+  void quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& rows, DType values, int64_t begin,
+                       int64_t n, uint8_t* dst) const;
   virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
   virtual void backward(UnitAccess& units) = 0;
   // [B*T, V] after a forward without targets (sampling, evaluation); a forward with

@@ -1,5 +1,7 @@
 #include "nn/unit.h"
 
+#include <stdexcept>
+
 namespace ferry::nn {
 
 namespace {
@@ -13,8 +15,44 @@ void UnitSpec::add(std::string tensor_name, Shape shape, bool decay) {
 }
 
 void UnitSpec::set_trainable(size_t index, bool trainable) {
+  if (trainable && tensors.at(index).quantized()) {
+    throw std::invalid_argument("UnitSpec::set_trainable: " + tensors[index].name + " is stored in NF4 (frozen)");
+  }
   tensors.at(index).trainable = trainable;
   lay_out();
+}
+
+int64_t TensorSpec::stored_numel() const {
+  if (nf4.empty()) return numel();
+  const Nf4Piece& last = nf4.back();
+  return (last.at + last.layout.bytes) / kNf4ElementBytes;
+}
+
+void UnitSpec::quantize(size_t index, const std::vector<std::pair<int64_t, int64_t>>& pieces, bool double_quant) {
+  TensorSpec& t = tensors.at(index);
+  if (t.trainable || t.shape.size() != 2) {
+    throw std::invalid_argument("UnitSpec::quantize: " + t.name + " is not a frozen matrix");
+  }
+  std::vector<Nf4Piece> out;
+  int64_t row = 0, at = 0;
+  for (const auto& [row0, rows] : pieces) {
+    if (row0 != row || rows <= 0) break;
+    Nf4Piece p{row0, nf4_layout(rows, t.shape[1], double_quant), at};
+    at += p.layout.bytes;  // a multiple of 16: every blob starts 16-byte aligned
+    row += rows;
+    out.push_back(p);
+  }
+  if (row != t.shape[0] || out.size() != pieces.size()) {
+    throw std::invalid_argument("UnitSpec::quantize: the pieces do not cover the rows of " + t.name + " in order");
+  }
+  t.nf4 = std::move(out);
+  lay_out();
+}
+
+bool UnitSpec::any_quantized() const {
+  for (const TensorSpec& t : tensors)
+    if (t.quantized()) return true;
+  return false;
 }
 
 // The trainable tensors at aligned offsets in their order, then the frozen ones: with all
@@ -30,13 +68,14 @@ void UnitSpec::lay_out() {
   for (TensorSpec& t : tensors) {
     if (t.trainable) continue;
     t.offset = aligned(end);
-    end = t.offset + t.numel();
+    end = t.offset + t.stored_numel();
   }
   numel = end;
 }
 
 Tensor UnitSpec::view(const Tensor& flat, size_t index) const {
   const TensorSpec& t = tensors.at(index);
+  if (t.quantized()) return flat.view(t.offset, {t.stored_numel()});
   return flat.view(t.offset, t.shape);
 }
 

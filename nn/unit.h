@@ -15,11 +15,25 @@
 #include <vector>
 
 #include "nn/device.h"
+#include "nn/nf4_blob.h"
 #include "nn/tensor.h"
 
 namespace ferry::nn {
 
 constexpr int64_t kTensorAlign = 16;  // elements: 64 bytes for f32
+
+// One NF4 piece of a frozen weight (QLoRA, nn/nf4_blob.h): rows [row0, row0 + layout.rows)
+// of the weight, quantized on their own (one Hugging Face module of a packed projection, as
+// bitsandbytes quantizes each nn.Linear), its blob at byte `at` of the tensor's bytes.
+struct Nf4Piece {
+  int64_t row0 = 0;
+  Nf4Layout layout;
+  int64_t at = 0;
+};
+// A unit holding NF4 tensors keeps its frozen span in a 16-bit dtype (bf16 or f16, the
+// compute dtype) on every tier, so a blob of b bytes takes b / 2 elements of the flat
+// buffer and every copy, gather and read moves it as plain bytes.
+constexpr int64_t kNf4ElementBytes = 2;
 
 struct TensorSpec {
   std::string name;  // GPT-2 naming, e.g. "h.0.attn.c_attn.weight"
@@ -30,7 +44,13 @@ struct TensorSpec {
   // for it, nor kept, reduced or updated). Every tensor of today's models is trainable;
   // adapters freeze the base (docs/design/nn.md, "Trainable and frozen tensors").
   bool trainable = true;
-  int64_t numel() const { return shape_numel(shape); }
+  // Quantized to NF4 (frozen weights only, UnitSpec::quantize): the pieces that cover its
+  // rows in order; empty: kept as values.
+  std::vector<Nf4Piece> nf4{};
+  bool quantized() const { return !nf4.empty(); }
+  int64_t numel() const { return shape_numel(shape); }  // the parameter's values
+  // Its elements in the unit's flat buffer: numel(), or its blobs' bytes / kNf4ElementBytes.
+  int64_t stored_numel() const;
 };
 
 // A unit's layout. Its flat buffer holds the trainable tensors first, in the order they
@@ -48,7 +68,14 @@ struct UnitSpec {
   // Marks tensor `index` trainable or frozen, which lays the unit out again (offsets move).
   void set_trainable(size_t index, bool trainable);
   bool all_trainable() const { return trainable_numel == numel; }
-  Tensor view(const Tensor& flat, size_t index) const;  // tensor `index` inside `flat`
+  // Stores frozen 2-D tensor `index` in NF4, each [row0, row0 + rows) of `pieces` (which
+  // cover its rows in order) quantized on its own, which lays the unit out again.
+  // std::invalid_argument for a trainable tensor or pieces that do not cover the rows.
+  void quantize(size_t index, const std::vector<std::pair<int64_t, int64_t>>& pieces, bool double_quant);
+  bool any_quantized() const;
+  // Tensor `index` inside `flat`; a quantized tensor is its raw blobs, 1-D [stored_numel()]
+  // (Nf4Piece::at / kNf4ElementBytes is a piece's first element).
+  Tensor view(const Tensor& flat, size_t index) const;
   // Tensor `index` inside the unit's gradient buffer `grads` ([trainable_numel]); undefined
   // for a frozen tensor or an undefined `grads` (no gradient to write).
   Tensor grad_view(const Tensor& grads, size_t index) const;

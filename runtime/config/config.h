@@ -41,6 +41,7 @@ struct Config {
   nn::LoraOptions lora;          // lora.*: adapters (r > 0) instead of full fine-tuning
   std::string adapter_from;      // a PEFT adapter folder that starts the adapters ("" = none)
   std::string lora_bias = "none";
+  std::string lora_base_dtype = "compute";  // lora.base_dtype: compute or nf4 (sets lora.nf4)
   std::string init_from;         // a Hugging Face model folder whose weights start the run ("" = none)
   int64_t max_positions = 0;     // llama family: max_position_embeddings (0 = block_size), for export
   // The registry's descriptor of model_arch (checked against it when the file is read).

@@ -231,6 +231,13 @@ const std::vector<Knob>& config_knobs() {
        "modules trained in full beside the adapters (lm_head, embed_tokens, a norm...), PEFT's names"},
       {"lora.bias", F(lora_bias), KnobType::string, "none", "which biases train with the adapters: none (PEFT's "
        "default; all and lora_only are not supported)", {}, {}, false, {"none"}},
+      {"lora.base_dtype", F(lora_base_dtype), KnobType::string, "compute",
+       "the frozen base's storage: compute (its dtype, bf16 in a bf16 run) or nf4 (QLoRA: the block projections "
+       "in bitsandbytes' 4-bit NormalFloat, quantized at start, dequantized panel by panel in the GEMMs; needs "
+       "bf16 or fp16)", {}, {}, false, {"compute", "nf4"}},
+      {"lora.double_quant", F(lora.double_quant), KnobType::boolean, true,
+       "nf4: quantize the block scales to 8 bits too (bitsandbytes' bnb_4bit_use_double_quant): 0.516 bytes a "
+       "parameter instead of 0.5625"},
       {"model.adapter_from", F(adapter_from), KnobType::path, "",
        "a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors) whose adapters start the run "
        "on the model.init_from base; its adapter_config.json sets the lora.* keys"},

@@ -150,6 +150,13 @@ HfModelConfig hf_model_config(const json& hf, const std::string& path) {
     refuse(path, "key 'architectures' must list one class, got " + (archs ? archs->dump() : std::string("nothing")));
   }
   out.architecture = (*archs)[0].get<std::string>();
+  // A folder saved already quantized holds packed integers, not the weights' values.
+  if (const json* q = opt(hf, "quantization_config"); q && !q->is_null()) {
+    const json* method = q->is_object() ? opt(*q, "quant_method") : nullptr;
+    refuse(path, "key 'quantization_config' (quant_method " + (method ? method->dump() : std::string("absent")) +
+                     "): this folder holds quantized weights, which ferry does not read; give the unquantized base "
+                     "folder, and lora.base_dtype \"nf4\" quantizes it at start as bitsandbytes does");
+  }
   if (const json* d = opt(hf, "torch_dtype"); d && d->is_string()) out.dtype = d->get<std::string>();
   if (const json* d = opt(hf, "dtype"); d && d->is_string()) out.dtype = d->get<std::string>();
   const nn::Arch* arch = nn::find_hf_arch(out.architecture);

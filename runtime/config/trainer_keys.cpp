@@ -119,7 +119,7 @@ bool translate_one(const std::string& key, const json& value, json& out, const s
                    TrainerKeys& keys) {
   // Axolotl writes `adapter: null`, `lora_r: null`... in full fine-tunes' files: absent.
   if (value.is_null() && (key == "adapter" || key == "lora_target_linear" || key.starts_with("lora_") ||
-                          key == "peft_use_rslora")) {
+                          key == "peft_use_rslora" || key.starts_with("load_in_") || key.starts_with("bnb_4bit_"))) {
     return true;
   }
   if (key == "adapter") {  // Axolotl: which adapter; its rank comes with lora_r
@@ -128,11 +128,37 @@ bool translate_one(const std::string& key, const json& value, json& out, const s
       keys.applied.push_back("adapter = \"lora\" (the rank is lora_r -> lora.r)");
       return true;
     }
-    if (value == "qlora") {
-      fail(source, "key 'adapter' is \"qlora\": ferry trains LoRA on a frozen base in the compute dtype; the 4-bit "
-                   "(NF4) base is not built yet (docs/design/adapters.md): use adapter: lora, and offload_param to fit the base");
+    if (value == "qlora") {  // LoRA on a base stored in NF4 (Axolotl sets load_in_4bit beside it)
+      keys.adapter_source = source;
+      put(out, "lora.base_dtype", "nf4", key, source);
+      keys.applied.push_back("adapter = \"qlora\" -> lora.base_dtype = \"nf4\" (the rank is lora_r -> lora.r)");
+      return true;
     }
     fail(source, "key 'adapter' is " + value.dump() + "; ferry trains LoRA adapters (adapter: lora)");
+  }
+  // transformers' BitsAndBytesConfig as Axolotl spells it: 4-bit NF4 is lora.base_dtype nf4.
+  if (key == "load_in_4bit" || key == "load_in_8bit") {
+    if (!value.is_boolean()) fail(source, "key '" + key + "' must be true or false, got " + value.dump());
+    if (!value.get<bool>()) return true;
+    if (key == "load_in_8bit") {
+      fail(source, "key 'load_in_8bit' is true: ferry quantizes a frozen base to 4-bit NF4 only (load_in_4bit, "
+                   "lora.base_dtype \"nf4\"), not to bitsandbytes' 8-bit LLM.int8()");
+    }
+    put(out, "lora.base_dtype", "nf4", key, source);
+    keys.applied.push_back("load_in_4bit = true -> lora.base_dtype = \"nf4\"");
+    return true;
+  }
+  if (key == "bnb_4bit_quant_type") {
+    if (value != "nf4") {
+      fail(source, "key 'bnb_4bit_quant_type' is " + value.dump() + ": ferry's 4-bit base is NF4 only (\"nf4\")");
+    }
+    return true;
+  }
+  if (key == "bnb_4bit_use_double_quant") {
+    if (!value.is_boolean()) fail(source, "key 'bnb_4bit_use_double_quant' must be true or false, got " + value.dump());
+    put(out, "lora.double_quant", value, key, source);
+    keys.applied.push_back("bnb_4bit_use_double_quant = " + value.dump() + " -> lora.double_quant");
+    return true;
   }
   if (key == "lora_target_linear") {  // Axolotl: every linear layer
     if (!value.is_boolean()) fail(source, "key 'lora_target_linear' must be true or false, got " + value.dump());
@@ -177,6 +203,9 @@ bool is_trainer_key(const std::string& key, const json& value) {
   if (schedule_word(key) || key == "adam_beta1" || key == "adam_beta2") return true;
   if (key == "adapter") return value.is_string() || value.is_null();  // an object: the adapter.* hint
   if (key == "lora_target_linear") return true;
+  if (key == "load_in_4bit" || key == "load_in_8bit" || key == "bnb_4bit_quant_type" || key == "bnb_4bit_use_double_quant") {
+    return true;
+  }
   const auto it = aliases().find(key);
   return it != aliases().end() && (it->second.conv != Conv::bool_only || value.is_boolean());
 }

@@ -224,6 +224,7 @@ void HfWeights::fill(int unit, int64_t begin, int64_t n, float* dst) {
   for (const size_t i : unit_tensors_.at(static_cast<size_t>(unit))) {
     const HfTensorMap& m = hf_.tensors[i];
     const nn::TensorSpec& t = spec.tensors[m.tensor];
+    if (t.quantized()) continue;
     const int64_t lo = std::max(begin, t.offset), hi = std::min(begin + n, t.offset + t.numel());
     if (lo >= hi) continue;
     for (const HfPiece& p : m.pieces) {
@@ -233,6 +234,25 @@ void HfWeights::fill(int unit, int64_t begin, int64_t n, float* dst) {
       read_piece(m, p, sources_.at(p.name), pa, pb, dst + (t.offset + pa - begin));
     }
   }
+}
+
+void HfWeights::read_rows(int unit, size_t tensor, int64_t row0, int64_t rows, float* dst) {
+  for (const size_t i : unit_tensors_.at(static_cast<size_t>(unit))) {
+    const HfTensorMap& m = hf_.tensors[i];
+    if (m.tensor != tensor) continue;
+    const int64_t lo = row0 * m.cols, hi = (row0 + rows) * m.cols;
+    if (row0 < 0 || rows < 0 || row0 + rows > m.rows) {
+      throw std::invalid_argument("HfWeights::read_rows: rows [" + std::to_string(row0) + ", +" + std::to_string(rows) +
+                                  ") of a tensor of " + std::to_string(m.rows));
+    }
+    for (const HfPiece& p : m.pieces) {
+      const int64_t pa = std::max(lo, p.row_begin * m.cols), pb = std::min(hi, (p.row_begin + p.rows) * m.cols);
+      if (pa < pb) read_piece(m, p, sources_.at(p.name), pa, pb, dst + (pa - lo));
+    }
+    return;
+  }
+  throw std::invalid_argument("HfWeights::read_rows: tensor " + std::to_string(tensor) + " of unit " +
+                              std::to_string(unit) + " has no Hugging Face source");
 }
 
 }  // namespace ferry::runtime

@@ -42,8 +42,12 @@ class HfWeights {
   ~HfWeights();
 
   // Writes elements [begin, begin + n) of `unit`'s flat buffer (f32) into dst; alignment
-  // padding between tensors becomes 0.
+  // padding between tensors becomes 0, and so do the elements of tensors stored in NF4
+  // (TensorSpec::nf4: bytes, not values; read_rows gives their values to quantize).
   void fill(int unit, int64_t begin, int64_t n, float* dst);
+  // Rows [row0, row0 + rows) of tensor `tensor` of `unit`, in ferry's layout (row-major
+  // [rows, cols] of the TensorSpec's shape), into dst.
+  void read_rows(int unit, size_t tensor, int64_t row0, int64_t rows, float* dst);
 
   uint64_t bytes_read() const { return bytes_read_; }
   int files() const { return static_cast<int>(readers_.size()); }

@@ -181,7 +181,13 @@ void Engine::build_states(const EngineHooks& hooks) {
   // The hooks are called during construction only: `hooks` outlives every call.
   std::function<void(int, const Tensor&)> init = [](int, const Tensor&) {};
   if (hooks.init_unit) init = [this, &hooks](int u, const Tensor& full) { hooks.init_unit(*this, u, full); };
-  units_ = std::make_unique<ShardedUnits>(*compute_, *shard_comm, layout, cfg_.zero, init, place);
+  ShardedUnits::QuantizedInit quantized;
+  if (hooks.init_quantized) {
+    quantized = [this, &hooks](int u, size_t t, int64_t begin, int64_t n, uint8_t* dst) {
+      hooks.init_quantized(*this, u, t, begin, n, dst);
+    };
+  }
+  units_ = std::make_unique<ShardedUnits>(*compute_, *shard_comm, layout, cfg_.zero, init, place, quantized);
   if (const int h = cfg_.zero.hpz_partition_size; h > 1 && cfg_.zero.stage == 3) {
     if (!run) {
       node_ = std::make_unique<comm::CountingCommunicator>(0, h);

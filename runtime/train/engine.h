@@ -80,6 +80,9 @@ struct EngineHooks {
   // device). Absent: the state keeps what it was allocated with (zeros; nothing at all on
   // counting devices), as a checkpoint or the dry run needs.
   std::function<void(Engine&, int unit, const nn::Tensor& full)> init_unit;
+  // Bytes [begin, begin + n) of the NF4 blobs of tensor `tensor` of `unit`
+  // (ShardedUnits::QuantizedInit). Absent: zeros, as above.
+  std::function<void(Engine&, int unit, size_t tensor, int64_t begin, int64_t n, uint8_t* dst)> init_quantized;
 };
 
 class Engine {

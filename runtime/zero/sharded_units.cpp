@@ -26,7 +26,7 @@ std::vector<std::string> unit_names(const std::vector<nn::UnitSpec>& units) {
 
 ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const std::vector<nn::UnitSpec>& units,
                            const ZeroConfig& zero, const std::function<void(int, const Tensor&)>& init,
-                           const Placement& placement)
+                           const Placement& placement, const QuantizedInit& quantized)
     : dev_(device),
       comm_(comm),
       zero_(zero),
@@ -95,6 +95,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
       if (policy_.full_weights) {
         model_w_[u] = Tensor::empty(dev_, model_dtype, {s.numel});
         dev_.cast(model_w_[u], full.view(0, {s.numel}));
+        put_quantized(units[u], static_cast<int>(u), quantized, model_w_[u], 0, s.numel);
       }
     }
     if (policy_.full_weights) full_w_[u] = trained;
@@ -102,7 +103,17 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
       compute_w_[u] = Tensor::empty(dev_, zero_.compute, {p.padded});
       dev_.cast(compute_w_[u], trained);
     }
-    if (policy_.sharded_weights) shards_->init(static_cast<int>(u), s.has_frozen() ? stored_shard(dev_, full, s) : full.view(p.begin(), {p.shard}));
+    if (policy_.sharded_weights) {
+      Tensor stored = s.has_frozen() ? stored_shard(dev_, full, s) : full.view(p.begin(), {p.shard});
+      if (units[u].any_quantized()) {  // the shard in its store's dtype, then the blobs' bytes
+        const Tensor typed = Tensor::empty(dev_, shards_->dtype(), {stored.numel()});
+        dev_.cast(typed, stored);
+        put_quantized(units[u], static_cast<int>(u), quantized, typed.view(s.stored_frozen_at(), {s.frozen.shard}),
+                      s.frozen_at + std::min(s.frozen.begin(), s.frozen.numel), s.frozen.owned_real());
+        stored = typed;
+      }
+      shards_->init(static_cast<int>(u), stored);
+    }
     if (policy_.full_grads && trains) full_g_[u] = zeroed(dev_, p.padded);
     if (policy_.grad_shard && trains) shard_g_[u] = zeroed(grad_home, p.shard);
   }
@@ -124,6 +135,27 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
                                              if (!g.valid()) return std::nullopt;  // refreshed in place already
                                              return g;
                                            });
+}
+
+// Unit u's NF4 blobs where they fall in elements [begin, begin + n) of its layout, into
+// `dst` (which holds those elements from its start), as raw bytes through host memory.
+void ShardedUnits::put_quantized(const nn::UnitSpec& spec, int u, const QuantizedInit& quantized, const Tensor& dst,
+                                 int64_t begin, int64_t n) {
+  if (!spec.any_quantized() || !quantized) return;
+  if (nn::dtype_size(dst.dtype()) != static_cast<size_t>(nn::kNf4ElementBytes)) {
+    throw std::logic_error("ShardedUnits: " + spec.name + " holds NF4 tensors in " + dst.describe() +
+                           " (they need a 16-bit frozen span: bf16 or f16 compute, the configuration's rules)");
+  }
+  std::vector<uint8_t> bytes;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const nn::TensorSpec& t = spec.tensors[i];
+    if (!t.quantized()) continue;
+    const int64_t lo = std::max(begin, t.offset), hi = std::min(begin + n, t.offset + t.stored_numel());
+    if (lo >= hi) continue;
+    bytes.assign(static_cast<size_t>((hi - lo) * nn::kNf4ElementBytes), 0);
+    quantized(u, i, (lo - t.offset) * nn::kNf4ElementBytes, (hi - lo) * nn::kNf4ElementBytes, bytes.data());
+    dev_.copy_from_host(dst.view(lo - begin, {hi - lo}), bytes.data());
+  }
 }
 
 ShardedUnits::~ShardedUnits() {

@@ -86,9 +86,14 @@ class ShardedUnits final : public nn::UnitAccess {
   // Allocates the persistent buffers and initialises the weights: `init(u, full)` writes
   // unit u's full weights into `full` (every rank computes the same values; each keeps
   // what its stage keeps), so the initial model does not depend on the world size.
+  // Tensors stored in NF4 (TensorSpec::nf4) are bytes, not values: `init` leaves them, and
+  // `quantized(u, tensor, begin, n, dst)` writes bytes [begin, begin + n) of their blobs
+  // into host memory, only the ranges this rank keeps, into the 16-bit buffers that hold
+  // them (the model's at stages 0-2, the stored shard at stage 3). Absent: they stay zero.
+  using QuantizedInit = std::function<void(int unit, size_t tensor, int64_t begin, int64_t n, uint8_t* dst)>;
   ShardedUnits(nn::Device& device, comm::Communicator& comm, const std::vector<nn::UnitSpec>& units,
                const ZeroConfig& zero, const std::function<void(int, const nn::Tensor&)>& init,
-               const Placement& placement = {});
+               const Placement& placement = {}, const QuantizedInit& quantized = {});
 
   ~ShardedUnits() override;
 
@@ -207,6 +212,8 @@ class ShardedUnits final : public nn::UnitAccess {
   // trainable span is copied from full_w_ / compute_w_ ([padded] of the trainable span,
   // whose padding would overrun the frozen span) by each refresh.
   std::vector<nn::Tensor> model_w_;
+  void put_quantized(const nn::UnitSpec& spec, int u, const QuantizedInit& quantized, const nn::Tensor& dst,
+                     int64_t begin, int64_t n);
   std::vector<bool> fresh_;           // landing: the shard was zeroed and nothing landed yet
   bool land_ = false;                 // reductions on the device, results land on the host
   std::vector<nn::Tensor> compute_w_;  // stages 0-2 under mixed precision: full weights in the compute dtype
