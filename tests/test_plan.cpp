@@ -199,6 +199,39 @@ BOOST_AUTO_TEST_CASE(memory_lora) {
   }
 }
 
+// QLoRA: the dry run's memory equals real runs' with the base in NF4 (its blobs in the
+// frozen span, gathered and offloaded as bytes), and the frozen base's stored bytes are about
+// a quarter of bf16's where the matrices are large enough for the per-piece tables
+// (1 KiB of 8-bit code per Hugging Face module) not to count.
+BOOST_AUTO_TEST_CASE(memory_qlora) {
+  test::TempDir dir("plan_qlora");
+  for (int world : {1, 2}) {
+    for (const auto& [stage, opt, par] : std::vector<std::tuple<int, const char*, const char*>>{
+             {0, "none", "none"}, {2, "cpu", "none"}, {3, "cpu", "none"}, {3, "cpu", "cpu"}, {3, "nvme", "nvme"}}) {
+      const json qlora = {{"lora", {{"r", 4}, {"target_modules", "all-linear"}, {"base_dtype", "nf4"}}},
+                          {"bf16", {{"enabled", true}}}};
+      const Config c = config_for(stage, opt, par, dir.path.string(), world, 64, false, true, qlora);
+      BOOST_TEST(c.lora.nf4);
+      check_against_run(c, world, "qlora world " + std::to_string(world) + " stage " + std::to_string(stage) +
+                                      " optimizer " + opt + " params " + par);
+    }
+  }
+  // Llama 3 8B's shape, stage 3 with the parameters in host memory: NF4 against bf16.
+  auto host_weights = [&](const char* base_dtype) {
+    json d = {{"model", {{"preset", "llama-8b"}, {"block_size", 1024}}},
+              {"data", {{"path", std::string(FERRY_SOURCE_DIR) + "/tests/data/kjv-64k.txt"}}},
+              {"bf16", {{"enabled", true}}},
+              {"lora", {{"r", 16}, {"target_modules", "all-linear"}, {"base_dtype", base_dtype}}},
+              {"train_micro_batch_size_per_gpu", 1},
+              {"zero_optimization",
+               {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "cpu"}}}}}};
+    return plan_memory(config_from_json(d, "test", "", {}, 1), 1).host_states;
+  };
+  const double nf4 = static_cast<double>(host_weights("nf4")), bf16 = static_cast<double>(host_weights("compute"));
+  BOOST_TEST_MESSAGE("Llama 3 8B LoRA r16, stage 3, states in host memory: nf4 " << nf4 << " bytes, bf16 " << bf16);
+  BOOST_TEST(nf4 < 0.4 * bf16);
+}
+
 // Step-time arithmetic on rates read from ferry-bench result files.
 BOOST_AUTO_TEST_CASE(time_from_bench_rates) {
   test::TempDir dir("plan_bench");

@@ -44,6 +44,11 @@ json layout_json(const std::vector<nn::UnitSpec>& layout) {
     for (const nn::TensorSpec& t : u.tensors) {
       json j = {{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}, {"decay", t.decay}};
       if (!t.trainable) j["trainable"] = false;  // frozen: not in the checkpoint (the base folder has it)
+      if (t.quantized()) {  // NF4 (lora.base_dtype): its pieces' rows, which give its extent in the unit
+        json pieces = json::array();
+        for (const nn::Nf4Piece& p : t.nf4) pieces.push_back({p.row0, p.layout.rows});
+        j["nf4"] = {{"pieces", pieces}, {"double_quant", t.nf4.front().layout.double_quant}};
+      }
       tensors.push_back(std::move(j));
     }
     json unit = {{"name", u.name}, {"numel", u.numel}, {"tensors", tensors}};

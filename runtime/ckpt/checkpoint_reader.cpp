@@ -191,13 +191,41 @@ std::vector<nn::UnitSpec> CheckpointReader::layout() const {
         ts.trainable = t.value("trainable", true);
         if (!t.at("shape").is_array()) throw CheckpointError(mpath + ": tensor " + ts.name + "'s shape is not a list");
         for (const json& d : t.at("shape")) ts.shape.push_back(integer<int64_t>(d, mpath, std::string("tensor ") + ts.name + "'s shape"));
+        if (const auto q = t.find("nf4"); q != t.end()) {  // NF4 blobs: the extent is theirs, not the shape's
+          if (ts.trainable || ts.shape.size() != 2 || !q->at("pieces").is_array()) {
+            throw CheckpointError(mpath + ": tensor " + ts.name + "'s nf4 entry needs a frozen matrix and a list of pieces");
+          }
+          // Dimensions bounded before any product: a blob holds at least half a byte a value,
+          // so an NF4 matrix of more than 4 x the unit's elements cannot fit it.
+          const int64_t cap = int64_t{1} << 31;
+          if (ts.shape[0] < 1 || ts.shape[1] < 1 || ts.shape[0] > cap || ts.shape[1] > cap ||
+              ts.shape[0] * ts.shape[1] > 4 * std::min<int64_t>(spec.numel, int64_t{1} << 60)) {
+            throw CheckpointError(mpath + ": tensor " + ts.name + "'s nf4 shape does not fit its unit");
+          }
+          int64_t row = 0, at = 0;
+          for (const json& p : q->at("pieces")) {
+            if (!p.is_array() || p.size() != 2) throw CheckpointError(mpath + ": tensor " + ts.name + "'s nf4 pieces are [row0, rows] pairs");
+            const int64_t row0 = integer<int64_t>(p[0], mpath, "an nf4 piece's row0");
+            const int64_t rows = integer<int64_t>(p[1], mpath, "an nf4 piece's rows");
+            if (row0 != row || rows <= 0 || rows > ts.shape[0] - row) {
+              throw CheckpointError(mpath + ": tensor " + ts.name + "'s nf4 pieces do not cover its rows in order");
+            }
+            const nn::Nf4Layout l = nn::nf4_layout(rows, ts.shape[1], q->at("double_quant").get<bool>());
+            ts.nf4.push_back({row0, l, at});
+            at += l.bytes;
+            row += rows;
+          }
+          if (row != ts.shape[0]) throw CheckpointError(mpath + ": tensor " + ts.name + "'s nf4 pieces do not cover its rows");
+        }
         // Inside the unit: the tensor's elements are read (export) by offset and shape.
         int64_t n = 1;
         bool inside = ts.offset >= 0 && ts.offset <= spec.numel;
         for (const int64_t d : ts.shape) {
+          if (ts.quantized()) break;  // its extent is its blobs' (checked below), not its values'
           inside = inside && d >= 0 && (d == 0 || n <= (spec.numel - ts.offset) / d);
           if (inside) n *= d;
         }
+        if (ts.quantized()) n = ts.stored_numel();
         inside = inside && n <= spec.numel - ts.offset;
         if (!inside) {
           throw CheckpointError(mpath + ": unit " + spec.name + ": tensor " + ts.name + " " + t.at("shape").dump() +
@@ -229,6 +257,14 @@ void CheckpointReader::check_layout(const std::vector<nn::UnitSpec>& layout) con
         throw CheckpointError(where + ": unit " + saved[u].name + ": " + a[i].name + " is " +
                               (a[i].trainable ? "trained" : "frozen") + " in the checkpoint but " +
                               (b[i].trainable ? "trained" : "frozen") + " in this run (another lora.* setting)");
+      }
+      const auto storage = [](const nn::TensorSpec& t) {
+        return !t.quantized() ? std::string("values") : std::string(t.nf4.front().layout.double_quant ? "nf4 (double quantized)" : "nf4");
+      };
+      if (i < a.size() && i < b.size() && a[i].name == b[i].name && storage(a[i]) != storage(b[i])) {
+        throw CheckpointError(where + ": unit " + saved[u].name + ": " + a[i].name + " is stored as " + storage(a[i]) +
+                              " in the checkpoint but as " + storage(b[i]) +
+                              " in this run (lora.base_dtype or lora.double_quant changed)");
       }
       if (i >= a.size() || i >= b.size() || a[i].name != b[i].name || a[i].shape != b[i].shape || a[i].offset != b[i].offset) {
         const auto shape = [](const std::vector<nn::TensorSpec>& v, size_t k) {

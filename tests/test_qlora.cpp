@@ -1,0 +1,253 @@
+// QLoRA end to end (lora.base_dtype "nf4", docs/guide/adapters.md): the frozen block
+// projections stored in NF4, quantized at start, multiplied panel by panel.
+// - Training equals LoRA on a Hugging Face folder that holds the dequantized base (each
+//   module quantized on its own from its bf16 values, as transformers loads a bf16 model
+//   with load_in_4bit), with and without double quantization;
+// - every stage and placement that keeps the frozen span 16-bit gives the same losses bit
+//   for bit, the base streaming as bytes from the device, host memory or nvme;
+// - a resume continues bit for bit (the base quantized again from the folder);
+// - the configuration keys, Axolotl's spellings, and what is refused by name.
+#define BOOST_TEST_MODULE qlora
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+
+#include "comm/communicator.h"
+#include "nn/nf4.h"
+#include "runtime/ckpt/safetensors.h"
+#include "runtime/config/config.h"
+#include "runtime/hf/hf_tensors.h"
+#include "runtime/hf/hf_weights.h"
+#include "runtime/train/trainer.h"
+#include "error_of.h"
+#include "test_util.h"
+
+using namespace ferry;
+using nlohmann::json;
+namespace fs = std::filesystem;
+using ferry::test::error_of;
+
+namespace {
+
+const std::string kRoot = std::string(FERRY_SOURCE_DIR) + "/tests/data/";
+
+json doc(const std::string& folder, int64_t steps) {
+  return {{"model", {{"init_from", folder}, {"block_size", 16}}},
+          {"data", {{"path", kRoot + "kjv-64k.txt"}}},
+          {"device", {{"memory", "256MiB"}, {"threads", 1}}},
+          {"bf16", {{"enabled", true}}},
+          {"train_micro_batch_size_per_gpu", 2},
+          {"gradient_accumulation_steps", 2},
+          {"optimizer", {{"params", {{"lr", 0.01}, {"weight_decay", 0.0}}}}},
+          {"lora", {{"r", 4}, {"lora_alpha", 8}, {"target_modules", "all-linear"}}},
+          {"train", {{"steps", steps}, {"eval_every", 0}, {"eval_batches", 1}, {"sample_tokens", 0}}}};
+}
+
+runtime::Config config(const json& d, const std::vector<std::string>& sets = {}) {
+  return runtime::config_from_json(d, "test.json", "", sets, 1);
+}
+
+std::vector<double> losses(const runtime::Config& c) {
+  comm::SingleProcessCommunicator one;
+  std::ostream discard(nullptr);
+  runtime::Trainer t(c, one, discard);
+  std::vector<double> out;
+  for (const auto& s : t.run().steps) out.push_back(s.loss);
+  return out;
+}
+
+// A copy of Hugging Face folder `from` in `to` whose block projections hold what NF4
+// keeps of them: each module's values rounded to bf16, quantized, dequantized (fp32, one
+// model.safetensors).
+void write_dequantized_folder(const std::string& from, const fs::path& to, bool double_quant) {
+  fs::create_directories(to);
+  for (const auto& e : fs::directory_iterator(from)) {
+    const std::string name = e.path().filename().string();
+    if (!name.ends_with(".safetensors") && !name.ends_with(".index.json")) fs::copy_file(e.path(), to / name);
+  }
+  json d = doc(from, 1);
+  d["lora"]["base_dtype"] = "nf4";
+  d["lora"]["double_quant"] = double_quant;
+  const runtime::Config c = config(d);
+  const std::vector<nn::UnitSpec> layout = runtime::model_layout(c);
+  const runtime::HfLayout hf = runtime::hf_layout(c.resolved.at("model"), layout);
+  std::map<std::string, std::vector<float>> values;  // every tensor of the folder, fp32
+  for (const auto& e : fs::directory_iterator(from)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("model") || !name.ends_with(".safetensors")) continue;
+    runtime::SafetensorsReader r(e.path().string());
+    for (const auto& t : r.entries()) {
+      BOOST_REQUIRE(t.dtype == "F32");
+      const std::vector<char> b = r.read(t);
+      values[t.name].resize(b.size() / 4);
+      std::memcpy(values[t.name].data(), b.data(), b.size());
+    }
+  }
+  int quantized = 0;
+  for (const runtime::HfTensorMap& m : hf.tensors) {
+    const nn::TensorSpec& t = layout.at(static_cast<size_t>(m.unit)).tensors.at(m.tensor);
+    for (const nn::Nf4Piece& p : t.nf4) {
+      const runtime::HfPiece* piece = nullptr;
+      for (const runtime::HfPiece& hp : m.pieces) piece = hp.row_begin == p.row0 ? &hp : piece;
+      BOOST_REQUIRE(piece != nullptr);
+      BOOST_REQUIRE(!piece->transposed);
+      std::vector<float>& v = values.at(piece->name);
+      BOOST_REQUIRE(static_cast<int64_t>(v.size()) == p.layout.numel());
+      for (float& x : v) x = nn::bf16_to_f32(nn::f32_to_bf16(x));
+      const nn::Nf4Tensor q = nn::nf4_quantize(v.data(), p.layout.numel(), double_quant, nullptr, nullptr);
+      nn::nf4_dequantize(q, v.data());
+      ++quantized;
+    }
+  }
+  BOOST_TEST(quantized == 3 * 7);  // q, k, v, o, gate, up, down in each of the 3 layers
+  std::vector<runtime::SafetensorsEntry> entries;
+  uint64_t at = 0;
+  for (const auto& [name, v] : values) {
+    entries.push_back({name, "F32", {}, at, at + v.size() * 4});
+    at += v.size() * 4;
+  }
+  // Shapes from the original files.
+  for (const auto& e : fs::directory_iterator(from)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with("model") || !name.ends_with(".safetensors")) continue;
+    runtime::SafetensorsReader r(e.path().string());
+    for (const auto& t : r.entries())
+      for (auto& out : entries)
+        if (out.name == t.name) out.shape = t.shape;
+  }
+  runtime::SafetensorsWriter w((to / "model.safetensors").string(), entries, {{"format", "pt"}});
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::vector<float>& v = values.at(entries[i].name);
+    w.write(i, v.data(), v.size() * 4);
+  }
+  w.finish();
+}
+
+double worst_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double w = 0;
+  for (size_t i = 0; i < a.size(); ++i) w = std::max(w, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return w;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(qlora_trains_as_lora_on_the_dequantized_base) {
+  test::TempDir dir("qlora_deq");
+  for (const bool double_quant : {true, false}) {
+    BOOST_TEST_CONTEXT("double_quant " << double_quant) {
+      const fs::path folder = dir.path / (double_quant ? "dq" : "plain");
+      write_dequantized_folder(kRoot + "hf/llama3", folder, double_quant);
+      json q = doc(kRoot + "hf/llama3", 4);
+      q["lora"]["base_dtype"] = "nf4";
+      q["lora"]["double_quant"] = double_quant;
+      const std::vector<double> qlora = losses(config(q));
+      const std::vector<double> lora = losses(config(doc(folder.string(), 4)));
+      const std::vector<double> original = losses(config(doc(kRoot + "hf/llama3", 4)));
+      BOOST_REQUIRE(qlora.size() == 4u);
+      const double rel = worst_rel(qlora, lora), off = worst_rel(qlora, original);
+      BOOST_TEST_MESSAGE("QLoRA losses within " << rel << " of LoRA on the dequantized base; " << off
+                                                << " from LoRA on the unquantized base");
+      BOOST_TEST(rel <= 1e-6);
+      BOOST_TEST(off > 1e-4);  // quantization changes the model: the comparison can fail
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_stage_and_placement_gives_identical_losses) {
+  test::TempDir dir("qlora");
+  const std::string nvme = dir.path.string();
+  json d = doc(kRoot + "hf/llama3", 3);
+  d["lora"]["base_dtype"] = "nf4";
+  const std::vector<double> reference = losses(config(d));
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const char* opt : {"none", "cpu", "nvme"}) {
+      for (const char* par : {"none", "cpu", "nvme"}) {
+        if (stage < 3 && std::string(par) != "none") continue;
+        if (stage == 0 && std::string(opt) != "none") continue;
+        if (stage == 3 && std::string(opt) == "none" && std::string(par) == "none") continue;  // refused below
+        BOOST_TEST_CONTEXT("stage " << stage << ", optimizer " << opt << ", parameters " << par) {
+          d["zero_optimization"] = {{"stage", stage},
+                                    {"offload_optimizer", {{"device", opt}, {"nvme_path", nvme}}},
+                                    {"offload_param", {{"device", par}, {"nvme_path", nvme}, {"buffer_size", 4096}}}};
+          BOOST_TEST(losses(config(d)) == reference, boost::test_tools::per_element());
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_resume_continues_bit_for_bit) {
+  test::TempDir dir("qlora_resume");
+  json d = doc(kRoot + "hf/llama3", 4);
+  d["lora"]["base_dtype"] = "nf4";
+  d["zero_optimization"] = {{"stage", 3}, {"offload_optimizer", {{"device", "cpu"}}}, {"offload_param", {{"device", "cpu"}}}};
+  d["checkpoint"] = {{"dir", (dir.path / "a").string()}, {"every_steps", 2}};
+  const std::vector<double> whole = losses(config(d));
+  d["checkpoint"]["dir"] = (dir.path / "b").string();
+  d["train"]["steps"] = 2;
+  (void)losses(config(d));
+  d["train"]["steps"] = 4;
+  const std::vector<double> resumed = losses(config(d, {"checkpoint.resume=auto"}));
+  BOOST_REQUIRE(resumed.size() == 2u);
+  BOOST_TEST(resumed[0] == whole[2]);
+  BOOST_TEST(resumed[1] == whole[3]);
+}
+
+BOOST_AUTO_TEST_CASE(the_keys_and_what_is_refused_by_name) {
+  json d = doc(kRoot + "hf/llama3", 1);
+  d["lora"]["base_dtype"] = "nf4";
+  BOOST_TEST(config(d).lora.nf4);
+  BOOST_TEST(config(d).lora.double_quant);
+  BOOST_TEST(!config(doc(kRoot + "hf/llama3", 1)).lora.nf4);
+  // The layout: every block projection quantized, piece by piece; the rest kept.
+  const std::vector<nn::UnitSpec> layout = runtime::model_layout(config(d));
+  int pieces = 0, quantized = 0;
+  for (const nn::UnitSpec& u : layout) {
+    for (const nn::TensorSpec& t : u.tensors) {
+      quantized += t.quantized();
+      pieces += static_cast<int>(t.nf4.size());
+      if (t.quantized()) BOOST_TEST(!t.trainable);
+      if (t.name.find("norm") != std::string::npos || t.name.find("lora") != std::string::npos) BOOST_TEST(!t.quantized());
+    }
+  }
+  BOOST_TEST(quantized == 3 * 4);  // wqkv, wo, w_gate_up, w_down in each layer
+  BOOST_TEST(pieces == 3 * 7);     // q, k, v, o, gate, up, down: a state each
+  // Axolotl's spellings.
+  json ax = doc(kRoot + "hf/llama3", 1);
+  ax.erase("lora");
+  ax["adapter"] = "qlora";
+  ax["lora_r"] = 8;
+  ax["load_in_4bit"] = true;
+  ax["bnb_4bit_use_double_quant"] = false;
+  ax["bnb_4bit_quant_type"] = "nf4";
+  const runtime::Config c = config(ax);
+  BOOST_TEST(c.lora.nf4);
+  BOOST_TEST(!c.lora.double_quant);
+  BOOST_TEST(c.lora.r == 8);
+  auto refused = [&](json x, const std::vector<std::string>& sets, const std::string& words) {
+    const std::string e = error_of([&] { (void)config(x, sets); });
+    BOOST_TEST_MESSAGE(e);
+    BOOST_TEST(e.find(words) != std::string::npos, e);
+  };
+  refused(d, {"bf16.enabled=false"}, "computes in bf16 or fp16");
+  refused(d, {"bf16.enabled=false", "fp16.enabled=true", "zero_optimization.stage=3",
+              "zero_optimization.offload_optimizer.device=cpu"},
+          "needs bf16");
+  refused(d, {"zero_optimization.stage=3"}, "with the parameters and the optimizer on the device");
+  json no_rank = d;
+  no_rank["lora"] = {{"base_dtype", "nf4"}};
+  refused(no_rank, {}, "needs lora.r > 0");
+  refused(d, {"lora.base_dtype=int8"}, "lora.base_dtype");
+  json eight = ax;
+  eight["load_in_8bit"] = true;
+  refused(eight, {}, "load_in_8bit");
+  json fp4 = ax;
+  fp4["bnb_4bit_quant_type"] = "fp4";
+  refused(fp4, {}, "NF4 only");
+  // A folder saved already quantized (bitsandbytes' llama3-nf4 fixture) is refused by name.
+  refused(doc(kRoot + "nf4/llama3-nf4", 1), {}, "quantization_config");
+}
