@@ -49,6 +49,13 @@ void UnitSpec::quantize(size_t index, const std::vector<std::pair<int64_t, int64
   lay_out();
 }
 
+UnitSpec UnitSpec::with_values() const {
+  UnitSpec out = *this;
+  for (TensorSpec& t : out.tensors) t.nf4.clear();
+  out.lay_out();
+  return out;
+}
+
 bool UnitSpec::any_quantized() const {
   for (const TensorSpec& t : tensors)
     if (t.quantized()) return true;

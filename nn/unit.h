@@ -73,6 +73,9 @@ struct UnitSpec {
   // std::invalid_argument for a trainable tensor or pieces that do not cover the rows.
   void quantize(size_t index, const std::vector<std::pair<int64_t, int64_t>>& pieces, bool double_quant);
   bool any_quantized() const;
+  // The same unit with every tensor kept as values (NF4 tensors at their shapes' extents):
+  // the trainable span is unchanged; what an export reads a folder's values into.
+  UnitSpec with_values() const;
   // Tensor `index` inside `flat`; a quantized tensor is its raw blobs, 1-D [stored_numel()]
   // (Nf4Piece::at / kNf4ElementBytes is a piece's first element).
   Tensor view(const Tensor& flat, size_t index) const;

@@ -19,6 +19,7 @@
 #include "comm/communicator.h"
 #include "nn/nf4.h"
 #include "runtime/ckpt/safetensors.h"
+#include "runtime/hf/hf_export.h"
 #include "runtime/config/config.h"
 #include "runtime/hf/hf_tensors.h"
 #include "runtime/hf/hf_weights.h"
@@ -144,8 +145,11 @@ BOOST_AUTO_TEST_CASE(qlora_trains_as_lora_on_the_dequantized_base) {
       json q = doc(kRoot + "hf/llama3", 4);
       q["lora"]["base_dtype"] = "nf4";
       q["lora"]["double_quant"] = double_quant;
+      q["checkpoint"] = {{"dir", (dir.path / "ckpt-q").string()}};
+      json l = doc(folder.string(), 4);
+      l["checkpoint"] = {{"dir", (dir.path / "ckpt-l").string()}};
       const std::vector<double> qlora = losses(config(q));
-      const std::vector<double> lora = losses(config(doc(folder.string(), 4)));
+      const std::vector<double> lora = losses(config(l));
       const std::vector<double> original = losses(config(doc(kRoot + "hf/llama3", 4)));
       BOOST_REQUIRE(qlora.size() == 4u);
       const double rel = worst_rel(qlora, lora), off = worst_rel(qlora, original);
@@ -153,6 +157,22 @@ BOOST_AUTO_TEST_CASE(qlora_trains_as_lora_on_the_dequantized_base) {
                                                 << " from LoRA on the unquantized base");
       BOOST_TEST(rel <= 1e-6);
       BOOST_TEST(off > 1e-4);  // quantization changes the model: the comparison can fail
+      // Merged, the QLoRA checkpoint is the dequantized base plus the adapters: byte for byte
+      // the merge of the LoRA run on the dequantized folder.
+      runtime::export_hf((dir.path / "ckpt-q").string(), (dir.path / "merged-q").string(), "fp32", uint64_t{1} << 30, true);
+      runtime::export_hf((dir.path / "ckpt-l").string(), (dir.path / "merged-l").string(), "fp32", uint64_t{1} << 30, true);
+      runtime::SafetensorsReader a((dir.path / "merged-q" / "model.safetensors").string());
+      runtime::SafetensorsReader b((dir.path / "merged-l" / "model.safetensors").string());
+      BOOST_REQUIRE(a.entries().size() == b.entries().size());
+      size_t same = 0;
+      for (size_t i = 0; i < a.entries().size(); ++i) {
+        same += a.entries()[i].name == b.entries()[i].name && a.read(a.entries()[i]) == b.read(b.entries()[i]);
+      }
+      BOOST_TEST(same == a.entries().size());
+      fs::remove_all(dir.path / "ckpt-q");
+      fs::remove_all(dir.path / "ckpt-l");
+      fs::remove_all(dir.path / "merged-q");
+      fs::remove_all(dir.path / "merged-l");
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "base/posix_file.h"
 #include "base/version.h"
 #include "nn/dtype.h"
+#include "nn/nf4.h"
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/ckpt/safetensors.h"
 #include "runtime/config/hf_config.h"
@@ -27,6 +28,27 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// QLoRA (the manifest's lora.base_dtype "nf4"): each NF4 tensor of `stored` in `values`'s
+// layout of unit_w becomes what training multiplied by: its pieces rounded to the compute
+// dtype, quantized, dequantized (nn::Model::quantized_bytes, nn/nf4.h). Merging into the
+// folder's own values instead would give a model that computes something the adapters were
+// not trained with.
+void dequantized_base(const json& lora, const nn::UnitSpec& stored, const nn::UnitSpec& values, float* unit_w) {
+  if (lora.value("base_dtype", "") != "nf4") return;
+  const std::string from = lora.value("quantized_from", "bf16");
+  for (size_t i = 0; i < stored.tensors.size(); ++i) {
+    for (const nn::Nf4Piece& p : stored.tensors[i].nf4) {
+      float* w = unit_w + values.tensors.at(i).offset + p.row0 * p.layout.cols;
+      const int64_t n = p.layout.numel();
+      for (int64_t k = 0; k < n; ++k) {
+        w[k] = from == "fp16" ? nn::f16_to_f32(nn::f32_to_f16(w[k])) : nn::bf16_to_f32(nn::f32_to_bf16(w[k]));
+      }
+      const nn::Nf4Tensor q = nn::nf4_quantize(w, n, p.layout.double_quant, nullptr, nullptr);
+      nn::nf4_dequantize(q, w);
+    }
+  }
+}
 
 struct OutTensor {
   size_t map = 0, piece = 0;  // HfLayout::tensors[map].pieces[piece]
@@ -55,7 +77,10 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
   rep.checkpoint = fs::exists(fs::path(checkpoint) / "latest") ? resolve_resume("auto", checkpoint) : checkpoint;
   CheckpointReader reader(rep.checkpoint);
   rep.step = reader.step();
-  const std::vector<nn::UnitSpec> layout = reader.layout();
+  // A QLoRA checkpoint's units hold NF4 blobs: the export reads values, at their extents.
+  const std::vector<nn::UnitSpec> stored = reader.layout();
+  std::vector<nn::UnitSpec> layout;
+  for (const nn::UnitSpec& u : stored) layout.push_back(u.with_values());
   const json& model = reader.manifest().at("model");
   const HfLayout hfl = hf_layout(model, layout);
   const bool adapters = reader.manifest().contains("lora");
@@ -135,6 +160,7 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
     if (base_weights) {
       // The base, then the trained span over it (adapters, modules saved in full), merged.
       base_weights->fill(u, 0, spec.numel, unit_w.data());
+      dequantized_base(reader.manifest().at("lora"), stored[static_cast<size_t>(u)], spec, unit_w.data());
       if (spec.trainable_numel > 0) reader.read(u, /*master*/ 0, 0, spec.trainable_numel, unit_w.data());
       merge_adapters(reader.manifest(), layout, u, unit_w.data());
     } else {

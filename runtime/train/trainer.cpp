@@ -551,6 +551,13 @@ std::string Trainer::save_checkpoint(int64_t steps_done, double lr) {
                 {"adapters", adapters_json(model().lora(), model().units())},
                 {"base", cfg_.init_from},
                 {"base_files", hf_ ? hf_->file_fingerprints() : nlohmann::json::object()}};
+    // QLoRA: the base the adapters were trained against is the folder's values rounded to
+    // the compute dtype, quantized, dequantized (nn::Model::quantized_bytes): a merge redoes it.
+    if (cfg_.lora.nf4) {
+      req.lora["base_dtype"] = "nf4";
+      req.lora["double_quant"] = cfg_.lora.double_quant;
+      req.lora["quantized_from"] = cfg_.zero.compute == nn::DType::f16 ? "fp16" : "bf16";
+    }
   }
   if (!cfg_.init_from.empty()) {
     req.carry_root = cfg_.init_from;
