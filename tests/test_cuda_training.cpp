@@ -256,6 +256,26 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
   }
 }
 
+// QLoRA on the GPU (lora.base_dtype nf4): the NF4 blobs uploaded as bytes, dequantized by
+// the cuda kernel into bf16 panels for cuBLAS, stages 0 and 3 (shards in host memory, so
+// the base crosses PCIe in 4 bits): the CPU trainer's losses within the bf16 margin.
+BOOST_AUTO_TEST_CASE(qlora_on_the_gpu_follows_the_cpu_trainer, *boost::unit_test::precondition(test::CudaPresent{})) {
+  json d = doc(kShortSteps);
+  d["bf16"] = {{"enabled", true}};
+  d["lora"] = {{"r", 4}, {"target_modules", "all-linear"}, {"base_dtype", "nf4"}};
+  const Run cpu = train(d, {});
+  const Run gpu = train(d, {"device.type=cuda"});
+  const Run off = train(d, {"device.type=cuda", "zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
+                            "zero_optimization.offload_param.device=cpu"});
+  for (size_t i = 0; i < static_cast<size_t>(kShortSteps); ++i) {
+    BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-2 * cpu.losses[i]);
+    // The same kernels on the same bytes (a GPU's cuBLAS may choose by pointer alignment).
+    BOOST_TEST(std::abs(off.losses[i] - gpu.losses[i]) <= (kEmulated ? 0.0 : 1e-5) * gpu.losses[i]);
+  }
+  BOOST_TEST_MESSAGE("qlora: cpu " << cpu.losses.back() << ", gpu " << gpu.losses.back() << ", gpu offloaded "
+                                   << off.losses.back());
+}
+
 // device.attention_kernel=tensor_cores where they cannot run (an fp32 model) stops the
 // run before its first step, naming the key and what is missing.
 BOOST_AUTO_TEST_CASE(tensor_cores_for_an_fp32_model_are_refused_naming_the_key,
