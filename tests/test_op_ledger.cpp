@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "nn/cuda_device.h"
+#include "nn/arch.h"
 #include "nn/gpt.h"
 #include "nn/ledger_device.h"
 #include "nn/llama.h"
@@ -54,6 +55,19 @@ Maker gpt_maker(int64_t layers) {
 }
 Maker llama_maker(int64_t layers) {
   return [=](nn::Device& d) { return std::make_unique<nn::Llama>(small_llama(layers), d, DType::bf16); };
+}
+// QLoRA: every projection in NF4 with an adapter (each base GEMM a dequantization and a
+// cuBLAS call per panel and piece).
+Maker qlora_maker(int64_t layers) {
+  return [=](nn::Device& d) {
+    auto m = std::make_unique<nn::Llama>(small_llama(layers), d, DType::bf16);
+    nn::LoraOptions o;
+    o.r = 4;
+    o.target_modules = {"all-linear"};
+    o.nf4 = true;
+    m->add_lora(*nn::find_arch("llama"), small_llama(layers), o);
+    return m;
+  };
 }
 
 // Launches of one forward, then of one backward, that `count` reports around each.
@@ -233,7 +247,8 @@ int64_t emulated_launches(std::map<std::string, int64_t>* names = nullptr) {
 BOOST_AUTO_TEST_CASE(a_step_issues_exactly_the_ledgers_launches) {
   auto dev = nn::make_cuda_device(size_t{1} << 30);
   auto& emu = ferry_emu::emu();
-  for (const auto& [name, make] : {std::pair{"gpt", gpt_maker(2)}, std::pair{"llama", llama_maker(2)}}) {
+  for (const auto& [name, make] :
+       {std::pair{"gpt", gpt_maker(2)}, std::pair{"llama", llama_maker(2)}, std::pair{"qlora", qlora_maker(2)}}) {
     BOOST_TEST_CONTEXT(name) {
       std::map<std::string, int64_t> seen;
       emu.set_record_order(true);
