@@ -231,6 +231,23 @@ void Trainer::describe_placement() {
          << (cfg_.adapter_from.empty() ? std::string() : ", starting from " + cfg_.adapter_from) << "; " << trained
          << " trained parameters (" << fmt("%.2f", 100.0 * static_cast<double>(trained) / static_cast<double>(e.model().num_parameters()))
          << "%), the rest frozen: no gradient, reduction or optimizer state for it\n";
+    if (cfg_.lora.nf4) {
+      int64_t values = 0, bytes = 0, pieces = 0;
+      for (const nn::UnitSpec& u : e.model().units()) {
+        for (const nn::TensorSpec& t : u.tensors) {
+          if (!t.quantized()) continue;
+          values += t.numel();
+          bytes += t.stored_numel() * nn::kNf4ElementBytes;
+          pieces += static_cast<int64_t>(t.nf4.size());
+        }
+      }
+      out_ << "base: " << values << " parameters of " << pieces << " projections in NF4"
+           << (cfg_.lora.double_quant ? " (double quantized)" : "") << ", " << nn::format_bytes(static_cast<size_t>(bytes))
+           << " (" << fmt("%.3f", static_cast<double>(bytes) / static_cast<double>(std::max<int64_t>(values, 1)))
+           << " bytes a parameter, " << nn::dtype_name(cfg_.zero.compute) << " would be 2), quantized at start from "
+           << (cfg_.init_from.empty() ? std::string("the initial weights") : cfg_.init_from)
+           << " and dequantized panel by panel in the GEMMs\n";
+    }
   }
   if (hf_) {
     out_ << "weights: from " << hf_->describe() << ", converted to fp32; this rank read "
