@@ -164,6 +164,9 @@ void create_nvme_folders(const Config& c);
 // zero.compute, with activation checkpointing as configured; and its unit layout.
 std::unique_ptr<nn::Model> make_model(const Config& c, nn::Device& device);
 std::vector<nn::UnitSpec> model_layout(const Config& c);
+// Why lora.base_dtype "nf4" cannot run with c's stage, placement and precision (the rule the
+// configuration applies, and ferry plan's rows), or "" when it can (or c has no NF4 base).
+std::string nf4_refusal(const Config& c);
 // The run's FLOPs per token (the 6N + attention rule, nn/arch.h) for `units` (model_layout):
 // with frozen tensors, a frozen matrix costs 4 FLOPs a parameter (no weight gradient) and
 // each adapter 6; what `ferry plan` and the run's TFLOP/s and MFU count.

@@ -265,6 +265,32 @@ void adapter_from_rules(json& resolved, const json& user, Config& c, const std::
   }
 }
 
+}  // namespace
+
+// The blobs are bytes in the units' frozen span, which must then be 16-bit wherever it is
+// kept (nn/unit.h: kNf4ElementBytes). Stage 3 keeps fp32 shards with fp16, and with both
+// the parameters and the optimizer on the device (docs/design/adapters.md section 5).
+std::string nf4_rule(const Config& c) {
+  if (!c.lora.nf4) return "";
+  if (!nn::is_low_precision(c.zero.compute)) {
+    return "lora.base_dtype \"nf4\" computes in bf16 or fp16 (QLoRA's bnb_4bit_compute_dtype): set bf16.enabled "
+           "(or fp16.enabled) to true";
+  }
+  if (c.zero.stage == 3 && c.zero.compute == nn::DType::f16) {
+    return "lora.base_dtype \"nf4\" at zero_optimization.stage 3 needs bf16 (stage 3 keeps fp32 shards under fp16): "
+           "set bf16.enabled, or use stage 2";
+  }
+  if (c.zero.stage == 3 && c.offload.param_device == offload::Tier::device &&
+      c.offload.optimizer_device == offload::Tier::device) {
+    return "lora.base_dtype \"nf4\" at zero_optimization.stage 3 with the parameters and the optimizer on the "
+           "device: stage 3 then keeps one fp32 shard per unit, trained and frozen; offload the optimizer "
+           "(offload_optimizer.device cpu, which also frees the device) or use stage 2";
+  }
+  return "";
+}
+
+namespace {
+
 // lora.*: the targets must name modules the model has (nn/lora.h says why not), and
 // hpZ's node copies would keep the frozen base (not built for frozen tensors).
 void lora_rules(Config& c, const std::string& source) {
@@ -276,24 +302,7 @@ void lora_rules(Config& c, const std::string& source) {
     if (c.lora.nf4) fail(source, "lora.base_dtype \"nf4\" quantizes a frozen base: it needs lora.r > 0 (QLoRA)");
     return;
   }
-  if (c.lora.nf4) {
-    // The blobs are bytes in the units' frozen span, which must then be 16-bit wherever it is
-    // kept (nn/unit.h: kNf4ElementBytes). Stage 3 keeps fp32 shards with fp16, and with both
-    // the parameters and the optimizer on the device (docs/design/adapters.md section 5).
-    if (!nn::is_low_precision(c.zero.compute)) {
-      fail(source, "lora.base_dtype \"nf4\" computes in bf16 or fp16 (QLoRA's bnb_4bit_compute_dtype): set "
-                   "bf16.enabled (or fp16.enabled) to true");
-    }
-    if (c.zero.stage == 3 && c.zero.compute == nn::DType::f16) {
-      fail(source, "lora.base_dtype \"nf4\" at zero_optimization.stage 3 needs bf16 (stage 3 keeps fp32 shards "
-                   "under fp16): set bf16.enabled, or use stage 2");
-    }
-    if (c.zero.stage == 3 && c.offload.param_device == offload::Tier::device && c.offload.optimizer_device == offload::Tier::device) {
-      fail(source, "lora.base_dtype \"nf4\" at zero_optimization.stage 3 with the parameters and the optimizer on "
-                   "the device: stage 3 then keeps one fp32 shard per unit, trained and frozen; offload the optimizer "
-                   "(offload_optimizer.device cpu, which also frees the device) or use stage 2");
-    }
-  }
+  if (const std::string why = nf4_rule(c); !why.empty()) fail(source, why);
   try {
     (void)model_layout(c);
   } catch (const std::invalid_argument& e) {
@@ -431,3 +440,7 @@ json model_preset(const std::string& name) {
 }
 
 }  // namespace ferry::runtime::detail
+
+namespace ferry::runtime {
+std::string nf4_refusal(const Config& c) { return detail::nf4_rule(c); }
+}  // namespace ferry::runtime

@@ -127,6 +127,7 @@ std::vector<PlanRow> plan_all(const Config& base, int ranks, const Rates& given,
         c.zero.stage = stage;
         c.offload.optimizer_device = opt;
         c.offload.param_device = par;
+        if (!nf4_refusal(c).empty()) continue;  // a placement the run would refuse (format_plan says why)
         PlanRow row{stage, opt, par, plan_memory(c, ranks), plan_time(c, ranks, r)};
         row.fits_device = std::max(row.mem.device_peak, row.mem.device_construction_peak) <= (device_memory > 0 ? device_memory : base.device.memory);
         row.fits_host = host_memory == 0 || row.mem.host_states + row.mem.host_pinned <= host_memory;
@@ -145,8 +146,9 @@ std::string format_plan(const Config& base, int ranks, const Rates& given, const
     std::snprintf(buf, sizeof buf, "%9.3f", b / (1024.0 * 1024.0 * 1024.0));
     return std::string(buf);
   };
-  double P = 0;
-  for (const nn::UnitSpec& u : model_layout(base)) P += static_cast<double>(u.numel);
+  double P = 0;  // values: an NF4 tensor's, not its blobs' elements
+  for (const nn::UnitSpec& u : model_layout(base))
+    for (const nn::TensorSpec& t : u.tensors) P += static_cast<double>(t.numel());
   std::ostringstream os;
   char line[256];
   std::snprintf(line, sizeof line, "model: %s, %lld layers, %lld channels, vocab %lld, context %lld: %.0f parameters; ",
@@ -192,6 +194,12 @@ std::string format_plan(const Config& base, int ranks, const Rates& given, const
                   row.fits_device && row.fits_host ? "yes" : (!row.fits_device ? "dev" : "host"),
                   row.time.overlapped_s(), row.time.sequential_s());
     os << line;
+  }
+  if (base.lora.nf4) {
+    Config c = base;
+    c.zero.stage = 3;
+    c.offload.optimizer_device = c.offload.param_device = offload::Tier::device;
+    if (const std::string why = nf4_refusal(c); !why.empty()) os << "not listed: " << why << "\n";
   }
   return os.str();
 }
