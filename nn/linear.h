@@ -42,7 +42,7 @@ struct Linear {
   std::vector<LoraPair> lora;  // adapters beside the weight (usually with w frozen)
   // A frozen NF4 base (QLoRA): when not empty, W is these pieces, which cover its rows in
   // order, and w holds their blobs' bytes (it is not read as values); dw is undefined.
-  std::vector<Nf4Weight> nf4;
+  std::vector<Nf4Weight> nf4{};
 };
 
 // The linear layer whose weight is tensor `w_index` of unit `u` and whose bias is tensor
