@@ -44,7 +44,7 @@ Tensor adapter_input(Device& dev, const LoraPair& p, const Tensor& xd) {  // u =
 void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor& x, const Tensor& pre) {
   if (!l.nf4.empty()) {
     const Tensor& sum = pre.defined() ? pre : y;
-    for (const Nf4Weight& w : l.nf4) nf4_matmul_nt(dev, sum, w.row0, x, w, 0.0);
+    nf4_matmul_nt(dev, sum, 0, x, l.nf4, 0.0);
     if (l.b.defined()) dev.add_bias(sum, l.b);
     for (const LoraPair& p : l.lora) {
       const Tensor u = adapter_input(dev, p, dropped_input(dev, p, x));
@@ -76,10 +76,7 @@ void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor&
 
 void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tensor& dy, const Tensor& x) {
   if (dx.defined() && !l.nf4.empty()) {
-    const bool widen = l.nf4.size() > 1 && is_low_precision(dx.dtype());
-    const Tensor sum = widen ? Tensor::empty(dev, DType::f32, dx.shape()) : dx;
-    for (size_t k = 0; k < l.nf4.size(); ++k) nf4_matmul_nn(dev, sum, dy, l.nf4[k].row0, l.nf4[k], k == 0 ? 0.0 : 1.0);
-    if (widen) dev.cast(dx, sum);
+    nf4_matmul_nn(dev, dx, dy, 0, l.nf4, 0.0);
   } else if (dx.defined()) {
     dev.gemm(dx, dy, false, l.w, false, 1.0, 0.0);
   }

@@ -66,9 +66,8 @@ void linear_forward(Device& dev, const Linear& l, const Tensor& y, const Tensor&
 // mask and 1 / (1 - p): the map x -> x' is diagonal), du a made in an [N, in] temporary of
 // dx's dtype (one rounding more than the GEMM adding into dx at dropout 0).
 // Temporaries per adapter with dropout: x' [N, in] in x's dtype, and that [N, in].
-// An NF4 base (l.nf4): the products of nn/nf4_matmul.h, piece by piece, the bias added
-// after (no fused epilogue); backward's dx from several pieces is summed in an f32 [N, in]
-// temporary when dx is 16-bit, and rounded once.
+// An NF4 base (l.nf4): the products of nn/nf4_matmul.h (one GEMM per panel whatever the
+// pieces), the bias added after (no fused epilogue).
 void linear_backward(Device& dev, const Linear& l, const Tensor& dx, const Tensor& dy, const Tensor& x);
 
 }  // namespace ferry::nn

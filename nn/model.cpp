@@ -61,8 +61,8 @@ double Model::mean_loss(Device& dev, const Tensor& losses, const Tensor& targets
   return sum / static_cast<double>(loss_tokens_);
 }
 
-void Model::quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& rows, DType values, int64_t begin,
-                            int64_t n, uint8_t* dst) const {
+void Model::quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& rows, const StateFn& state,
+                            DType values, int64_t begin, int64_t n, uint8_t* dst) const {
   const TensorSpec& t = units().at(static_cast<size_t>(unit)).tensors.at(i);
   if (!t.quantized()) throw std::invalid_argument("Model::quantized_bytes: " + t.name + " is not quantized");
   std::vector<double> init;
@@ -71,6 +71,18 @@ void Model::quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& row
     const int64_t lo = std::max(begin, p.at), hi = std::min(begin + n, p.at + p.layout.bytes);
     if (lo >= hi) continue;
     const int64_t cols = p.layout.cols, count = p.layout.numel();
+    blob.assign(static_cast<size_t>(p.layout.bytes), 0);
+    if (Nf4Tensor given; state && state(p.row0, &given)) {
+      if (given.numel != count || given.double_quant != p.layout.double_quant) {
+        throw std::invalid_argument("Model::quantized_bytes: the NF4 state given for rows " + std::to_string(p.row0) +
+                                    "+ of " + t.name + " has " + std::to_string(given.numel) + " values" +
+                                    (given.double_quant ? ", double quantized" : ", plain") + "; the layout's piece " +
+                                    std::to_string(count) + (p.layout.double_quant ? ", double quantized" : ", plain"));
+      }
+      nf4_write_blob(given, p.layout, blob.data());
+      std::memcpy(dst + (lo - begin), blob.data() + (lo - p.at), static_cast<size_t>(hi - lo));
+      continue;
+    }
     std::vector<float> v(static_cast<size_t>(count));
     if (rows) {
       rows(p.row0, p.layout.rows, v.data());
@@ -83,7 +95,6 @@ void Model::quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& row
       if (values == DType::f16) x = f16_to_f32(f32_to_f16(x));
     }
     const Nf4Tensor q = nf4_quantize(v.data(), count, p.layout.double_quant, nullptr, nullptr);
-    blob.assign(static_cast<size_t>(p.layout.bytes), 0);
     nf4_write_blob(q, p.layout, blob.data());
     std::memcpy(dst + (lo - begin), blob.data() + (lo - p.at), static_cast<size_t>(hi - lo));
   }

@@ -58,9 +58,13 @@ class Model {
   // transformers quantizes a model loaded in that dtype from), then nf4_quantize'd. Only the
   // pieces the range touches are read and quantized (a whole piece each: double
   // quantization centres on a mean over all its blocks).
+  // `state(row0, &q)`, when given, may hand a piece's NF4 state as it is (a folder
+  // bitsandbytes saved quantized): true, and q is used unchanged (it must have the piece's
+  // values and double quantization, else std::invalid_argument); false: the values as above.
   using RowsFn = std::function<void(int64_t row0, int64_t rows, float* dst)>;
-  void quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& rows, DType values, int64_t begin,
-                       int64_t n, uint8_t* dst) const;
+  using StateFn = std::function<bool(int64_t row0, Nf4Tensor* q)>;
+  void quantized_bytes(int unit, size_t i, uint64_t seed, const RowsFn& rows, const StateFn& state, DType values,
+                       int64_t begin, int64_t n, uint8_t* dst) const;
   virtual double forward(UnitAccess& units, const Tensor& tokens, const Tensor& targets, int64_t B, int64_t T) = 0;
   virtual void backward(UnitAccess& units) = 0;
   // [B*T, V] after a forward without targets (sampling, evaluation); a forward with

@@ -177,19 +177,30 @@ BOOST_AUTO_TEST_CASE(every_device_dequantizes_bit_for_bit) {
   }
 }
 
+// A [70, 150] weight of three pieces (rows 30, 25, 15, each quantized on its own, as q, k, v
+// of a packed projection), multiplied with panels that cross the pieces' edges.
 BOOST_AUTO_TEST_CASE(panel_products_equal_a_gemm_with_the_dequantized_weight) {
   const int64_t N = 9, rows = 70, cols = 150;
+  const std::vector<int64_t> piece_rows = {30, 25, 15};
+  std::vector<Quantized> qs;
+  std::vector<float> whole;
+  for (size_t k = 0; k < piece_rows.size(); ++k) {
+    qs.push_back(quantize(piece_rows[k], cols, true, 11 + k));
+    whole.insert(whole.end(), qs.back().dense.begin(), qs.back().dense.end());
+  }
   for (auto& dev : devices()) {
     for (const DType t : {DType::f32, DType::bf16}) {
-      const Quantized q = quantize(rows, cols, true, 11);
-      const nn::Nf4Weight w{blob_on(*dev, q), q.layout, 0};
-      std::vector<float> dense(q.dense.size());
-      for (size_t i = 0; i < dense.size(); ++i) dense[i] = round_to(t, q.dense[i]);
+      std::vector<nn::Nf4Weight> w;
+      for (size_t k = 0, row = 0; k < qs.size(); row += static_cast<size_t>(piece_rows[k]), ++k) {
+        w.push_back({blob_on(*dev, qs[k]), qs[k].layout, static_cast<int64_t>(row)});
+      }
+      std::vector<float> dense(whole.size());
+      for (size_t i = 0; i < dense.size(); ++i) dense[i] = round_to(t, whole[i]);
       const Tensor W = upload(*dev, t, {rows, cols}, dense);
       const double tol = t == DType::f32 ? 1e-6 : 1e-2;
       // Forward into columns [5, 75) of a wider y, with beta 0 and 1, panels of 7 rows (and
       // one of 1), and of the whole.
-      for (const int64_t max_panel : {int64_t{7} * cols, int64_t{1}, nn::kNf4PanelElements}) {
+      for (const int64_t max_panel : {int64_t{7} * cols, int64_t{1}, int64_t{26} * cols, nn::kNf4PanelElements}) {
         const Tensor x = upload(*dev, t, {N, cols}, random_values(N * cols, 5, 1.0));
         const std::vector<float> y0 = random_values(N * 80, 6, 1.0);
         for (const double beta : {0.0, 1.0}) {
@@ -210,6 +221,10 @@ BOOST_AUTO_TEST_CASE(panel_products_equal_a_gemm_with_the_dequantized_weight) {
                      dev->name() << " nn " << nn::dtype_name(t) << " panel " << max_panel << " beta " << beta);
         }
       }
+      // Pieces that leave a gap, or disagree on the row length, are refused.
+      std::vector<nn::Nf4Weight> gap = {w[0], w[2]};
+      const Tensor y = Tensor::empty(*dev, t, {N, 80}), x = Tensor::empty(*dev, t, {N, cols});
+      BOOST_CHECK_THROW(nn::nf4_matmul_nt(*dev, y, 0, x, gap, 0.0), std::invalid_argument);
     }
   }
 }

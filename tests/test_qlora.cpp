@@ -62,9 +62,9 @@ std::vector<double> losses(const runtime::Config& c) {
 }
 
 // A copy of Hugging Face folder `from` in `to` whose block projections hold what NF4
-// keeps of them: each module's values rounded to bf16, quantized, dequantized (fp32, one
-// model.safetensors).
-void write_dequantized_folder(const std::string& from, const fs::path& to, bool double_quant) {
+// keeps of them: each module's values rounded to bf16 (unless round_first is false),
+// quantized, dequantized (fp32, one model.safetensors).
+void write_dequantized_folder(const std::string& from, const fs::path& to, bool double_quant, bool round_first = true) {
   fs::create_directories(to);
   for (const auto& e : fs::directory_iterator(from)) {
     const std::string name = e.path().filename().string();
@@ -98,7 +98,8 @@ void write_dequantized_folder(const std::string& from, const fs::path& to, bool 
       BOOST_REQUIRE(!piece->transposed);
       std::vector<float>& v = values.at(piece->name);
       BOOST_REQUIRE(static_cast<int64_t>(v.size()) == p.layout.numel());
-      for (float& x : v) x = nn::bf16_to_f32(nn::f32_to_bf16(x));
+      if (round_first)
+        for (float& x : v) x = nn::bf16_to_f32(nn::f32_to_bf16(x));
       const nn::Nf4Tensor q = nn::nf4_quantize(v.data(), p.layout.numel(), double_quant, nullptr, nullptr);
       nn::nf4_dequantize(q, v.data());
       ++quantized;
@@ -175,6 +176,70 @@ BOOST_AUTO_TEST_CASE(qlora_trains_as_lora_on_the_dequantized_base) {
       fs::remove_all(dir.path / "merged-l");
     }
   }
+}
+
+// tests/data/nf4/llama3-nf4 is tests/data/hf/llama3 saved by transformers with
+// BitsAndBytesConfig(load_in_4bit, nf4, double quantization) from float32 values
+// (tests/test_nf4.cpp: every state is ferry's quantization of the float32 base). Read as it
+// is: each state equals ferry's quantization of the float32 base, field for field; training
+// equals LoRA on the float32 base's dequantized folder, loss for loss; the merged export of
+// that run equals the LoRA run's, byte for byte (the merge dequantizes the folder's states).
+BOOST_AUTO_TEST_CASE(a_folder_bitsandbytes_saved_in_nf4_is_read_as_it_is) {
+  test::TempDir dir("qlora_bnb");
+  const fs::path folder = dir.path / "llama3-nf4";  // the saved folder, with the base's tokenizer
+  fs::create_directories(folder);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
+    fs::copy_file(kRoot + "nf4/llama3-nf4/" + f, folder / f);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+    fs::copy_file(kRoot + "hf/llama3/" + f, folder / f);
+  json q = doc(folder.string(), 4);
+  q["lora"]["base_dtype"] = "nf4";
+  const runtime::Config c = config(q);
+  {
+    const std::vector<nn::UnitSpec> layout = runtime::model_layout(c);
+    runtime::HfWeights saved(folder.string(), c.resolved.at("model"), layout);
+    runtime::HfWeights base(kRoot + "hf/llama3", config(doc(kRoot + "hf/llama3", 1)).resolved.at("model"), layout);
+    int states = 0;
+    for (size_t u = 0; u < layout.size(); ++u) {
+      for (size_t i = 0; i < layout[u].tensors.size(); ++i) {
+        for (const nn::Nf4Piece& p : layout[u].tensors[i].nf4) {
+          nn::Nf4Tensor s;
+          BOOST_REQUIRE(saved.read_nf4(static_cast<int>(u), i, p.row0, &s));
+          std::vector<float> v(static_cast<size_t>(p.layout.numel()));
+          base.read_rows(static_cast<int>(u), i, p.row0, p.layout.rows, v.data());
+          const nn::Nf4Tensor mine = nn::nf4_quantize(v.data(), p.layout.numel(), true, nullptr, nullptr);
+          BOOST_TEST((s.packed == mine.packed && s.absmax_code == mine.absmax_code &&
+                      s.nested_absmax == mine.nested_absmax && s.code == mine.code && s.offset == mine.offset),
+                     layout[u].tensors[i].name << " rows " << p.row0);
+          ++states;
+        }
+      }
+    }
+    BOOST_TEST(states == 21);
+    nn::Nf4Tensor none;
+    BOOST_TEST(!base.read_nf4(1, 1, 0, &none));  // an unquantized folder holds values
+  }
+  write_dequantized_folder(kRoot + "hf/llama3", dir.path / "deq", true, /*round_first=*/false);
+  q["checkpoint"] = {{"dir", (dir.path / "ckpt-q").string()}};
+  json l = doc((dir.path / "deq").string(), 4);
+  l["checkpoint"] = {{"dir", (dir.path / "ckpt-l").string()}};
+  const std::vector<double> from_saved = losses(config(q)), lora = losses(config(l));
+  BOOST_TEST(from_saved == lora, boost::test_tools::per_element());
+  runtime::export_hf((dir.path / "ckpt-q").string(), (dir.path / "merged-q").string(), "fp32", uint64_t{1} << 30, true);
+  runtime::export_hf((dir.path / "ckpt-l").string(), (dir.path / "merged-l").string(), "fp32", uint64_t{1} << 30, true);
+  runtime::SafetensorsReader a((dir.path / "merged-q" / "model.safetensors").string());
+  runtime::SafetensorsReader b((dir.path / "merged-l" / "model.safetensors").string());
+  BOOST_REQUIRE(a.entries().size() == b.entries().size());
+  size_t same = 0;
+  for (size_t i = 0; i < a.entries().size(); ++i) {
+    same += a.entries()[i].name == b.entries()[i].name && a.read(a.entries()[i]) == b.read(b.entries()[i]);
+  }
+  BOOST_TEST(same == a.entries().size());
+  // Read without lora.base_dtype nf4, or with another double quantization: refused by name.
+  const std::string e1 = error_of([&] { (void)config(doc(folder.string(), 1)); });
+  BOOST_TEST(e1.find("holds a base bitsandbytes quantized to NF4") != std::string::npos, e1);
+  const std::string e2 = error_of([&] { (void)config(q, {"lora.double_quant=false"}); });
+  BOOST_TEST(e2.find("bnb_4bit_use_double_quant is true") != std::string::npos, e2);
 }
 
 BOOST_AUTO_TEST_CASE(every_stage_and_placement_gives_identical_losses) {
@@ -268,6 +333,12 @@ BOOST_AUTO_TEST_CASE(the_keys_and_what_is_refused_by_name) {
   json fp4 = ax;
   fp4["bnb_4bit_quant_type"] = "fp4";
   refused(fp4, {}, "NF4 only");
-  // A folder saved already quantized (bitsandbytes' llama3-nf4 fixture) is refused by name.
-  refused(doc(kRoot + "nf4/llama3-nf4", 1), {}, "quantization_config");
+  // A folder quantized another way is refused by name (an 8-bit bitsandbytes config here).
+  test::TempDir dir("qlora_int8");
+  for (const auto& e : fs::directory_iterator(kRoot + "hf/llama3")) fs::copy_file(e.path(), dir.path / e.path().filename());
+  json hf;
+  std::ifstream(dir.path / "config.json") >> hf;
+  hf["quantization_config"] = {{"quant_method", "bitsandbytes"}, {"load_in_8bit", true}};
+  std::ofstream(dir.path / "config.json") << hf.dump();
+  refused(doc(dir.path.string(), 1), {}, "quantization_config");
 }

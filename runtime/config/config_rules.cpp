@@ -9,6 +9,7 @@
 #include "runtime/config/config_json.h"
 #include "runtime/config/peft_config.h"
 #include "runtime/config/config_schema.h"
+#include "runtime/config/hf_config.h"
 
 namespace ferry::runtime::detail {
 
@@ -295,6 +296,18 @@ namespace {
 // hpZ's node copies would keep the frozen base (not built for frozen tensors).
 void lora_rules(Config& c, const std::string& source) {
   c.lora.nf4 = c.lora_base_dtype == "nf4";
+  if (!c.init_from.empty()) {  // a folder bitsandbytes saved in NF4: read as QLoRA's base, as it is
+    const HfModelConfig hf = read_hf_model_config(c.init_from);
+    if (hf.nf4 && !(c.lora.enabled() && c.lora.nf4)) {
+      fail(source, c.init_from + "/config.json holds a base bitsandbytes quantized to NF4 (quantization_config): train "
+                   "adapters on it with lora.r > 0 and lora.base_dtype \"nf4\" (QLoRA)");
+    }
+    if (hf.nf4 && hf.nf4_double_quant != c.lora.double_quant) {
+      fail(source, std::string("lora.double_quant is ") + (c.lora.double_quant ? "true" : "false") + " but " + c.init_from +
+                       "/config.json's bnb_4bit_use_double_quant is " + (hf.nf4_double_quant ? "true" : "false") +
+                       ": make the two agree");
+    }
+  }
   if (!c.lora.enabled()) {
     if (!c.lora.target_modules.empty() || !c.lora.modules_to_save.empty()) {
       fail(source, "lora.target_modules and lora.modules_to_save need lora.r > 0 (the adapters' rank)");

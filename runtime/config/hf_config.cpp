@@ -150,12 +150,26 @@ HfModelConfig hf_model_config(const json& hf, const std::string& path) {
     refuse(path, "key 'architectures' must list one class, got " + (archs ? archs->dump() : std::string("nothing")));
   }
   out.architecture = (*archs)[0].get<std::string>();
-  // A folder saved already quantized holds packed integers, not the weights' values.
+  // A folder saved already quantized holds packed integers, not the weights' values: ferry
+  // reads bitsandbytes' 4-bit NF4 (transformers' BitsAndBytesConfig, load_in_4bit) only.
   if (const json* q = opt(hf, "quantization_config"); q && !q->is_null()) {
     const json* method = q->is_object() ? opt(*q, "quant_method") : nullptr;
-    refuse(path, "key 'quantization_config' (quant_method " + (method ? method->dump() : std::string("absent")) +
-                     "): this folder holds quantized weights, which ferry does not read; give the unquantized base "
-                     "folder, and lora.base_dtype \"nf4\" quantizes it at start as bitsandbytes does");
+    auto key_is = [&](const char* key, const json& want) {
+      const json* v = opt(*q, key);
+      return v && *v == want;
+    };
+    const bool nf4 = method && *method == "bitsandbytes" && key_is("load_in_4bit", true) &&
+                     key_is("bnb_4bit_quant_type", "nf4") &&
+                     (!opt(*q, "bnb_4bit_quant_storage") || key_is("bnb_4bit_quant_storage", "uint8"));
+    if (!nf4) {
+      refuse(path, "key 'quantization_config' (quant_method " + (method ? method->dump() : std::string("absent")) +
+                       "): ferry reads folders bitsandbytes saved in 4-bit NF4 with uint8 storage only (load_in_4bit, "
+                       "bnb_4bit_quant_type nf4); give the unquantized base folder, and lora.base_dtype \"nf4\" "
+                       "quantizes it at start as bitsandbytes does");
+    }
+    out.nf4 = true;
+    const json* dq = opt(*q, "bnb_4bit_use_double_quant");
+    out.nf4_double_quant = dq && dq->is_boolean() && dq->get<bool>();
   }
   if (const json* d = opt(hf, "torch_dtype"); d && d->is_string()) out.dtype = d->get<std::string>();
   if (const json* d = opt(hf, "dtype"); d && d->is_string()) out.dtype = d->get<std::string>();
@@ -165,6 +179,10 @@ HfModelConfig hf_model_config(const json& hf, const std::string& path) {
                      nn::hf_architecture_names() + ")");
   }
   if (arch->family == nn::ArchFamily::gpt2) {
+    if (out.nf4) {
+      refuse(path, "key 'quantization_config': a GPT-2 folder saved in NF4 is not read (its Conv1D weights are stored "
+                   "transposed); give the unquantized folder, and lora.base_dtype \"nf4\" quantizes it at start");
+    }
     gpt2_keys(hf, path, out);
   } else {
     llama_keys(hf, path, *arch, out);

@@ -32,6 +32,10 @@ struct HfModelConfig {
   int64_t sliding_window = 0; // 0: none in use
   std::string dtype;          // torch_dtype / dtype as written ("" when absent)
   std::string architecture;   // e.g. "LlamaForCausalLM"
+  // quantization_config of a folder bitsandbytes saved in 4-bit NF4 (the only quantized
+  // folders read): its block projections are NF4 states, read as they are (HfWeights).
+  bool nf4 = false;
+  bool nf4_double_quant = false;  // bnb_4bit_use_double_quant
 };
 
 // `hf` is the parsed config.json at `path` (named in errors).

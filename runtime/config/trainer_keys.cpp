@@ -154,6 +154,20 @@ bool translate_one(const std::string& key, const json& value, json& out, const s
     }
     return true;
   }
+  if (key == "bnb_4bit_quant_storage") {  // how bitsandbytes packs the nibbles: bytes only
+    if (value != "uint8") {
+      fail(source, "key 'bnb_4bit_quant_storage' is " + value.dump() + ": ferry stores NF4 nibbles in bytes (\"uint8\")");
+    }
+    return true;
+  }
+  if (key == "bnb_4bit_compute_dtype") {  // the dtype the GEMMs run in: ferry's bf16 or fp16 key
+    if (value != "bfloat16" && value != "float16" && value != "bf16" && value != "fp16") {
+      fail(source, "key 'bnb_4bit_compute_dtype' is " + value.dump() + ": QLoRA computes in bfloat16 or float16 here, "
+                   "chosen by bf16 / fp16 (the key itself sets nothing)");
+    }
+    keys.applied.push_back("bnb_4bit_compute_dtype = " + value.dump() + " (ferry computes in the bf16 / fp16 key's dtype)");
+    return true;
+  }
   if (key == "bnb_4bit_use_double_quant") {
     if (!value.is_boolean()) fail(source, "key 'bnb_4bit_use_double_quant' must be true or false, got " + value.dump());
     put(out, "lora.double_quant", value, key, source);
@@ -203,7 +217,8 @@ bool is_trainer_key(const std::string& key, const json& value) {
   if (schedule_word(key) || key == "adam_beta1" || key == "adam_beta2") return true;
   if (key == "adapter") return value.is_string() || value.is_null();  // an object: the adapter.* hint
   if (key == "lora_target_linear") return true;
-  if (key == "load_in_4bit" || key == "load_in_8bit" || key == "bnb_4bit_quant_type" || key == "bnb_4bit_use_double_quant") {
+  if (key == "load_in_4bit" || key == "load_in_8bit" || key == "bnb_4bit_quant_type" || key == "bnb_4bit_use_double_quant" ||
+      key == "bnb_4bit_quant_storage" || key == "bnb_4bit_compute_dtype") {
     return true;
   }
   const auto it = aliases().find(key);

@@ -29,23 +29,37 @@ using nlohmann::json;
 
 namespace {
 
-// QLoRA (the manifest's lora.base_dtype "nf4"): each NF4 tensor of `stored` in `values`'s
-// layout of unit_w becomes what training multiplied by: its pieces rounded to the compute
-// dtype, quantized, dequantized (nn::Model::quantized_bytes, nn/nf4.h). Merging into the
-// folder's own values instead would give a model that computes something the adapters were
-// not trained with.
-void dequantized_base(const json& lora, const nn::UnitSpec& stored, const nn::UnitSpec& values, float* unit_w) {
-  if (lora.value("base_dtype", "") != "nf4") return;
+// The frozen base of unit u in `values`'s layout (every tensor as values) from a folder
+// opened with the checkpoint's own layout `stored`. A QLoRA base (TensorSpec::nf4) becomes
+// what training multiplied by: the folder's NF4 state where bitsandbytes saved one, else its
+// values rounded to the compute dtype (the manifest's quantized_from) and quantized as the
+// run did (nn::Model::quantized_bytes), then dequantized. Merging into the folder's own
+// values instead would give a model that computes something the adapters were not trained
+// with. Trained tensors are left to the checkpoint.
+void base_values(const json& lora, HfWeights& base, const nn::UnitSpec& stored, const nn::UnitSpec& values, int u,
+                 float* unit_w) {
+  std::fill(unit_w, unit_w + values.numel, 0.0f);
   const std::string from = lora.value("quantized_from", "bf16");
   for (size_t i = 0; i < stored.tensors.size(); ++i) {
-    for (const nn::Nf4Piece& p : stored.tensors[i].nf4) {
-      float* w = unit_w + values.tensors.at(i).offset + p.row0 * p.layout.cols;
-      const int64_t n = p.layout.numel();
-      for (int64_t k = 0; k < n; ++k) {
-        w[k] = from == "fp16" ? nn::f16_to_f32(nn::f32_to_f16(w[k])) : nn::bf16_to_f32(nn::f32_to_bf16(w[k]));
+    const nn::TensorSpec& t = stored.tensors[i];
+    if (t.trainable) continue;
+    float* w = unit_w + values.tensors.at(i).offset;
+    if (!t.quantized()) {
+      base.read_rows(u, i, 0, t.shape.at(0), w);
+      continue;
+    }
+    for (const nn::Nf4Piece& p : t.nf4) {
+      float* piece = w + p.row0 * p.layout.cols;
+      nn::Nf4Tensor q;
+      if (!base.read_nf4(u, i, p.row0, &q)) {
+        base.read_rows(u, i, p.row0, p.layout.rows, piece);
+        const int64_t n = p.layout.numel();
+        for (int64_t k = 0; k < n; ++k) {
+          piece[k] = from == "fp16" ? nn::f16_to_f32(nn::f32_to_f16(piece[k])) : nn::bf16_to_f32(nn::f32_to_bf16(piece[k]));
+        }
+        q = nn::nf4_quantize(piece, n, p.layout.double_quant, nullptr, nullptr);
       }
-      const nn::Nf4Tensor q = nn::nf4_quantize(w, n, p.layout.double_quant, nullptr, nullptr);
-      nn::nf4_dequantize(q, w);
+      nn::nf4_dequantize(q, piece);
     }
   }
 }
@@ -97,7 +111,7 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
                                (from.empty() ? std::string("the checkpoint names none") : from + " has no config.json") +
                                "; give it with --base DIR");
     }
-    base_weights = std::make_unique<HfWeights>(from, model, layout);
+    base_weights = std::make_unique<HfWeights>(from, model, stored);
     check_adapter_base(reader.manifest(), *base_weights, rep.checkpoint);
   }
   rep.architecture = hf_architecture(hfl.arch);
@@ -159,8 +173,7 @@ HfExportReport export_hf(const std::string& checkpoint, const std::string& out, 
     rep.largest_unit_bytes = std::max<uint64_t>(rep.largest_unit_bytes, unit_w.size() * 4);
     if (base_weights) {
       // The base, then the trained span over it (adapters, modules saved in full), merged.
-      base_weights->fill(u, 0, spec.numel, unit_w.data());
-      dequantized_base(reader.manifest().at("lora"), stored[static_cast<size_t>(u)], spec, unit_w.data());
+      base_values(reader.manifest().at("lora"), *base_weights, stored[static_cast<size_t>(u)], spec, u, unit_w.data());
       if (spec.trainable_numel > 0) reader.read(u, /*master*/ 0, 0, spec.trainable_numel, unit_w.data());
       merge_adapters(reader.manifest(), layout, u, unit_w.data());
     } else {

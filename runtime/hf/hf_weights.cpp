@@ -129,6 +129,41 @@ HfWeights::HfWeights(const std::string& dir, const json& model, const std::vecto
                                  std::to_string(found.size()) + " tensors in " + std::to_string(readers_.size()) +
                                  " file(s))");
       }
+      if (const auto qs = found.find(e->name + ".quant_state.bitsandbytes__nf4"); qs != found.end()) {
+        if (!layout[static_cast<size_t>(m.unit)].tensors[m.tensor].quantized()) {
+          throw std::runtime_error(r->path() + ": tensor '" + e->name + "' is bitsandbytes' NF4 state, for a base ferry "
+                                   "keeps as values here: train on it with lora.base_dtype \"nf4\" (QLoRA)");
+        }
+        Nf4Source s;
+        s.reader = r;
+        s.weight = e;
+        s.state = qs->second.second;
+        const std::vector<int64_t> shape = m.piece_shape(p);
+        s.rows = shape.at(0);
+        s.cols = shape.size() > 1 ? shape[1] : 1;
+        const auto part = [&](const char* suffix, bool required) -> const SafetensorsEntry* {
+          const auto it = found.find(e->name + suffix);
+          if (it == found.end()) {
+            if (required) throw std::runtime_error(dir + ": tensor '" + e->name + suffix + "' is missing (the NF4 state of " + e->name + ")");
+            return nullptr;
+          }
+          if (it->second.first != r) {
+            throw std::runtime_error(it->second.first->path() + ": tensor '" + e->name + suffix + "' is not in " + r->path() +
+                                     " with the rest of its NF4 state");
+          }
+          used.insert(it->first);
+          return it->second.second;
+        };
+        s.absmax = part(".absmax", true);
+        s.quant_map = part(".quant_map", true);
+        s.nested_absmax = part(".nested_absmax", false);
+        s.nested_quant_map = part(".nested_quant_map", false);
+        used.insert(qs->first);
+        used.insert(e->name);
+        dtypes.insert("NF4 (bitsandbytes)");
+        nf4_sources_[p.name] = s;
+        continue;
+      }
       if (e->shape != m.piece_shape(p)) {
         throw std::runtime_error(r->path() + ": tensor '" + e->name + "' has shape " + shape_text(e->shape) +
                                  " but the model of config.json needs " + shape_text(m.piece_shape(p)));
@@ -253,6 +288,81 @@ void HfWeights::read_rows(int unit, size_t tensor, int64_t row0, int64_t rows, f
   }
   throw std::invalid_argument("HfWeights::read_rows: tensor " + std::to_string(tensor) + " of unit " +
                               std::to_string(unit) + " has no Hugging Face source");
+}
+
+bool HfWeights::read_nf4(int unit, size_t tensor, int64_t row0, nn::Nf4Tensor* out) {
+  for (const size_t i : unit_tensors_.at(static_cast<size_t>(unit))) {
+    const HfTensorMap& m = hf_.tensors[i];
+    if (m.tensor != tensor) continue;
+    for (const HfPiece& p : m.pieces) {
+      if (p.row_begin != row0) continue;
+      const auto it = nf4_sources_.find(p.name);
+      if (it == nf4_sources_.end()) return false;
+      const Nf4Source& s = it->second;
+      const std::string where = s.reader->path() + ": tensor '" + s.weight->name + "'";
+      const auto fail = [&](const std::string& what) { throw std::runtime_error(where + "'s NF4 state: " + what); };
+      const auto floats = [&](const SafetensorsEntry* e, size_t n, const char* what) {
+        if (e->dtype != "F32" || e->end - e->begin != n * 4) fail(std::string(what) + " must be F32 of " + std::to_string(n) + " values");
+        std::vector<float> v(n);
+        s.reader->read_range(*e, 0, n * 4, v.data());
+        return v;
+      };
+      const int64_t numel = s.rows * s.cols, blocks = (numel + nn::kNf4BlockSize - 1) / nn::kNf4BlockSize;
+      // The quant_state: bitsandbytes' JSON, a few hundred bytes.
+      if (s.state->dtype != "U8" || s.state->end - s.state->begin > 65536) fail("quant_state must be U8 JSON of at most 64 KiB");
+      std::string text(static_cast<size_t>(s.state->end - s.state->begin), '\0');
+      s.reader->read_range(*s.state, 0, text.size(), text.data());
+      const json st = base::parse_json<std::runtime_error>(text, where + "'s quant_state", /*allow_exceptions=*/false);
+      if (!st.is_object()) fail("quant_state is not a JSON object");
+      const auto key = [&](const char* k) -> const json& {
+        const auto f = st.find(k);
+        if (f == st.end()) fail(std::string("quant_state has no '") + k + "'");
+        return *f;
+      };
+      if (key("quant_type") != "nf4" || key("blocksize") != nn::kNf4BlockSize) fail("quant_state must be nf4 in blocks of 64");
+      if (key("shape") != json::array({s.rows, s.cols})) {
+        fail("quant_state's shape " + key("shape").dump() + " is not the model's [" + std::to_string(s.rows) + ", " +
+             std::to_string(s.cols) + "]");
+      }
+      nn::Nf4Tensor q;
+      q.numel = numel;
+      if (s.weight->dtype != "U8" || s.weight->end - s.weight->begin != static_cast<uint64_t>((numel + 1) / 2)) {
+        fail("the packed weight must be U8 of " + std::to_string((numel + 1) / 2) + " bytes");
+      }
+      q.packed.resize(static_cast<size_t>((numel + 1) / 2));
+      s.reader->read_range(*s.weight, 0, q.packed.size(), q.packed.data());
+      const std::vector<float> table = floats(s.quant_map, 16, "quant_map");
+      for (size_t k = 0; k < 16; ++k) {
+        if (table[k] != nn::kNf4Table[k]) fail("quant_map is not NF4's table (another 4-bit type?)");
+      }
+      q.double_quant = s.nested_absmax != nullptr;
+      if (q.double_quant) {
+        if (!s.nested_quant_map || key("nested_blocksize") != nn::kNf4NestedBlockSize || !key("nested_offset").is_number()) {
+          fail("a double-quantized state needs nested_quant_map, nested_blocksize 256 and nested_offset");
+        }
+        if (s.absmax->dtype != "U8" || s.absmax->end - s.absmax->begin != static_cast<uint64_t>(blocks)) {
+          fail("absmax must be U8 of " + std::to_string(blocks) + " codes");
+        }
+        q.absmax_code.resize(static_cast<size_t>(blocks));
+        s.reader->read_range(*s.absmax, 0, q.absmax_code.size(), q.absmax_code.data());
+        q.nested_absmax = floats(s.nested_absmax, static_cast<size_t>((blocks + nn::kNf4NestedBlockSize - 1) / nn::kNf4NestedBlockSize),
+                                 "nested_absmax");
+        q.code = floats(s.nested_quant_map, 256, "nested_quant_map");
+        q.offset = key("nested_offset").get<float>();
+      } else {
+        q.absmax = floats(s.absmax, static_cast<size_t>(blocks), "absmax");
+      }
+      try {
+        nn::nf4_check(q);
+      } catch (const std::invalid_argument& e) {
+        fail(e.what());
+      }
+      bytes_read_ += q.packed.size() + q.absmax_code.size() + 4 * (q.absmax.size() + q.nested_absmax.size() + q.code.size());
+      *out = std::move(q);
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace ferry::runtime

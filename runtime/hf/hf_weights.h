@@ -48,6 +48,15 @@ class HfWeights {
   // Rows [row0, row0 + rows) of tensor `tensor` of `unit`, in ferry's layout (row-major
   // [rows, cols] of the TensorSpec's shape), into dst.
   void read_rows(int unit, size_t tensor, int64_t row0, int64_t rows, float* dst);
+  // A folder bitsandbytes saved in 4-bit NF4 (transformers' load_in_4bit; config.json's
+  // quantization_config): each quantized module is its state (`weight` packed U8, `.absmax`,
+  // `.nested_absmax`, `.nested_quant_map`, `.quant_map`, `.quant_state.bitsandbytes__nf4`),
+  // which the constructor checks is complete for every module the layout quantizes, and the
+  // folder's quantization of a module the layout keeps as values is refused. read_nf4: true
+  // and the state of the piece of tensor `tensor` starting at row `row0` when the folder holds
+  // it quantized (checked: sizes, NF4's table, the quant_state's shape and blocks), false
+  // when the folder holds its values (then read_rows, and ferry quantizes them).
+  bool read_nf4(int unit, size_t tensor, int64_t row0, nn::Nf4Tensor* out);
 
   uint64_t bytes_read() const { return bytes_read_; }
   int files() const { return static_cast<int>(readers_.size()); }
@@ -73,6 +82,13 @@ class HfWeights {
   HfLayout hf_;
   std::vector<std::unique_ptr<SafetensorsReader>> readers_;
   std::map<std::string, Source> sources_;            // by piece name
+  struct Nf4Source {
+    SafetensorsReader* reader = nullptr;
+    const SafetensorsEntry *weight = nullptr, *absmax = nullptr, *nested_absmax = nullptr,
+                           *nested_quant_map = nullptr, *quant_map = nullptr, *state = nullptr;
+    int64_t rows = 0, cols = 0;
+  };
+  std::map<std::string, Nf4Source> nf4_sources_;     // by piece name: a bitsandbytes NF4 state
   std::vector<std::vector<size_t>> unit_tensors_;    // per unit: indices into hf_.tensors
   std::vector<nn::UnitSpec> layout_;
   std::vector<char> bytes_;                          // one run's bytes, reused

@@ -81,8 +81,12 @@ Trainer::Trainer(const Config& config, comm::Communicator& comm, std::ostream& o
   // NF4 blobs: quantized from model.init_from's folder, or from the model's own initial values.
   hooks.init_quantized = [this](Engine& e, int u, size_t t, int64_t begin, int64_t n, uint8_t* dst) {
     nn::Model::RowsFn rows;
-    if (hf_) rows = [this, u, t](int64_t row0, int64_t count, float* out) { hf_->read_rows(u, t, row0, count, out); };
-    e.model().quantized_bytes(u, t, cfg_.model_seed, rows, cfg_.zero.compute, begin, n, dst);
+    nn::Model::StateFn state;
+    if (hf_) {
+      rows = [this, u, t](int64_t row0, int64_t count, float* out) { hf_->read_rows(u, t, row0, count, out); };
+      state = [this, u, t](int64_t row0, nn::Nf4Tensor* q) { return hf_->read_nf4(u, t, row0, q); };
+    }
+    e.model().quantized_bytes(u, t, cfg_.model_seed, rows, state, cfg_.zero.compute, begin, n, dst);
   };
   engine_ = std::make_unique<Engine>(cfg_, comm_, hooks);
   const std::vector<nn::UnitSpec> layout = model().units();

@@ -66,7 +66,10 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
   zero_pending_.assign(n, false);
   reported_.assign(n, false);
   reduced_.assign(n, false);
+  nf4_ranges_.resize(n);
   for (size_t u = 0; u < n; ++u) {
+    for (const nn::TensorSpec& t : units[u].tensors)
+      if (t.quantized()) nf4_ranges_[u].emplace_back(t.offset, t.offset + t.stored_numel());
     spans_.push_back(unit_partition(units[u], comm.size(), comm.rank()));
     parts_.push_back(spans_.back().trained);
     any_frozen_ = any_frozen_ || spans_.back().has_frozen();
@@ -324,6 +327,7 @@ std::vector<float> ShardedUnits::full_weights(int unit) {
     dev_.copy_to_host(out.data(), wide);
   }
   release_weights(unit);
+  for (const auto& [begin, end] : nf4_ranges_.at(static_cast<size_t>(unit))) std::fill(out.begin() + begin, out.begin() + end, 0.0f);
   return out;
 }
 

@@ -182,7 +182,8 @@ class ShardedUnits final : public nn::UnitAccess {
   void mark_updating(int unit);
   void publish_params();  // collective
   // Host copy of unit's full weights (numel elements) as the model computes with them
-  // (rounded to the compute dtype under mixed precision). Collective at stage 3.
+  // (rounded to the compute dtype under mixed precision); an NF4 tensor's elements are 0
+  // (they hold bytes, not values). Collective at stage 3.
   std::vector<float> full_weights(int unit);
   StateBytes state_bytes() const;
 
@@ -212,6 +213,7 @@ class ShardedUnits final : public nn::UnitAccess {
   // trainable span is copied from full_w_ / compute_w_ ([padded] of the trainable span,
   // whose padding would overrun the frozen span) by each refresh.
   std::vector<nn::Tensor> model_w_;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> nf4_ranges_;  // per unit: NF4 tensors' [offset, end)
   void put_quantized(const nn::UnitSpec& spec, int u, const QuantizedInit& quantized, const nn::Tensor& dst,
                      int64_t begin, int64_t n);
   std::vector<bool> fresh_;           // landing: the shard was zeroed and nothing landed yet
