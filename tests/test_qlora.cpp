@@ -18,6 +18,7 @@
 
 #include "comm/communicator.h"
 #include "nn/nf4.h"
+#include "runtime/ckpt/checkpoint.h"
 #include "runtime/ckpt/safetensors.h"
 #include "runtime/hf/hf_export.h"
 #include "runtime/config/config.h"
@@ -280,6 +281,33 @@ BOOST_AUTO_TEST_CASE(a_resume_continues_bit_for_bit) {
   BOOST_REQUIRE(resumed.size() == 2u);
   BOOST_TEST(resumed[0] == whole[2]);
   BOOST_TEST(resumed[1] == whole[3]);
+  // Resumed with the base kept as values, or quantized without double quantization: refused
+  // naming the tensor and the keys.
+  for (const char* set : {"lora.base_dtype=compute", "lora.double_quant=false"}) {
+    const std::string e = error_of([&] { (void)losses(config(d, {"checkpoint.resume=auto", set})); });
+    BOOST_TEST(e.find("in the checkpoint but as") != std::string::npos, e);
+    BOOST_TEST(e.find("lora.base_dtype or lora.double_quant changed") != std::string::npos, e);
+  }
+  // A manifest whose nf4 entry is damaged is refused naming the tensor.
+  const fs::path step = dir.path / "b" / "step-00000004" / "manifest.json";
+  json m;
+  std::ifstream(step) >> m;
+  const json good = m;
+  auto damaged = [&](const std::function<void(json&)>& edit) {
+    json x = good;
+    edit(x["units"][1]["tensors"][1]);
+    std::ofstream(step) << x.dump();
+    const std::string e = error_of([&] { (void)runtime::CheckpointReader(step.parent_path().string()).layout(); });
+    BOOST_TEST_MESSAGE(e);
+    return e;
+  };
+  BOOST_REQUIRE(good["units"][1]["tensors"][1].contains("nf4"));
+  BOOST_TEST(damaged([](json& t) { t["nf4"]["pieces"] = json::array({json::array({1, 4})}); }).find("do not cover") != std::string::npos);
+  BOOST_TEST(damaged([](json& t) { t["nf4"]["pieces"] = json::array({json::array({0, 1000000})}); }).find("nf4") != std::string::npos);
+  BOOST_TEST(damaged([](json& t) { t["shape"] = json::array({int64_t{1} << 40, 60}); }).find("nf4 shape") != std::string::npos);
+  BOOST_TEST(damaged([](json& t) { t["nf4"].erase("double_quant"); }).find("malformed") != std::string::npos);
+  BOOST_TEST(damaged([](json& t) { t["trainable"] = true; }).find("frozen matrix") != std::string::npos);
+  std::ofstream(step) << good.dump();
 }
 
 BOOST_AUTO_TEST_CASE(the_keys_and_what_is_refused_by_name) {

@@ -101,8 +101,9 @@ def crc32c(data):
     return c ^ 0xFFFFFFFF
 
 
-def checkpoint(world=2, units=None, seed=1):
-    """A ferry checkpoint as checkpoint.cpp writes it: (manifest, [(index, data)] per rank)."""
+def checkpoint(world=2, units=None, seed=1, trained=None):
+    """A ferry checkpoint as checkpoint.cpp writes it: (manifest, [(index, data)] per rank).
+    trained: per unit, the trainable span's length (format 2: the data holds that span)."""
     rng = random.Random(seed)
     units = units or [("embedding", [("wte", [8, 4]), ("wpe", [4, 4])]),
                       ("block.0", [("h.0.ln_1.weight", [4]), ("h.0.attn.c_proj.weight", [4, 4])]),
@@ -125,9 +126,10 @@ def checkpoint(world=2, units=None, seed=1):
     for r in range(world):
         data, segments = b"", []
         for u, unit in enumerate(layout):
-            shard = -(-unit["numel"] // world)
-            begin = min(r * shard, unit["numel"])
-            count = max(0, min(unit["numel"], (r + 1) * shard) - begin)
+            span = trained[u] if trained else unit["numel"]
+            shard = -(-span // world)
+            begin = min(r * shard, span)
+            count = max(0, min(span, (r + 1) * shard) - begin)
             for a in range(3):
                 values = struct.pack("<%df" % count, *[rng.uniform(-1, 1) for _ in range(count)])
                 segments.append({"unit": u, "array": a, "begin": begin if count else 0, "count": count,
@@ -176,6 +178,16 @@ def checkpoint_seeds():
     del no_offset["units"][0]["tensors"][0]["offset"]
     put("fuzz_checkpoint", "regress-tensor-no-offset", checkpoint_input(no_offset, ranks))
     put("fuzz_checkpoint", "regress-latest-path", checkpoint_input(m, ranks, latest="/" + "x" * 5000))
+    # QLoRA (format 2): block.0's projection frozen and stored in NF4, its extent its blob's
+    # (nn/nf4_blob.h: a [4, 4] double-quantized matrix takes 1088 bytes, 544 elements, at 16).
+    q, qranks = checkpoint(trained=[48, 4, 4])
+    q["format_version"] = 2
+    q["units"][1]["tensors"][1].update({"offset": 16, "trainable": False,
+                                         "nf4": {"pieces": [[0, 4]], "double_quant": True}})
+    q["units"][1]["numel"] = 16 + 544
+    for u, t in zip(q["units"], [48, 4, 4]):
+        u["trainable_numel"] = t
+    put("fuzz_checkpoint", "nf4-frozen", checkpoint_input(q, qranks))
 
 
 # --- safetensors and Hugging Face folders ------------------------------------------------
