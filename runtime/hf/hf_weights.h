@@ -57,6 +57,7 @@ class HfWeights {
   // it quantized (checked: sizes, NF4's table, the quant_state's shape and blocks), false
   // when the folder holds its values (then read_rows, and ferry quantizes them).
   bool read_nf4(int unit, size_t tensor, int64_t row0, nn::Nf4Tensor* out);
+  int nf4_states() const { return static_cast<int>(nf4_sources_.size()); }  // modules saved in NF4
 
   uint64_t bytes_read() const { return bytes_read_; }
   int files() const { return static_cast<int>(readers_.size()); }

@@ -248,9 +248,12 @@ void Trainer::describe_placement() {
       out_ << "base: " << values << " parameters of " << pieces << " projections in NF4"
            << (cfg_.lora.double_quant ? " (double quantized)" : "") << ", " << nn::format_bytes(static_cast<size_t>(bytes))
            << " (" << fmt("%.3f", static_cast<double>(bytes) / static_cast<double>(std::max<int64_t>(values, 1)))
-           << " bytes a parameter, " << nn::dtype_name(cfg_.zero.compute) << " would be 2), quantized at start from "
-           << (cfg_.init_from.empty() ? std::string("the initial weights") : cfg_.init_from)
-           << " and dequantized panel by panel in the GEMMs\n";
+           << " bytes a parameter, " << nn::dtype_name(cfg_.zero.compute) << " would be 2), "
+           << (hf_ && hf_->nf4_states() > 0
+                   ? "read as bitsandbytes saved " + std::to_string(hf_->nf4_states()) + " of them in " + cfg_.init_from +
+                         (hf_->nf4_states() < pieces ? " (the rest quantized at start)" : "")
+                   : "quantized at start from " + (cfg_.init_from.empty() ? std::string("the initial weights") : cfg_.init_from))
+           << ", dequantized panel by panel in the GEMMs\n";
     }
   }
   if (hf_) {
