@@ -4,7 +4,7 @@
 #                then the parsers' fuzz targets briefly: make test-fuzz), each build beside the
 #                tests before it
 #   make test-tsan  build with ThreadSanitizer, run the tests that start threads (not part of make test)
-#   make bench   run the benchmarks (ferry bench model, attention, comm, adam, io, ckpt, step), JSON results under out/
+#   make bench   run the benchmarks (ferry bench model, attention, comm, adam, io, ckpt, step, lora), JSON results under out/
 #   make clean   remove build folders and outputs
 # Tests run two at a time (ctest -j$(JOBS)) with OpenMP's passive wait policy: its default
 # spin-waiting threads of two processes sharing two cores slow each other down a hundredfold,
@@ -153,6 +153,7 @@ bench: build
 	$(BUILD)/examples/ferry bench io --path out --json out/bench-io.json
 	$(BUILD)/examples/ferry bench ckpt --path out --json out/bench-ckpt.json
 	$(BUILD)/examples/ferry bench step --nvme-path out --json out/bench-step.json
+	$(BUILD)/examples/ferry bench lora --json out/bench-lora.json
 
 clean:
 	rm -rf $(BUILD) $(ASAN) $(FUZZ) $(TSAN) out

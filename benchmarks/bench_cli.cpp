@@ -12,6 +12,7 @@
 #include "benchmarks/bench_model.h"
 #include "benchmarks/bench_report.h"
 #include "benchmarks/bench_step.h"
+#include "benchmarks/bench_lora.h"
 #include "benchmarks/bench_tokenize.h"
 
 namespace ferry::bench {
@@ -44,6 +45,8 @@ int run(const std::string& name, const BenchArgs& a) {
       rc = run_io_bench(IoBenchOptions{a.path, a.opt.quick, a.peers}, report);
     } else if (name == "step") {
       rc = run_step_bench(StepBenchOptions{a.path, a.opt.quick, a.trace_path, a.opt.bf16, a.opt.device, a.peers}, report);
+    } else if (name == "lora") {
+      rc = run_lora_bench(LoraBenchOptions{a.opt.threads, a.opt.quick, a.peers}, report);
     } else if (name == "ckpt") {
       rc = run_ckpt_bench(CkptBenchOptions{a.path, a.opt.quick}, report);
     } else if (name == "tokenize") {
@@ -74,7 +77,8 @@ int run(const std::string& name, const BenchArgs& a) {
 
 std::function<int()> bench_command(CLI::App& cmd) {
   auto a = std::make_shared<BenchArgs>();
-  cmd.description("measure ferry against references taken in the same run (model, comm, adam, io, ckpt, step, tokenize)");
+  cmd.description(
+      "measure ferry against references taken in the same run (model, comm, adam, io, ckpt, step, lora, tokenize)");
   cmd.require_subcommand(1);
   const auto add = [&](const char* name, const char* what) {
     CLI::App* b = cmd.add_subcommand(name, what);
@@ -152,6 +156,14 @@ std::function<int()> bench_command(CLI::App& cmd) {
   attention->add_option("--device", a->opt.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
   attention->add_flag("--bf16", a->opt.bf16, "bf16 q, k, v (f32 accumulation)");
   attention->add_option("--python", a->python, "a Python with torch: PyTorch's SDPA as the reference");
+  CLI::App* lora = add("lora",
+                       "LoRA (fp32) and QLoRA (bf16, NF4 base) training steps of a Llama-shape model on the CPU, "
+                       "against PEFT on PyTorch eager with --peers (ferry's tokens/s over PEFT's; goal 1.2)");
+  threads(lora);
+  lora->add_option("--peers", a->peers,
+                   "a Python with torch, transformers, peft and bitsandbytes (scripts/make_peers_env.sh): PEFT on "
+                   "PyTorch eager, same model, rank, targets, batch and threads, alternating with ferry")
+      ->envname("FERRY_PEERS_PYTHON");
   CLI::App* step = add("step",
                        "a step with parameters and optimizer state on NVMe: overlapped vs sequential, and vs the "
                        "longest of its resources measured alone");

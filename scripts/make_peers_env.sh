@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes the virtual environment that `ferry bench ... --peers PYTHON` measures ferry
-# against: PyTorch and DeepSpeed from PyPI, outside the repository.
+# against: PyTorch, DeepSpeed, and transformers with PEFT and bitsandbytes (bench lora) from
+# PyPI, outside the repository.
 #
 #   bash scripts/make_peers_env.sh [DIR]      # DIR: default $FERRY_PEERS_DIR or $HOME/.ferry-peers
 #
@@ -33,8 +34,9 @@ py="$dir/bin/python"
 # torch first: DeepSpeed's setup imports it when it is present.
 echo "[peers] pip install torch ninja (large: the CUDA libraries come with torch)"
 "$py" -m pip install -q torch ninja
-echo "[peers] pip install deepspeed tokenizers"
+echo "[peers] pip install deepspeed tokenizers transformers peft bitsandbytes"
 "$py" -m pip install -q deepspeed tokenizers  # tokenizers: ferry bench tokenize --python
+"$py" -m pip install -q transformers peft bitsandbytes  # ferry bench lora --peers
 
 # Build DeepSpeed's CPU Adam now (JIT, cached under ~/.cache/torch_extensions), so that the
 # first benchmark does not time a compile, and check that it runs.

@@ -333,6 +333,42 @@ BOOST_AUTO_TEST_CASE(offloaded_stage3_moves_shards_not_units, *boost::unit_test:
   }
 }
 
+// The same with adapters (LoRA on a bf16 base, QLoRA on an NF4 one): the base goes up once
+// per use inside each unit's stored shard (trained shard, alignment gap, frozen shard, in
+// the shards' 16-bit dtype) and never comes down: the gradients that come down are the
+// trained shards' only. The NF4 base's uploads are the smaller.
+BOOST_AUTO_TEST_CASE(offloaded_adapters_move_the_base_up_once_per_use_and_never_down,
+                     *boost::unit_test::precondition(test::CudaPresent{})) {
+  uint64_t ups[2] = {0, 0};
+  for (const bool nf4 : {false, true}) {
+    std::ostringstream log;
+    json d = doc(2);
+    d["bf16"] = {{"enabled", true}};
+    d["lora"] = {{"r", 4}, {"target_modules", "all-linear"}, {"base_dtype", nf4 ? "nf4" : "compute"}};
+    const std::vector<std::string> sets = {"device.type=cuda", "zero_optimization.stage=3",
+                                           "zero_optimization.offload_optimizer.device=cpu",
+                                           "zero_optimization.offload_param.device=cpu", "gradient_accumulation_steps=2"};
+    runtime::Trainer t(runtime::config_from_json(d, "cuda", "", sets, mpi_world().size()), mpi_world(), log);
+    const runtime::TrainReport rep = t.run();
+    uint64_t stored = 0, trained = 0;
+    for (int u = 0; u < t.units().num_units(); ++u) {
+      // GPT's tied embedding is gathered three times a micro-batch (see above).
+      stored += static_cast<uint64_t>((u == 0 ? 3 : 2) * t.units().spans_of(u).stored());
+      if (t.units().trains(u)) trained += static_cast<uint64_t>(t.units().partition_of(u).shard);
+    }
+    const uint64_t micro = 2;
+    const size_t up_a = static_cast<size_t>(Activity::upload), down_a = static_cast<size_t>(Activity::download);
+    for (const runtime::StepStats& s : rep.steps) {
+      BOOST_TEST(s.time.bytes[up_a] == micro * stored * 2);        // bf16 shards, the base's bytes once per use
+      BOOST_TEST(s.time.bytes[down_a] == micro * trained * 4);     // fp32 gradients of the adapters only
+      ups[nf4 ? 1 : 0] = s.time.bytes[up_a];
+    }
+    BOOST_TEST_MESSAGE((nf4 ? "QLoRA" : "LoRA") << " at " << mpi_world().size() << " rank(s): up "
+                                                << ups[nf4 ? 1 : 0] << " B a step, down " << micro * trained * 4 << " B");
+  }
+  BOOST_TEST(ups[1] < ups[0]);
+}
+
 // Review F6: on a GPU the step breakdown and the trace hold device time. The emulation
 // runs kernels only when the step's loss is read, after every unit's span has closed, so
 // spans timed by the host (enqueue time) would hold a sliver of the step, while spans

@@ -259,6 +259,10 @@ BOOST_AUTO_TEST_CASE(time_from_bench_rates) {
   BOOST_TEST(t.comm_s == t.comm_bytes / 4e9, boost::test_tools::tolerance(1e-12));
   const double shard = P / 2;
   BOOST_TEST(t.nvme_bytes == (2 * 2 * 4 * shard + 4 * shard) + 24 * shard, boost::test_tools::tolerance(1e-12));
+  // Under bf16 the parameter shards on NVMe are 2 bytes an element (the optimizer's stay fp32).
+  Config half = c;
+  half.zero.compute = nn::DType::bf16;
+  BOOST_TEST(plan_time(half, 2, r).nvme_bytes == (2 * 2 * 2 * shard + 2 * shard) + 24 * shard, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(t.adam_s == shard / 1e9, boost::test_tools::tolerance(1e-12));
   BOOST_TEST(t.overlapped_s() == std::max({t.compute_s, t.comm_s, t.nvme_s, t.adam_s}));
   BOOST_TEST(t.sequential_s() == t.compute_s + t.comm_s + t.nvme_s + t.adam_s, boost::test_tools::tolerance(1e-12));

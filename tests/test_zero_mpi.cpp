@@ -169,6 +169,27 @@ BOOST_AUTO_TEST_CASE(qlora_at_every_stage_matches_the_single_process_reference) 
       }
     }
   }
+  // hpZ (node groups of 2): the node copies hold the whole gathered unit, NF4 blobs and
+  // adapters, and serve every gather after a unit's first in the step.
+  for (const char* base : {"nf4", "compute"}) {
+    if (W % 2 != 0) break;
+    BOOST_TEST_CONTEXT("world " << W << ", hpZ 2, base " << base) {
+      json h = doc;
+      h["lora"]["base_dtype"] = base;
+      h["zero_optimization"] = {{"stage", 3}, {"zero_hpz_partition_size", 2}, {"offload_optimizer", {{"device", "cpu"}}}};
+      json single = h;
+      single["zero_optimization"] = {{"stage", 0}};
+      const Run want = std::string(base) == "nf4"
+                           ? ref
+                           : train(runtime::config_from_json(single, "ref", "", {"gradient_accumulation_steps=" + std::to_string(2 * W)}, 1),
+                                   alone);
+      const Run run = train(runtime::config_from_json(h, "hpz", "", {}, W), world);
+      BOOST_REQUIRE(run.losses.size() == want.losses.size());
+      for (size_t i = 0; i < want.losses.size(); ++i) {
+        BOOST_TEST(std::abs(run.losses[i] - want.losses[i]) <= 1e-5 * std::abs(want.losses[i]));
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(stage3_peak_is_a_shard_plus_one_unit) {

@@ -321,10 +321,6 @@ void lora_rules(Config& c, const std::string& source) {
   } catch (const std::invalid_argument& e) {
     fail(source, e.what());
   }
-  if (c.zero.hpz_partition_size > 1) {
-    fail(source, "zero_optimization.zero_hpz_partition_size > 1 with lora.r: hpZ's node copies of frozen tensors "
-                 "are not built yet (docs/design/adapters.md); leave it at 1");
-  }
 }
 
 // DeepSpeed's _set_batch_related_parameters: with train_batch_size given, a micro batch

@@ -148,8 +148,7 @@ void Prefetcher::issue(Flight& f) {
     if (f.read) swapper_->cancel(f.read);  // read ahead before the node copy was made
     f.read = 0;
     f.shard = Tensor{};
-    f.full = Tensor::empty(dev_, limits_.compute, {p.gathered()});
-    f.gather = node_gather_(f.unit, f.full);
+    f.gather = node_gather_(f.unit, &f.full);
     return;
   }
   const Tensor shard = f.read ? take_read(f) : f.shard;

@@ -94,7 +94,8 @@ class Prefetcher {
   // is issued is gathered from it (no read, no upload); a read already started for it is
   // dropped.
   using NodeReady = std::function<bool(int unit)>;
-  using NodeGather = std::function<PendingCollective(int unit, const nn::Tensor& full)>;
+  // Allocates the gathered buffer into *full (ShardedUnits::gather_from_node) and issues.
+  using NodeGather = std::function<PendingCollective(int unit, nn::Tensor* full)>;
   void set_node_source(NodeReady ready, NodeGather gather) {
     node_ready_ = std::move(ready);
     node_gather_ = std::move(gather);

@@ -208,8 +208,9 @@ Tensor ShardedUnits::acquire_weights(int unit) {
     if (!fetched) wait_update(unit);  // the optimizer may still be writing this unit
     if (policy_.sharded_weights) {
       if (!fetched && node_copy_ready(unit)) {
-        fetched = Tensor::empty(dev_, zero_.compute, {p.gathered()});
-        gather_from_node(unit, *fetched).finish(tracer_);
+        Tensor full;
+        gather_from_node(unit, &full).finish(tracer_);
+        fetched = full;
       } else if (!fetched) {
         UnitGather g = issue_unit_gather(comm_, dev_, shards_->fetch(unit), spans_of(unit), zero_.compute,
                                          zero_.allgather_bucket_size, name(unit));
@@ -262,11 +263,8 @@ void ShardedUnits::release_grads(int unit, bool complete) {
 void ShardedUnits::set_node_copies(comm::Communicator* node) {
   if (!policy_.sharded_weights) throw std::logic_error("node copies (hpZ) need stage 3");
   if (comm_.size() % node->size() != 0) throw std::logic_error("node copies (hpZ): the node group must divide the shard group");
-  if (any_frozen_) {
-    throw std::invalid_argument(
-        "zero_hpz_partition_size > 1 with frozen tensors (adapters) is not supported yet: the node copies would "
-        "keep the frozen base too (docs/design/adapters.md); leave hpZ off");
-  }
+  // With frozen tensors (adapters) the node copy is the whole unit as gathered, the frozen
+  // base (NF4 blobs as bytes) with the adapters, refreshed after each update like any unit's.
   node_ = node;
   node_parts_.clear();
   for (const UnitPartition& p : spans_) node_parts_.push_back(partition(p.numel, node->size(), node->rank()));
@@ -275,25 +273,33 @@ void ShardedUnits::set_node_copies(comm::Communicator* node) {
   for (const Partition& q : node_parts_) node_w_.push_back(Tensor::empty(dev_, zero_.compute, {q.shard}));
   node_valid_.assign(parts_.size(), false);
   prefetch_->set_node_source([this](int unit) { return node_copy_ready(unit); },
-                             [this](int unit, const Tensor& full) { return gather_from_node(unit, full); });
+                             [this](int unit, Tensor* full) { return gather_from_node(unit, full); });
 }
 
 bool ShardedUnits::node_copy_ready(int unit) const {
   return node_ != nullptr && node_valid_.at(static_cast<size_t>(unit));
 }
 
-PendingCollective ShardedUnits::gather_from_node(int unit, const Tensor& full) {
-  const Partition& q = node_parts_.at(static_cast<size_t>(unit));
-  // The node partition pads to a multiple of 16 x node size, which divides the shard
-  // group's padding: it fits in the gathered tensor, and the model reads only numel.
-  return issue_all_gather(*node_, dev_, node_w_[static_cast<size_t>(unit)], full.view(0, {q.padded}), q,
-                          zero_.allgather_bucket_size, name(unit) + " (node copy)");
+PendingCollective ShardedUnits::gather_from_node(int unit, Tensor* full) {
+  const auto u = static_cast<size_t>(unit);
+  const Partition& q = node_parts_.at(u);
+  // The node partition pads numel to a multiple of 16 x node size. Without frozen tensors
+  // that divides the shard group's padding; a unit with a frozen span is gathered to
+  // frozen_at + the frozen partition's padding, which can be shorter: the buffer is the
+  // longer of the two, and the model reads only numel.
+  *full = Tensor::empty(dev_, zero_.compute, {std::max(spans_[u].gathered(), q.padded)});
+  return issue_all_gather(*node_, dev_, node_w_[u], full->view(0, {q.padded}), q, zero_.allgather_bucket_size,
+                          name(unit) + " (node copy)");
 }
 
 void ShardedUnits::keep_node_copy(int unit, const Tensor& full) {
   const auto u = static_cast<size_t>(unit);
   const Partition& q = node_parts_[u];
-  dev_.copy(node_w_[u], full.view(q.begin(), {q.shard}));
+  // This rank's node slice of the gathered unit; past the gathered buffer (the last slice's
+  // padding, see gather_from_node) zeros.
+  const int64_t n = std::clamp<int64_t>(full.numel() - q.begin(), 0, q.shard);
+  if (n > 0) dev_.copy(node_w_[u].view(0, {n}), full.view(q.begin(), {n}));
+  if (n < q.shard) dev_.fill(node_w_[u].view(n, {q.shard - n}), 0.0);
   node_valid_[u] = true;
 }
 

@@ -175,8 +175,9 @@ class ShardedUnits final : public nn::UnitAccess {
   // order of use, so it is the same on every rank. `node` must reach device memory.
   void set_node_copies(comm::Communicator* node);
   bool node_copy_ready(int unit) const;
-  // Issues unit's gather from the node copies into full[padded] (the compute dtype).
-  PendingCollective gather_from_node(int unit, const nn::Tensor& full);
+  // Issues unit's gather from the node copies into a new buffer *full (the compute dtype;
+  // the gathered size, or the node partition's padding where that is longer).
+  PendingCollective gather_from_node(int unit, nn::Tensor* full);
   // Stages 1-2: the optimizer is changing unit's owned weights; they are gathered into the
   // full weights before the next use. publish_params gathers every such unit now.
   void mark_updating(int unit);
