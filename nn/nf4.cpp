@@ -221,12 +221,16 @@ void require_sizes(const Nf4Tensor& q, const char* fn) {
 // two float32 roundings.
 inline float block_scale(const Nf4Tensor& q, int64_t b) {
   if (!q.double_quant) return q.absmax[static_cast<size_t>(b)];
-  const float scaled = q.code[q.absmax_code[static_cast<size_t>(b)]] *
-                       q.nested_absmax[static_cast<size_t>(b / kNf4NestedBlockSize)];
-  return scaled + q.offset;
+  return nf4_double_quant_scale(q.code[q.absmax_code[static_cast<size_t>(b)]],
+                                q.nested_absmax[static_cast<size_t>(b / kNf4NestedBlockSize)], q.offset);
 }
 
 }  // namespace
+
+float nf4_double_quant_scale(float code, float nested_absmax, float offset) {
+  const float scaled = code * nested_absmax;
+  return scaled + offset;
+}
 
 const std::array<float, 256>& nf4_dynamic_code() {
   static const std::array<float, 256> code = build_dynamic_code();

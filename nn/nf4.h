@@ -103,6 +103,11 @@ void nf4_check(const Nf4Tensor& q);
 // (bitsandbytes' dequantize_blockwise(absmax, state2) + offset).
 float nf4_block_scale(const Nf4Tensor& q, int64_t b);
 
+// A double-quantized block's scale from its 8-bit code's value, its nested absmax and the
+// tensor's offset: code * nested + offset with bitsandbytes' two float32 roundings (never
+// an FMA). nf4_block_scale and nn/nf4_blob.h's rectangles both use it.
+float nf4_double_quant_scale(float code, float nested_absmax, float offset);
+
 // out[0, q.numel) = the dequantized tensor.
 void nf4_dequantize(const Nf4Tensor& q, float* out);
 // out[0, n) = elements [begin, begin + n) of the dequantized tensor, bit for bit what

@@ -1,12 +1,5 @@
-// NF4 blobs (nn/nf4_blob.h). The scale of a block is computed with the same two float32
-// roundings as nn/nf4.cpp's (a multiply, then an add): contraction into an FMA is off here
-// for the same reason as there.
-#if defined(__clang__)
-#pragma STDC FP_CONTRACT OFF
-#elif defined(__GNUC__)
-#pragma GCC optimize("fp-contract=off")
-#endif
-
+// NF4 blobs (nn/nf4_blob.h). A block's scale is nn/nf4.h's nf4_double_quant_scale (its
+// roundings live there); a value is one multiply of the table by it.
 #include "nn/nf4_blob.h"
 
 #include <algorithm>
@@ -128,8 +121,7 @@ void nf4_dequantize_rect(const uint8_t* blob, const Nf4Layout& l, int64_t r0, in
     std::memcpy(&code, blob + l.code_at + 4 * int64_t{blob[l.absmax_at + b]}, 4);
     std::memcpy(&nested, blob + l.nested_at + 4 * (b / kNf4NestedBlockSize), 4);
     std::memcpy(&offset, blob + l.offset_at, 4);
-    const float scaled = code * nested;
-    return scaled + offset;
+    return nf4_double_quant_scale(code, nested, offset);
   };
   int64_t cached = -1;
   std::array<float, 16> w{};

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda_precondition.h"
+#include "device_values.h"
 #include "nn/cpu_device.h"
 #include "nn/cuda_device.h"
 #include "nn/linear.h"
@@ -28,40 +29,12 @@
 using namespace ferry;
 using nn::DType;
 using nn::Tensor;
+using test::download;
+using test::random_values;
+using test::upload;
+using test::worst;
 
 namespace {
-
-std::vector<float> random_values(int64_t n, uint64_t seed, double scale) {
-  nn::Rng rng(seed);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
-
-Tensor upload(nn::Device& dev, DType t, nn::Shape shape, const std::vector<float>& v) {
-  const Tensor f = Tensor::empty(dev, DType::f32, shape);
-  dev.copy_from_host(f, v.data());
-  if (t == DType::f32) return f;
-  const Tensor out = Tensor::empty(dev, t, shape);
-  dev.cast(out, f);
-  return out;
-}
-
-std::vector<float> download(nn::Device& dev, const Tensor& t) {
-  const Tensor f = Tensor::empty(dev, DType::f32, t.shape());
-  dev.cast(f, t);
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  dev.copy_to_host(v.data(), f);
-  return v;
-}
-
-double worst(const std::vector<float>& a, const std::vector<float>& b) {
-  double w = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    w = std::max(w, std::abs(double{a[i]} - b[i]) / std::max(1.0, std::abs(double{b[i]})));
-  }
-  return w;
-}
 
 // A quantized [rows, cols] matrix: its blob bytes and its dequantized float32 values.
 struct Quantized {

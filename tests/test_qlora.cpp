@@ -130,6 +130,20 @@ void write_dequantized_folder(const std::string& from, const fs::path& to, bool 
   w.finish();
 }
 
+// `ferry export --hf --merge` of DIR/ckpt-q and of DIR/ckpt-l (fp32) hold the same tensors,
+// byte for byte.
+bool merged_exports_equal(const fs::path& dir) {
+  runtime::export_hf((dir / "ckpt-q").string(), (dir / "merged-q").string(), "fp32", uint64_t{1} << 30, true);
+  runtime::export_hf((dir / "ckpt-l").string(), (dir / "merged-l").string(), "fp32", uint64_t{1} << 30, true);
+  runtime::SafetensorsReader a((dir / "merged-q" / "model.safetensors").string());
+  runtime::SafetensorsReader b((dir / "merged-l" / "model.safetensors").string());
+  if (a.entries().size() != b.entries().size()) return false;
+  for (size_t i = 0; i < a.entries().size(); ++i) {
+    if (a.entries()[i].name != b.entries()[i].name || a.read(a.entries()[i]) != b.read(b.entries()[i])) return false;
+  }
+  return true;
+}
+
 double worst_rel(const std::vector<double>& a, const std::vector<double>& b) {
   double w = 0;
   for (size_t i = 0; i < a.size(); ++i) w = std::max(w, std::abs(a[i] - b[i]) / std::abs(b[i]));
@@ -161,16 +175,7 @@ BOOST_AUTO_TEST_CASE(qlora_trains_as_lora_on_the_dequantized_base) {
       BOOST_TEST(off > 1e-4);  // quantization changes the model: the comparison can fail
       // Merged, the QLoRA checkpoint is the dequantized base plus the adapters: byte for byte
       // the merge of the LoRA run on the dequantized folder.
-      runtime::export_hf((dir.path / "ckpt-q").string(), (dir.path / "merged-q").string(), "fp32", uint64_t{1} << 30, true);
-      runtime::export_hf((dir.path / "ckpt-l").string(), (dir.path / "merged-l").string(), "fp32", uint64_t{1} << 30, true);
-      runtime::SafetensorsReader a((dir.path / "merged-q" / "model.safetensors").string());
-      runtime::SafetensorsReader b((dir.path / "merged-l" / "model.safetensors").string());
-      BOOST_REQUIRE(a.entries().size() == b.entries().size());
-      size_t same = 0;
-      for (size_t i = 0; i < a.entries().size(); ++i) {
-        same += a.entries()[i].name == b.entries()[i].name && a.read(a.entries()[i]) == b.read(b.entries()[i]);
-      }
-      BOOST_TEST(same == a.entries().size());
+      BOOST_TEST(merged_exports_equal(dir.path));
       fs::remove_all(dir.path / "ckpt-q");
       fs::remove_all(dir.path / "ckpt-l");
       fs::remove_all(dir.path / "merged-q");
@@ -226,16 +231,7 @@ BOOST_AUTO_TEST_CASE(a_folder_bitsandbytes_saved_in_nf4_is_read_as_it_is) {
   l["checkpoint"] = {{"dir", (dir.path / "ckpt-l").string()}};
   const std::vector<double> from_saved = losses(config(q)), lora = losses(config(l));
   BOOST_TEST(from_saved == lora, boost::test_tools::per_element());
-  runtime::export_hf((dir.path / "ckpt-q").string(), (dir.path / "merged-q").string(), "fp32", uint64_t{1} << 30, true);
-  runtime::export_hf((dir.path / "ckpt-l").string(), (dir.path / "merged-l").string(), "fp32", uint64_t{1} << 30, true);
-  runtime::SafetensorsReader a((dir.path / "merged-q" / "model.safetensors").string());
-  runtime::SafetensorsReader b((dir.path / "merged-l" / "model.safetensors").string());
-  BOOST_REQUIRE(a.entries().size() == b.entries().size());
-  size_t same = 0;
-  for (size_t i = 0; i < a.entries().size(); ++i) {
-    same += a.entries()[i].name == b.entries()[i].name && a.read(a.entries()[i]) == b.read(b.entries()[i]);
-  }
-  BOOST_TEST(same == a.entries().size());
+  BOOST_TEST(merged_exports_equal(dir.path));
   // Read without lora.base_dtype nf4, or with another double quantization: refused by name.
   const std::string e1 = error_of([&] { (void)config(doc(folder.string(), 1)); });
   BOOST_TEST(e1.find("holds a base bitsandbytes quantized to NF4") != std::string::npos, e1);
