@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "nn/cpu_attention.h"
+#include "nn/cpu_bf16_gemm.h"
 #include "nn/cpu_kernels.h"
 #include "nn/dropout_mask.h"
 #include "nn/llama_kernels.h"
@@ -83,6 +84,14 @@ using checks::rows_of;
 template <class... Ts>
 bool any_low(const Ts&... t) {
   return (is_low_precision(t.dtype()) || ...);
+}
+
+// bf16 operands on a CPU with AVX512-BF16: multiplied in bf16 by nn/cpu_bf16_gemm.h into
+// an f32 or bf16 output, with the same contract as the widened path (exact products,
+// fp32 sums, one rounding) and neither widened copy.
+bool bf16_kernel(const Tensor& c, const Tensor& a, const Tensor& b) {
+  return a.dtype() == DType::bf16 && b.dtype() == DType::bf16 &&
+         (c.dtype() == DType::bf16 || c.dtype() == DType::f32) && cpu::bf16_gemm_available();
 }
 
 }  // namespace
@@ -275,8 +284,12 @@ void CpuDevice::cast(const Tensor& dst, const Tensor& src) {
 
 void CpuDevice::fill(const Tensor& dst, double value) {
   const int64_t n = dst.numel();
+  if (n == 0) return;
   if (dst.dtype() == DType::f32) {
     std::fill_n(dst.data_as<float>(), n, static_cast<float>(value));
+  } else if (is_low_precision(dst.dtype())) {  // the rounded pattern once, then plain stores
+    store(dst, 0, value);
+    std::fill_n(dst.data_as<uint16_t>() + 1, n - 1, dst.data_as<uint16_t>()[0]);
   } else {
     for (int64_t i = 0; i < n; ++i) store(dst, i, value);
   }
@@ -284,6 +297,12 @@ void CpuDevice::fill(const Tensor& dst, double value) {
 
 void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b, bool tb,
                      double alpha, double beta) {
+  if (bf16_kernel(c, a, b)) {
+    const checks::GemmDims d = checks::gemm("cpu", c, a, ta, b, tb);
+    cpu::gemm_bf16(c.data(), c.dtype() == DType::bf16, d.N, ptr<uint16_t>(a), a.dim(1), ta, ptr<uint16_t>(b), b.dim(1),
+                   tb, d.M, d.N, d.K, static_cast<float>(alpha), static_cast<float>(beta));
+    return;
+  }
   if (any_low(c, a, b)) {
     Widen w(*this);
     gemm(w.out(c, beta != 0), w.in(a), ta, w.in(b), tb, alpha, beta);
@@ -305,6 +324,15 @@ void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b,
 
 void CpuDevice::gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const Tensor& a, int64_t a_col,
                           int64_t a_cols, bool ta, const Tensor& b, bool tb, double alpha, double beta) {
+  if (bf16_kernel(c, a, b)) {
+    const checks::GemmDims d = checks::gemm_cols("cpu", c, c_col, c_cols, a, a_col, a_cols, ta, b, tb);
+    if (d.M == 0 || d.N == 0) return;
+    const size_t c_bytes = c.dtype() == DType::bf16 ? 2 : 4;
+    cpu::gemm_bf16(static_cast<char*>(c.data()) + c_col * c_bytes, c.dtype() == DType::bf16, c.dim(1),
+                   ptr<uint16_t>(a) + a_col, a.dim(1), ta, ptr<uint16_t>(b), b.dim(1), tb, d.M, d.N, d.K,
+                   static_cast<float>(alpha), static_cast<float>(beta));
+    return;
+  }
   if (any_low(c, a, b)) {
     Widen w(*this);  // the whole rows widened; the windows are taken in f32
     gemm_cols(w.out(c, true), c_col, c_cols, w.in(a), a_col, a_cols, ta, w.in(b), tb, alpha, beta);
@@ -457,6 +485,13 @@ void CpuDevice::nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf
   const auto* bytes = static_cast<const uint8_t*>(blob.data());
   const DType t = panel.dtype();
   void* out = panel.data();
+  if (is_low_precision(t)) {  // straight to 16 bits from per-block tables of rounded values
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; ++r) {
+      nf4_dequantize_rect_16(bytes, l, r0 + r, 1, c0, C, static_cast<uint16_t*>(out) + r * C, C, t == DType::bf16);
+    }
+    return;
+  }
 #pragma omp parallel
   {
     std::vector<float> row(static_cast<size_t>(C));

@@ -8,6 +8,12 @@
 #include <stdexcept>
 #include <string>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "nn/dtype.h"
+
 namespace ferry::nn {
 
 namespace {
@@ -15,6 +21,20 @@ namespace {
 int64_t align16(int64_t n) { return (n + 15) / 16 * 16; }
 
 void fail(const char* fn, const std::string& what) { throw std::invalid_argument(std::string(fn) + ": " + what); }
+
+// Block b's absmax as the blob stores it (plain) or rebuilt from its codes (double quantized).
+float block_scale(const uint8_t* blob, const Nf4Layout& l, int64_t b) {
+  if (!l.double_quant) {
+    float s;
+    std::memcpy(&s, blob + l.absmax_at + 4 * b, 4);
+    return s;
+  }
+  float code, nested, offset;
+  std::memcpy(&code, blob + l.code_at + 4 * int64_t{blob[l.absmax_at + b]}, 4);
+  std::memcpy(&nested, blob + l.nested_at + 4 * (b / kNf4NestedBlockSize), 4);
+  std::memcpy(&offset, blob + l.offset_at, 4);
+  return nf4_double_quant_scale(code, nested, offset);
+}
 
 std::string dims(const Nf4Layout& l) {
   std::string s = "[";
@@ -111,18 +131,7 @@ void nf4_dequantize_rect(const uint8_t* blob, const Nf4Layout& l, int64_t r0, in
   if (R * C == 0) return;
   if (blob == nullptr || out == nullptr) fail("nf4_dequantize_rect", "no blob or no output");
   const uint8_t* packed = blob + l.packed_at;
-  auto scale_of = [&](int64_t b) {
-    if (!l.double_quant) {
-      float s;
-      std::memcpy(&s, blob + l.absmax_at + 4 * b, 4);
-      return s;
-    }
-    float code, nested, offset;
-    std::memcpy(&code, blob + l.code_at + 4 * int64_t{blob[l.absmax_at + b]}, 4);
-    std::memcpy(&nested, blob + l.nested_at + 4 * (b / kNf4NestedBlockSize), 4);
-    std::memcpy(&offset, blob + l.offset_at, 4);
-    return nf4_double_quant_scale(code, nested, offset);
-  };
+  auto scale_of = [&](int64_t b) { return block_scale(blob, l, b); };
   int64_t cached = -1;
   std::array<float, 16> w{};
   for (int64_t r = 0; r < R; ++r) {
@@ -138,6 +147,46 @@ void nf4_dequantize_rect(const uint8_t* blob, const Nf4Layout& l, int64_t r0, in
       }
       const uint8_t byte = packed[i >> 1];
       o[c] = w[(i & 1) ? (byte & 15) : (byte >> 4)];
+    }
+  }
+}
+
+void nf4_dequantize_rect_16(const uint8_t* blob, const Nf4Layout& l, int64_t r0, int64_t R, int64_t c0, int64_t C,
+                            uint16_t* out, int64_t ld, bool bf16) {
+  if (r0 < 0 || R < 0 || c0 < 0 || C < 0 || r0 + R > l.rows || c0 + C > l.cols) {
+    fail("nf4_dequantize_rect_16", "rows [" + std::to_string(r0) + ", +" + std::to_string(R) + ") x columns [" +
+                                       std::to_string(c0) + ", +" + std::to_string(C) + ") outside " + dims(l));
+  }
+  if (R * C == 0) return;
+  if (blob == nullptr || out == nullptr) fail("nf4_dequantize_rect_16", "no blob or no output");
+  const uint8_t* packed = blob + l.packed_at;
+  alignas(64) std::array<uint16_t, 16> tab{};
+  for (int64_t r = 0; r < R; ++r) {
+    uint16_t* o = out + r * ld;
+    const int64_t first = (r0 + r) * l.cols + c0, end = first + C;
+    for (int64_t i = first; i < end;) {
+      const int64_t b = i / kNf4BlockSize, stop = std::min(end, (b + 1) * kNf4BlockSize);
+      const float s = block_scale(blob, l, b);
+      for (size_t k = 0; k < tab.size(); ++k) tab[k] = bf16 ? f32_to_bf16(kNf4Table[k] * s) : f32_to_f16(kNf4Table[k] * s);
+#ifdef __AVX512F__
+      if (i == b * kNf4BlockSize && stop - i == kNf4BlockSize) {
+        // 32 bytes, 64 nibbles: element 2j is byte j's high nibble, 2j + 1 its low one, so a
+        // dword of the output is tab[hi] | tab[lo] << 16.
+        const __m512i t = _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(tab.data())));
+        for (int half = 0; half < 2; ++half) {
+          const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + i / 2 + 16 * half)));
+          const __m512i hi = _mm512_permutexvar_epi32(_mm512_srli_epi32(d, 4), t);
+          const __m512i lo = _mm512_permutexvar_epi32(_mm512_and_si512(d, _mm512_set1_epi32(15)), t);
+          _mm512_storeu_si512(o + (i - first) + 32 * half, _mm512_or_si512(hi, _mm512_slli_epi32(lo, 16)));
+        }
+        i = stop;
+        continue;
+      }
+#endif
+      for (; i < stop; ++i) {
+        const uint8_t byte = packed[i >> 1];
+        o[i - first] = tab[(i & 1) ? (byte & 15) : (byte >> 4)];
+      }
     }
   }
 }

@@ -50,5 +50,11 @@ Nf4Tensor nf4_read_blob(const uint8_t* blob, const Nf4Layout& l);
 // the matrix (std::invalid_argument). The reference of DeviceOps::nf4_dequantize.
 void nf4_dequantize_rect(const uint8_t* blob, const Nf4Layout& l, int64_t r0, int64_t R, int64_t c0, int64_t C,
                          float* out);
+// The same rectangle rounded once to bf16 (bf16 true) or f16, into out with row stride ld:
+// f32_to_bf16 (f32_to_f16) of each value nf4_dequantize_rect gives, bit for bit, looked up
+// in a table of the block's 16 rounded values (whole aligned blocks 64 at a time with
+// AVX-512 where the build has it). DeviceOps::nf4_dequantize's 16-bit path on the CPU.
+void nf4_dequantize_rect_16(const uint8_t* blob, const Nf4Layout& l, int64_t r0, int64_t R, int64_t c0, int64_t C,
+                            uint16_t* out, int64_t ld, bool bf16);
 
 }  // namespace ferry::nn

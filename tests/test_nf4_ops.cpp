@@ -82,7 +82,7 @@ std::vector<std::unique_ptr<nn::Device>> devices() {
 
 BOOST_AUTO_TEST_CASE(a_blob_holds_the_state_and_any_rectangle_dequantizes_as_the_whole) {
   for (const bool dq : {true, false}) {
-    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{7, 13}, {60, 88}, {130, 140}}) {
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{7, 13}, {60, 88}, {130, 140}, {6, 256}}) {
       const std::vector<float> w = random_values(rows * cols, 7 + rows, 0.1);
       const nn::Nf4Tensor q = nn::nf4_quantize(w.data(), rows * cols, dq, nullptr, nullptr);
       const nn::Nf4Layout l = nn::nf4_layout(rows, cols, dq);
@@ -111,6 +111,22 @@ BOOST_AUTO_TEST_CASE(a_blob_holds_the_state_and_any_rectangle_dequantizes_as_the
           }
         }
         BOOST_TEST(same, "rows " << r0 << "+" << R << " cols " << c0 << "+" << C << " dq " << dq);
+        // The 16-bit path (whole aligned blocks vectorised): each value rounded once, into a
+        // wider row stride whose extra columns stay untouched.
+        for (const bool bf16 : {true, false}) {
+          const int64_t ld = C + 3;
+          std::vector<uint16_t> r16(static_cast<size_t>(R * ld), 0xabcd);
+          nn::nf4_dequantize_rect_16(blob.data(), l, r0, R, c0, C, r16.data(), ld, bf16);
+          bool same16 = true;
+          for (int64_t r = 0; r < R; ++r) {
+            for (int64_t c = 0; c < ld; ++c) {
+              const float v = rect[static_cast<size_t>(r * C + std::min(c, C - 1))];
+              const uint16_t want = c >= C ? 0xabcd : bf16 ? nn::f32_to_bf16(v) : nn::f32_to_f16(v);
+              same16 = same16 && r16[static_cast<size_t>(r * ld + c)] == want;
+            }
+          }
+          BOOST_TEST(same16, "16-bit rows " << r0 << "+" << R << " cols " << c0 << "+" << C << " bf16 " << bf16);
+        }
       }
       BOOST_CHECK_THROW(nn::nf4_dequantize_rect(blob.data(), l, 0, rows + 1, 0, 1, whole.data()), std::invalid_argument);
       nn::Nf4Layout other = l;

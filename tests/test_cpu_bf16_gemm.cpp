@@ -1,0 +1,181 @@
+// The CPU device's bf16 GEMM (nn/cpu_bf16_gemm.h, AVX512-BF16):
+// - bit for bit the scalar reference of its stated arithmetic, for every transpose, odd
+//   and even K, edge tiles in M and N, row strides wider than the matrix, alpha/beta, f32
+//   and bf16 outputs, subnormal inputs (read as zero);
+// - within fp32 summation error of an f64 product;
+// - a row's result does not depend on M, N or the thread count (a rank's rows give the
+//   same bits whatever the batch around them);
+// - CpuDevice::gemm and gemm_cols take it for bf16 operands and agree with the widened path
+//   to fp32 summation error.
+// On a CPU without the instructions the kernel's cases are skipped and said so.
+#define BOOST_TEST_MODULE cpu_bf16_gemm
+#include <boost/test/unit_test.hpp>
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "nn/cpu_bf16_gemm.h"
+#include "nn/cpu_device.h"
+#include "nn/dtype.h"
+#include "nn/rng.h"
+
+using namespace ferry;
+using nn::cpu::bf16_gemm_available;
+using nn::cpu::gemm_bf16;
+using nn::cpu::gemm_bf16_reference;
+
+namespace {
+
+std::vector<uint16_t> random_bf16(int64_t n, uint64_t seed, float scale = 1.0f) {
+  nn::Rng rng(seed);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (auto& x : v) x = nn::f32_to_bf16(scale * static_cast<float>(rng.normal()));
+  return v;
+}
+
+struct Case {
+  int64_t M, N, K;
+  bool ta, tb;
+  int64_t pad;  // extra columns in every row stride
+  float alpha, beta;
+  bool c_bf16;
+};
+
+// Runs one case through the kernel and the reference; returns the number of differing bits' elements.
+int64_t mismatches(const Case& k, uint64_t seed) {
+  const int64_t lda = (k.ta ? k.M : k.K) + k.pad, ldb = (k.tb ? k.K : k.N) + k.pad, ldc = k.N + k.pad;
+  const std::vector<uint16_t> a = random_bf16((k.ta ? k.K : k.M) * lda, seed);
+  const std::vector<uint16_t> b = random_bf16((k.tb ? k.N : k.K) * ldb, seed + 1);
+  const std::vector<uint16_t> c0 = random_bf16(k.M * ldc, seed + 2);
+  std::vector<float> cf(c0.size());
+  for (size_t i = 0; i < c0.size(); ++i) cf[i] = nn::bf16_to_f32(c0[i]);
+  int64_t bad = 0;
+  if (k.c_bf16) {
+    std::vector<uint16_t> got = c0, want = c0;
+    gemm_bf16(got.data(), true, ldc, a.data(), lda, k.ta, b.data(), ldb, k.tb, k.M, k.N, k.K, k.alpha, k.beta);
+    gemm_bf16_reference(want.data(), true, ldc, a.data(), lda, k.ta, b.data(), ldb, k.tb, k.M, k.N, k.K, k.alpha,
+                        k.beta);
+    for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[i];
+  } else {
+    std::vector<float> got = cf, want = cf;
+    gemm_bf16(got.data(), false, ldc, a.data(), lda, k.ta, b.data(), ldb, k.tb, k.M, k.N, k.K, k.alpha, k.beta);
+    gemm_bf16_reference(want.data(), false, ldc, a.data(), lda, k.ta, b.data(), ldb, k.tb, k.M, k.N, k.K, k.alpha,
+                        k.beta);
+    for (size_t i = 0; i < got.size(); ++i) bad += std::memcmp(&got[i], &want[i], 4) != 0;
+  }
+  return bad;
+}
+
+#define REQUIRE_KERNEL()                                                             \
+  if (!bf16_gemm_available()) {                                                      \
+    BOOST_TEST_MESSAGE("skipped: this build or CPU has no AVX512-BF16 kernel");      \
+    return;                                                                          \
+  }
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(kernel_equals_reference_bit_for_bit) {
+  REQUIRE_KERNEL();
+  uint64_t seed = 11;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (bool c_bf16 : {false, true}) {
+        // edge tiles (M not a multiple of 8, N not of 32 or 256), odd K, K = 1, padded strides
+        for (const Case& shape : {Case{37, 70, 65, ta, tb, 0, 1, 0, c_bf16}, Case{8, 32, 2, ta, tb, 3, 1, 0, c_bf16},
+                                  Case{1, 300, 1, ta, tb, 5, 1, 1, c_bf16},
+                                  Case{19, 17, 128, ta, tb, 0, 0.5f, 1, c_bf16},
+                                  Case{64, 513, 33, ta, tb, 2, 2.0f, -0.75f, c_bf16}}) {
+          BOOST_TEST_CONTEXT("M " << shape.M << " N " << shape.N << " K " << shape.K << " ta " << ta << " tb " << tb
+                                  << " bf16 out " << c_bf16 << " alpha " << shape.alpha << " beta " << shape.beta) {
+            BOOST_TEST(mismatches(shape, seed++) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(subnormal_inputs_read_as_zero) {
+  REQUIRE_KERNEL();
+  // a = [tiny subnormal, 1], b = [huge, 1]: read as zero, the subnormal's product (which in
+  // fp32 would be a normal number) does not count.
+  const uint16_t sub = 0x0001, one = nn::f32_to_bf16(1.0f), big = nn::f32_to_bf16(1e30f);
+  const std::vector<uint16_t> a{sub, one}, b{big, one};
+  float got = -1, want = -1;
+  gemm_bf16(&got, false, 1, a.data(), 2, false, b.data(), 1, false, 1, 1, 2, 1, 0);
+  gemm_bf16_reference(&want, false, 1, a.data(), 2, false, b.data(), 1, false, 1, 1, 2, 1, 0);
+  BOOST_TEST(want == 1.0f);
+  BOOST_TEST(got == want);
+}
+
+BOOST_AUTO_TEST_CASE(close_to_f64) {
+  REQUIRE_KERNEL();
+  const int64_t M = 45, N = 77, K = 301;
+  const std::vector<uint16_t> a = random_bf16(M * K, 3), b = random_bf16(N * K, 4);
+  std::vector<float> c(static_cast<size_t>(M * N));
+  gemm_bf16(c.data(), false, N, a.data(), K, false, b.data(), K, true, M, N, K, 1, 0);
+  double worst = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = double(nn::bf16_to_f32(a[m * K + k])) * nn::bf16_to_f32(b[n * K + k]);
+        s += p;
+        mag += std::abs(p);
+      }
+      worst = std::max(worst, std::abs(c[m * N + n] - s) / mag);
+    }
+  }
+  BOOST_TEST(worst < 1e-5);  // K fp32 roundings of partial sums, each at most 2^-24 of the magnitude
+}
+
+BOOST_AUTO_TEST_CASE(rows_independent_of_batch_and_threads) {
+  REQUIRE_KERNEL();
+  const int64_t M = 50, N = 300, K = 96;
+  const std::vector<uint16_t> a = random_bf16(M * K, 5), b = random_bf16(N * K, 6);
+  std::vector<float> whole(static_cast<size_t>(M * N));
+  gemm_bf16(whole.data(), false, N, a.data(), K, false, b.data(), K, true, M, N, K, 1, 0);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  // rows 13..15 alone, and columns 40..299 alone, on one thread
+  std::vector<float> rows(static_cast<size_t>(3 * N)), cols(static_cast<size_t>(M * 260));
+  gemm_bf16(rows.data(), false, N, a.data() + 13 * K, K, false, b.data(), K, true, 3, N, K, 1, 0);
+  gemm_bf16(cols.data(), false, 260, a.data(), K, false, b.data() + 40 * K, K, true, M, 260, K, 1, 0);
+  omp_set_num_threads(threads);
+  BOOST_TEST(std::memcmp(rows.data(), whole.data() + 13 * N, rows.size() * 4) == 0);
+  int64_t bad = 0;
+  for (int64_t m = 0; m < M; ++m) bad += std::memcmp(&cols[m * 260], &whole[m * N + 40], 260 * 4) != 0;
+  BOOST_TEST(bad == 0);
+}
+
+BOOST_AUTO_TEST_CASE(device_gemm_takes_it_for_bf16) {
+  REQUIRE_KERNEL();
+  nn::CpuDevice dev(64 << 20);
+  const int64_t M = 21, N = 40, K = 35;
+  const std::vector<uint16_t> a = random_bf16(M * K, 7), b = random_bf16(N * K, 8);
+  nn::Tensor ta = nn::Tensor::empty(dev, nn::DType::bf16, {M, K}), tb = nn::Tensor::empty(dev, nn::DType::bf16, {N, K});
+  std::memcpy(ta.data(), a.data(), a.size() * 2);
+  std::memcpy(tb.data(), b.data(), b.size() * 2);
+  // gemm into bf16 and into f32 (a weight gradient's dtype), and gemm_cols on a window
+  nn::Tensor c16 = nn::Tensor::empty(dev, nn::DType::bf16, {M, N}), c32 = nn::Tensor::empty(dev, nn::DType::f32, {M, N});
+  dev.gemm(c16, ta, false, tb, true, 1, 0);
+  dev.gemm(c32, ta, false, tb, true, 1, 0);
+  std::vector<uint16_t> want16(static_cast<size_t>(M * N));
+  std::vector<float> want32(static_cast<size_t>(M * N));
+  gemm_bf16_reference(want16.data(), true, N, a.data(), K, false, b.data(), K, true, M, N, K, 1, 0);
+  gemm_bf16_reference(want32.data(), false, N, a.data(), K, false, b.data(), K, true, M, N, K, 1, 0);
+  BOOST_TEST(std::memcmp(c16.data(), want16.data(), want16.size() * 2) == 0);
+  BOOST_TEST(std::memcmp(c32.data(), want32.data(), want32.size() * 4) == 0);
+  // columns [10, 30) of c32 from columns [5, 20) of a, added (beta 1)
+  nn::Tensor bw = nn::Tensor::empty(dev, nn::DType::bf16, {20, 15});
+  const std::vector<uint16_t> bwv = random_bf16(20 * 15, 9);
+  std::memcpy(bw.data(), bwv.data(), bwv.size() * 2);
+  std::vector<float> before(static_cast<float*>(c32.data()), static_cast<float*>(c32.data()) + M * N);
+  dev.gemm_cols(c32, 10, 20, ta, 5, 15, false, bw, true, 1, 1);
+  std::vector<float> want = before;
+  gemm_bf16_reference(want.data() + 10, false, N, a.data() + 5, K, false, bwv.data(), 15, true, M, 20, 15, 1, 1);
+  BOOST_TEST(std::memcmp(c32.data(), want.data(), want.size() * 4) == 0);
+}
