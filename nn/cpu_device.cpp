@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "nn/cpu_attention.h"
-#include "nn/cpu_bf16_gemm.h"
+#include "nn/cpu_gemm.h"
 #include "nn/cpu_kernels.h"
 #include "nn/dropout_mask.h"
 #include "nn/llama_kernels.h"
@@ -86,7 +86,13 @@ bool any_low(const Ts&... t) {
   return (is_low_precision(t.dtype()) || ...);
 }
 
-// bf16 operands on a CPU with AVX512-BF16: multiplied in bf16 by nn/cpu_bf16_gemm.h into
+// f32 products on a CPU with AVX-512, but for thin ones (a low-rank adapter's 16 columns),
+// where Eigen's blocking does better than the 8 x 32 register tile (nn/cpu_gemm.h).
+bool f32_kernel(const Tensor& c, int64_t M, int64_t N) {
+  return c.dtype() == DType::f32 && M >= 64 && N >= 64 && cpu::f32_gemm_available();
+}
+
+// bf16 operands on a CPU with AVX512-BF16: multiplied in bf16 by nn/cpu_gemm.h into
 // an f32 or bf16 output, with the same contract as the widened path (exact products,
 // fp32 sums, one rounding) and neither widened copy.
 bool bf16_kernel(const Tensor& c, const Tensor& a, const Tensor& b) {
@@ -315,6 +321,11 @@ void CpuDevice::gemm(const Tensor& c, const Tensor& a, bool ta, const Tensor& b,
   // clang 14 refuses (docs/design/testing.md, "CI time": a clang sanitizer build).
   const checks::GemmDims dims = checks::gemm("cpu", c, a, ta, b, tb);
   const int64_t M = dims.M, N = dims.N, K = dims.K;
+  if (f32_kernel(c, M, N)) {
+    cpu::gemm_f32(ptr<float>(c), N, ptr<float>(a), a.dim(1), ta, ptr<float>(b), b.dim(1), tb, M, N, K,
+                  static_cast<float>(alpha), static_cast<float>(beta));
+    return;
+  }
   dispatch("gemm", c.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::gemm<T>(ptr<T>(c), ptr<T>(a), ptr<T>(b), M, N, K, ta, tb, static_cast<T>(alpha),
@@ -344,6 +355,11 @@ void CpuDevice::gemm_cols(const Tensor& c, int64_t c_col, int64_t c_cols, const 
   const checks::GemmDims dims = checks::gemm_cols("cpu", c, c_col, c_cols, a, a_col, a_cols, ta, b, tb);
   const int64_t M = dims.M, N = dims.N, K = dims.K, ldc = c.dim(1), lda = a.dim(1);
   if (M == 0 || N == 0) return;
+  if (f32_kernel(c, M, N)) {
+    cpu::gemm_f32(ptr<float>(c) + c_col, ldc, ptr<float>(a) + a_col, lda, ta, ptr<float>(b), b.dim(1), tb, M, N, K,
+                  static_cast<float>(alpha), static_cast<float>(beta));
+    return;
+  }
   dispatch("gemm_cols", c.dtype(), [&](auto tag) {
     using T = decltype(tag);
     cpu::gemm_strided<T>(ptr<T>(c) + c_col, ldc, ptr<T>(a) + a_col, lda, ptr<T>(b), M, N, K, ta, tb,

@@ -1,14 +1,14 @@
-// The CPU device's bf16 GEMM (nn/cpu_bf16_gemm.h, AVX512-BF16):
-// - bit for bit the scalar reference of its stated arithmetic, for every transpose, odd
+// The CPU device's GEMM kernels (nn/cpu_gemm.h: f32 on AVX-512, bf16 on AVX512-BF16):
+// - bit for bit the scalar references of their stated arithmetic, for every transpose, odd
 //   and even K, edge tiles in M and N, row strides wider than the matrix, alpha/beta, f32
 //   and bf16 outputs, subnormal inputs (read as zero);
 // - within fp32 summation error of an f64 product;
 // - a row's result does not depend on M, N or the thread count (a rank's rows give the
 //   same bits whatever the batch around them);
-// - CpuDevice::gemm and gemm_cols take it for bf16 operands and agree with the widened path
-//   to fp32 summation error.
-// On a CPU without the instructions the kernel's cases are skipped and said so.
-#define BOOST_TEST_MODULE cpu_bf16_gemm
+// - CpuDevice::gemm and gemm_cols take them: bf16 operands into bf16 or f32 outputs, f32
+//   products of at least 64 x 64.
+// On a CPU without the instructions the kernels' cases are skipped and said so.
+#define BOOST_TEST_MODULE cpu_gemm
 #include <boost/test/unit_test.hpp>
 
 #include <omp.h>
@@ -17,15 +17,18 @@
 #include <cstring>
 #include <vector>
 
-#include "nn/cpu_bf16_gemm.h"
+#include "nn/cpu_gemm.h"
 #include "nn/cpu_device.h"
 #include "nn/dtype.h"
 #include "nn/rng.h"
 
 using namespace ferry;
 using nn::cpu::bf16_gemm_available;
+using nn::cpu::f32_gemm_available;
 using nn::cpu::gemm_bf16;
 using nn::cpu::gemm_bf16_reference;
+using nn::cpu::gemm_f32;
+using nn::cpu::gemm_f32_reference;
 
 namespace {
 
@@ -69,6 +72,30 @@ int64_t mismatches(const Case& k, uint64_t seed) {
   return bad;
 }
 
+// The f32 kernel on the same case (c_bf16 ignored), against its reference.
+int64_t mismatches_f32(const Case& k, uint64_t seed) {
+  const int64_t lda = (k.ta ? k.M : k.K) + k.pad, ldb = (k.tb ? k.K : k.N) + k.pad, ldc = k.N + k.pad;
+  auto values = [](int64_t n, uint64_t s) {
+    nn::Rng rng(s);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = static_cast<float>(rng.normal());
+    return v;
+  };
+  const std::vector<float> a = values((k.ta ? k.K : k.M) * lda, seed), b = values((k.tb ? k.N : k.K) * ldb, seed + 1);
+  std::vector<float> got = values(k.M * ldc, seed + 2), want = got;
+  gemm_f32(got.data(), ldc, a.data(), lda, k.ta, b.data(), ldb, k.tb, k.M, k.N, k.K, k.alpha, k.beta);
+  gemm_f32_reference(want.data(), ldc, a.data(), lda, k.ta, b.data(), ldb, k.tb, k.M, k.N, k.K, k.alpha, k.beta);
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += std::memcmp(&got[i], &want[i], 4) != 0;
+  return bad;
+}
+
+#define REQUIRE_F32_KERNEL()                                                         \
+  if (!f32_gemm_available()) {                                                       \
+    BOOST_TEST_MESSAGE("skipped: this build or CPU has no AVX-512 kernel");          \
+    return;                                                                          \
+  }
+
 #define REQUIRE_KERNEL()                                                             \
   if (!bf16_gemm_available()) {                                                      \
     BOOST_TEST_MESSAGE("skipped: this build or CPU has no AVX512-BF16 kernel");      \
@@ -92,6 +119,23 @@ BOOST_AUTO_TEST_CASE(kernel_equals_reference_bit_for_bit) {
                                   << " bf16 out " << c_bf16 << " alpha " << shape.alpha << " beta " << shape.beta) {
             BOOST_TEST(mismatches(shape, seed++) == 0);
           }
+        }
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(f32_kernel_equals_reference_bit_for_bit) {
+  REQUIRE_F32_KERNEL();
+  uint64_t seed = 101;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (const Case& shape : {Case{37, 70, 65, ta, tb, 0, 1, 0, false}, Case{8, 32, 1, ta, tb, 3, 1, 0, false},
+                                Case{1, 300, 7, ta, tb, 5, 1, 1, false}, Case{19, 17, 128, ta, tb, 0, 0.5f, 1, false},
+                                Case{64, 513, 33, ta, tb, 2, 2.0f, -0.75f, false}}) {
+        BOOST_TEST_CONTEXT("f32 M " << shape.M << " N " << shape.N << " K " << shape.K << " ta " << ta << " tb " << tb
+                                    << " alpha " << shape.alpha << " beta " << shape.beta) {
+          BOOST_TEST(mismatches_f32(shape, seed++) == 0);
         }
       }
     }
@@ -178,4 +222,28 @@ BOOST_AUTO_TEST_CASE(device_gemm_takes_it_for_bf16) {
   std::vector<float> want = before;
   gemm_bf16_reference(want.data() + 10, false, N, a.data() + 5, K, false, bwv.data(), 15, true, M, 20, 15, 1, 1);
   BOOST_TEST(std::memcmp(c32.data(), want.data(), want.size() * 4) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(device_gemm_takes_the_f32_kernel_from_64_by_64) {
+  REQUIRE_F32_KERNEL();
+  nn::CpuDevice dev(64 << 20);
+  for (const int64_t N : {64, 16}) {  // 16 columns (an adapter's rank) stay with Eigen
+    const int64_t M = 70, K = 33;
+    nn::Rng rng(12);
+    nn::Tensor a = nn::Tensor::empty(dev, nn::DType::f32, {K, M}), b = nn::Tensor::empty(dev, nn::DType::f32, {K, N});
+    for (int64_t i = 0; i < a.numel(); ++i) a.data_as<float>()[i] = static_cast<float>(rng.normal());
+    for (int64_t i = 0; i < b.numel(); ++i) b.data_as<float>()[i] = static_cast<float>(rng.normal());
+    nn::Tensor c = nn::Tensor::empty(dev, nn::DType::f32, {M, N});
+    dev.gemm(c, a, true, b, false, 1, 0);
+    std::vector<float> want(static_cast<size_t>(M * N));
+    gemm_f32_reference(want.data(), N, a.data_as<float>(), M, true, b.data_as<float>(), N, false, M, N, K, 1, 0);
+    double worst = 0;
+    bool same = true;
+    for (int64_t i = 0; i < M * N; ++i) {
+      same = same && c.data_as<float>()[i] == want[static_cast<size_t>(i)];
+      worst = std::max(worst, std::abs(double(c.data_as<float>()[i]) - want[static_cast<size_t>(i)]));
+    }
+    BOOST_TEST(worst < 1e-4);
+    if (N == 64) BOOST_TEST(same);  // the kernel's bits
+  }
 }
