@@ -281,12 +281,6 @@ std::string nf4_rule(const Config& c) {
     return "lora.base_dtype \"nf4\" at zero_optimization.stage 3 needs bf16 (stage 3 keeps fp32 shards under fp16): "
            "set bf16.enabled, or use stage 2";
   }
-  if (c.zero.stage == 3 && c.offload.param_device == offload::Tier::device &&
-      c.offload.optimizer_device == offload::Tier::device) {
-    return "lora.base_dtype \"nf4\" at zero_optimization.stage 3 with the parameters and the optimizer on the "
-           "device: stage 3 then keeps one fp32 shard per unit, trained and frozen; offload the optimizer "
-           "(offload_optimizer.device cpu, which also frees the device) or use stage 2";
-  }
   return "";
 }
 

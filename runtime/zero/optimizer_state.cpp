@@ -15,8 +15,9 @@ OptimizerState::OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Devi
     : tier_(tier), units_(units), adam_(adam), pool_(pool) {
   std::vector<int64_t> lengths;
   for (int u = 0; u < units.num_units(); ++u) lengths.push_back(units.owned(u).length);
-  // The default placement updates the device-resident compute weights in place.
-  alias_ = tier_ == offload::Tier::device && units.placement().params == offload::Tier::device;
+  // The default placement updates the device-resident compute weights in place, unless
+  // those are bf16 shards (a frozen base at stage 3): the master is then kept beside them.
+  alias_ = tier_ == offload::Tier::device && units.placement().params == offload::Tier::device && !units.owned_bf16();
   per_unit_ = alias_ ? 2 : 3;
   if (tier_ == offload::Tier::nvme && pool_ == nullptr) throw std::invalid_argument("OptimizerState: nvme needs a pinned pool");
   slots_ = tier_ == offload::Tier::nvme ? 2 : 1;
@@ -104,19 +105,24 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
     units_.write_owned_weights(unit, t0, n, p);
   };
   const ShardedUnits::Owned o = units_.owned(unit);
-  if (alias_ && !o.weights.device().host_accessible()) {
-    // States on a GPU: AdamW on the device, one launch per decay range, on views.
+  const bool on_gpu = tier_ == offload::Tier::device && units_.placement().params == offload::Tier::device &&
+                      o.weights.defined() && !o.weights.device().host_accessible();
+  if (on_gpu) {
+    // States on a GPU: AdamW on the device, one launch per decay range, on views; on the
+    // weights themselves, or on the fp32 master, whose rounding then becomes the bf16 shard.
     Tracer::Span span(tracer_, Activity::adam, name);
     nn::Device& dev = o.weights.device();
     const nn::Tensor m = store_->tensor(region(unit, kM)), v = store_->tensor(region(unit, kV));
+    const nn::Tensor p = alias_ ? o.weights : store_->tensor(region(unit, kMaster));
     const offload::AdamWParams& hp = adam_.params();
     for (const DecayRange& r : ranges) {
       const int64_t lo = std::max<int64_t>(r.begin, 0), hi = std::min(r.end, o.length);
       if (lo >= hi) continue;
       const nn::Shape sh{hi - lo};
-      dev.adamw(o.weights.view(lo, sh), grads.view(lo, sh), m.view(lo, sh), v.view(lo, sh),
+      dev.adamw(p.view(lo, sh), grads.view(lo, sh), m.view(lo, sh), v.view(lo, sh),
                 {step, lr, hp.beta1, hp.beta2, hp.eps, r.weight_decay, grad_scale});
     }
+    if (!alias_ && o.length > 0) dev.cast(o.weights, p.view(0, {o.length}));
     return;
   }
   if (tier_ != offload::Tier::nvme) {

@@ -1,7 +1,9 @@
 // OptimizerState: AdamW's fp32 master weights and m, v for the range each rank updates,
 // kept where zero_optimization.offload_optimizer.device says:
 //   none  the device arena; when the compute weights are there too (the default), the
-//         master weights ARE the compute weights (no copy)
+//         master weights ARE the compute weights (no copy), except where those are bf16
+//         shards (a frozen base at stage 3, ShardedUnits::owned_bf16): then an fp32
+//         master beside them, and each update's rounding is written to the shard
 //   cpu   host memory; Adam runs in place, then the updated master range is copied to
 //         the compute weights
 //   nvme  an NVMe file; each tile of master, m and v is read into pinned buffers, updated,

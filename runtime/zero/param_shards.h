@@ -42,8 +42,8 @@ struct Placement {
   // Hybrid sharding needs it, as ranks of two groups share an index within their groups.
   int file_rank = -1;
   // Shards in the compute dtype (bf16) on the device too, the fp32 master being the
-  // optimizer's: ShardedUnits sets it for frozen tensors with the optimizer off the device,
-  // so a frozen base costs two bytes a parameter at stage 3 wherever it is kept.
+  // optimizer's: ShardedUnits sets it for units with frozen tensors, so a frozen base
+  // costs two bytes a parameter at stage 3 wherever it is kept.
   bool low_precision_on_device = false;
 };
 

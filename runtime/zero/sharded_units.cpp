@@ -75,10 +75,11 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     any_frozen_ = any_frozen_ || spans_.back().has_frozen();
   }
   if (policy_.sharded_weights) {
-    // A frozen base with the optimizer off the device: bf16 shards there too (the master
-    // of the trained span is the optimizer's, as for shards off the device).
+    // A frozen base: bf16 shards on the device too, the optimizer keeping the trained
+    // span's fp32 master apart (as for shards off the device), so the base costs two bytes
+    // a parameter wherever it is kept and a QLoRA base's blobs have 16-bit elements.
     Placement shards_place = place_;
-    shards_place.low_precision_on_device = any_frozen_ && place_.grads_on_host;
+    shards_place.low_precision_on_device = any_frozen_;
     shards_ = std::make_unique<ParamShards>(dev_, spans_, unit_names(units),
                                             place_.file_rank >= 0 ? place_.file_rank : comm.rank(), shards_place,
                                             zero.compute);
