@@ -74,7 +74,7 @@ Timed time_steps(const nlohmann::json& doc, int warmup, int timed) {
 int run_lora_bench(const LoraBenchOptions& opt, Report& report) {
   const Shape s = shape_of(opt.quick);
   const int threads = opt.threads > 0 ? opt.threads : omp_get_max_threads();
-  const int warmup = 2, timed = opt.quick ? 2 : 5, rounds = opt.peers.empty() ? 1 : 3;
+  const int warmup = 2, timed = opt.quick ? 2 : 5, rounds = opt.peers.empty() ? 1 : 5;
   std::unique_ptr<PeerProcess> peer;
   if (!opt.peers.empty()) {
     peer = std::make_unique<PeerProcess>("PEFT on PyTorch eager", opt.peers,

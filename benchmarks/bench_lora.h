@@ -21,7 +21,7 @@ struct LoraBenchOptions {
 //   lora    fp32, the base in fp32
 //   qlora   bf16 compute, the base in NF4 (double quantized), as transformers' QLoRA
 //   full    the same model trained in full (fp32): the in-run reference without peers
-// each a median over timed steps after warm-up steps; with --peers, three rounds alternating
+// each a median over timed steps after warm-up steps; with --peers, five rounds alternating
 // with PEFT, each starting with the other side, and ferry's tokens/s over PEFT's (the goal
 // is 1.2, issue 40); without, LoRA's tokens/s over the full fine-tune's (goal 1: the frozen
 // base must cost less). The peer's trained parameter count must equal ferry's (the same

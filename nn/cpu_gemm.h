@@ -1,9 +1,10 @@
 // The CPU device's GEMM kernels on AVX-512, in place of Eigen's products where the CPU has
 // the instructions (cpu_device.cpp chooses; f64, the tests' reference dtype, stays Eigen):
-//   f32   FMA, a register tile of 8 rows by 32 columns, 1.3-1.5x Eigen's rate at the
-//         model's shapes on the development machine (docs/design/measured.md);
-//   bf16  VDPBF16PS (AVX512-BF16): two bf16 products per fp32 lane per instruction, twice
-//         the f32 kernel's multiply rate, and neither operand widened to a copy first
+//   f32   FMA, a register tile of 8 rows by 32 columns, 1.08-1.14x Eigen's rate at
+//         `ferry bench model`'s GPT shapes on the development machine (measured.md);
+//   bf16  VDPBF16PS (AVX512-BF16): two bf16 products per fp32 lane per instruction, about
+//         twice the f32 kernel's rate (2.2-2.4x Eigen's f32 there), and neither operand
+//         widened to a copy first
 //         (cpu_device.cpp's Widen). It keeps the device's bf16 contract: every product is
 //         exact in fp32 (8-bit significands), sums are fp32, each output rounded once.
 //
