@@ -4,6 +4,7 @@
 
 #include <new>
 
+#include "nn/cpu_device.h"
 #include "nn/op_checks.h"
 
 namespace ferry::nn {
@@ -61,6 +62,11 @@ void CountingDevice::reset_peak() {
 size_t CountingDevice::allocations() const {
   std::lock_guard<std::mutex> lock(mu_);
   return allocations_;
+}
+
+bool CountingDevice::nf4_gemm(const Tensor& c, int64_t, const Tensor& a, int64_t, const std::vector<Nf4Weight>&, bool,
+                              double) {
+  return kind_ == DeviceKind::cpu && CpuDevice::nf4_gemm_direct(c.dtype(), a.dtype());
 }
 
 void CountingDevice::copy(const Tensor& dst, const Tensor& src) {

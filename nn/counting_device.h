@@ -45,6 +45,10 @@ class CountingDevice : public Device, public ShapeOnlyOps {
   void copy_from_host(const Tensor&, const void*) override {}
   void copy_to_host(void*, const Tensor&) override {}
   void copy(const Tensor& dst, const Tensor& src) override;
+  // As the device it stands for: kind cpu multiplies NF4 straight from the blobs where
+  // CpuDevice::nf4_gemm would (no panel scratch); kind cuda dequantizes panels.
+  bool nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col, const std::vector<Nf4Weight>& pieces,
+                bool trans_w, double beta) override;
   void synchronize() override {}
 
  private:

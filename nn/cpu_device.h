@@ -76,6 +76,12 @@ class CpuDevice final : public Device {
   void scale(const Tensor& x, double factor) override;
   void dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) override;
   void nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0, int64_t c0) override;
+  bool nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col, const std::vector<Nf4Weight>& pieces,
+                bool trans_w, double beta) override;
+  // Whether nf4_gemm multiplies these dtypes straight from the blobs (bf16 a, f32 or bf16 c,
+  // a CPU with AVX512-BF16): ferry plan's counting device of kind cpu asks, so that the plan
+  // leaves out the panel the run does not allocate.
+  static bool nf4_gemm_direct(DType c, DType a);
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                          const Tensor& wpe, int64_t T) override;

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "nn/dtype.h"
@@ -90,7 +92,8 @@ namespace {
 constexpr int kMR = 8;
 constexpr int64_t kNR = 32;
 // Columns of op(B) packed at once and shared by the team: as many as fit in 4 MiB (at least
-// 256), so that A is packed again only once per such block.
+// 256, a multiple of 64 so that a block of NF4 columns starts on a quantization block),
+// so that A is packed again only once per such block.
 constexpr int64_t kPackBytes = int64_t{4} << 20;
 
 uint32_t pair(uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); }
@@ -215,11 +218,15 @@ void store(void* c, bool c_bf16, int64_t at, int count, __m512 acc, float alpha,
     out = _mm512_mul_ps(va, acc);
   } else {
     __m512 old;
-    if (c_bf16) {
+    if (!c_bf16) {
+      old = _mm512_maskz_loadu_ps(mask, static_cast<float*>(c) + at);
+    } else {
+#ifdef FERRY_BF16_GEMM  // bf16 outputs come only from the bf16 kernel (AVX512BW and VL)
       const __m256i h = _mm256_maskz_loadu_epi16(mask, static_cast<uint16_t*>(c) + at);
       old = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      old = _mm512_maskz_loadu_ps(mask, static_cast<float*>(c) + at);
+#else
+      old = _mm512_setzero_ps();
+#endif
     }
     if (beta != 1.0f) old = _mm512_mul_ps(_mm512_set1_ps(beta), old);
     out = _mm512_fmadd_ps(va, acc, old);
@@ -233,16 +240,21 @@ void store(void* c, bool c_bf16, int64_t at, int count, __m512 acc, float alpha,
   }
 }
 
-template <class T>
-void drive(void* c, bool c_bf16, int64_t ldc, const T* a, int64_t lda, bool ta, const T* b, int64_t ldb, bool tb,
+// The whole product. pack_block(bpack, n0, nc, U) packs columns [n0, n0 + nc) of op(B) as
+// panels of [U][kNR] units, one after another; it runs on every thread of the team and
+// shares its work out with an orphaned `omp for` (whose barrier ends the packing).
+template <class T, class PackBlock>
+void drive(void* c, bool c_bf16, int64_t ldc, const T* a, int64_t lda, bool ta, const PackBlock& pack_block,
            int64_t M, int64_t N, int64_t K, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;
-  const Operand<T> A{a, lda, ta, K}, B{b, ldb, tb, K};
+  const Operand<T> A{a, lda, ta, K};
   const int64_t U = units_of<T>(K);
   const int64_t tiles = (M + kMR - 1) / kMR;
-  const int64_t fit = kPackBytes / (4 * std::max<int64_t>(U, 1)) / kNR * kNR;
+  const int64_t fit = kPackBytes / (4 * std::max<int64_t>(U, 1)) / 64 * 64;
   const int64_t NC = std::min((N + kNR - 1) / kNR * kNR, std::max<int64_t>(256, fit));
-  std::vector<uint32_t> bpack(static_cast<size_t>(NC * U));
+  // Not zeroed: every panel is packed whole (padding included) before it is read. Allocated
+  // here, not in the team, so that running out of memory throws instead of terminating.
+  const std::unique_ptr<uint32_t[]> bpack(new uint32_t[static_cast<size_t>(NC * U)]);
   // One team for the whole product: B's block is packed by all, then (tile, panel) pairs
   // are shared out in tile-major order, so a thread repacks A only when its tile changes.
 #pragma omp parallel
@@ -252,10 +264,7 @@ void drive(void* c, bool c_bf16, int64_t ldc, const T* a, int64_t lda, bool ta, 
     for (int64_t n0 = 0; n0 < N; n0 += NC) {
       const int64_t nc = std::min(NC, N - n0);
       const int64_t panels = (nc + kNR - 1) / kNR;
-#pragma omp for schedule(static)
-      for (int64_t p = 0; p < panels; ++p) {
-        pack_b(bpack.data() + p * U * kNR, B, n0 + p * kNR, std::min(kNR, nc - p * kNR), U);
-      }
+      pack_block(bpack.get(), n0, nc, U);
       int64_t packed = -1;
 #pragma omp for schedule(static)
       for (int64_t idx = 0; idx < tiles * panels; ++idx) {
@@ -265,7 +274,7 @@ void drive(void* c, bool c_bf16, int64_t ldc, const T* a, int64_t lda, bool ta, 
           pack_a(apack.data(), A, m0, mr, U);
           packed = tile;
         }
-        micro<T>(apack.data(), bpack.data() + p * U * kNR, U, acc);
+        micro<T>(apack.data(), bpack.get() + p * U * kNR, U, acc);
         const int64_t col = n0 + p * kNR, cols = std::min(kNR, nc - p * kNR);
         for (int64_t i = 0; i < mr; ++i) {
           for (int v = 0; v < 2 && v * 16 < cols; ++v) {
@@ -278,6 +287,16 @@ void drive(void* c, bool c_bf16, int64_t ldc, const T* a, int64_t lda, bool ta, 
   }
 }
 
+// Dense op(B): each panel packed by one thread.
+template <class T>
+auto dense_blocks(const Operand<T>& B) {
+  return [B](uint32_t* bpack, int64_t n0, int64_t nc, int64_t U) {
+    const int64_t panels = (nc + kNR - 1) / kNR;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) pack_b(bpack + p * U * kNR, B, n0 + p * kNR, std::min(kNR, nc - p * kNR), U);
+  };
+}
+
 }  // namespace
 
 bool f32_gemm_available() {
@@ -288,7 +307,7 @@ bool f32_gemm_available() {
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, bool ta, const float* b, int64_t ldb, bool tb,
               int64_t M, int64_t N, int64_t K, float alpha, float beta) {
   if (!f32_gemm_available()) throw std::logic_error("gemm_f32: this CPU has no AVX-512");
-  drive<float>(c, false, ldc, a, lda, ta, b, ldb, tb, M, N, K, alpha, beta);
+  drive<float>(c, false, ldc, a, lda, ta, dense_blocks(Operand<float>{b, ldb, tb, K}), M, N, K, alpha, beta);
 }
 
 #else  // a build for CPUs without AVX-512: the device uses Eigen
@@ -313,7 +332,82 @@ bool bf16_gemm_available() {
 void gemm_bf16(void* c, bool c_bf16, int64_t ldc, const uint16_t* a, int64_t lda, bool ta, const uint16_t* b,
                int64_t ldb, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta) {
   if (!bf16_gemm_available()) throw std::logic_error("gemm_bf16: this CPU has no AVX512-BF16");
-  drive<uint16_t>(c, c_bf16, ldc, a, lda, ta, b, ldb, tb, M, N, K, alpha, beta);
+  drive<uint16_t>(c, c_bf16, ldc, a, lda, ta, dense_blocks(Operand<uint16_t>{b, ldb, tb, K}), M, N, K, alpha, beta);
+}
+
+namespace {
+
+// The piece holding row r of W (the pieces tile W's rows in order).
+const Nf4Operand& piece_of(const std::vector<Nf4Operand>& w, int64_t r) {
+  for (const Nf4Operand& p : w)
+    if (r >= p.row0 && r < p.row0 + p.layout.rows) return p;
+  throw std::invalid_argument("gemm_bf16_nf4: no piece holds row " + std::to_string(r));
+}
+
+// Row r of W, columns [c0, c0 + n), in bf16 (zeros past W's rows: the odd K's pad).
+void w_row(uint16_t* out, const std::vector<Nf4Operand>& w, int64_t rows, int64_t r, int64_t c0, int64_t n) {
+  if (r >= rows) {
+    std::fill_n(out, n, uint16_t{0});
+    return;
+  }
+  const Nf4Operand& p = piece_of(w, r);
+  nf4_dequantize_rect_16(p.blob, p.layout, r - p.row0, 1, c0, n, out, n, true);
+}
+
+}  // namespace
+
+void gemm_bf16_nf4(void* c, bool c_bf16, int64_t ldc, const uint16_t* a, int64_t lda,
+                   const std::vector<Nf4Operand>& w, bool w_trans, int64_t M, int64_t N, int64_t K, float alpha,
+                   float beta) {
+  if (!bf16_gemm_available()) throw std::logic_error("gemm_bf16_nf4: this CPU has no AVX512-BF16");
+  int64_t rows = 0;
+  for (const Nf4Operand& p : w) {
+    if (p.row0 != rows || p.layout.cols != (w_trans ? K : N)) {
+      throw std::invalid_argument("gemm_bf16_nf4: the pieces must tile W's rows in order, each " +
+                                  std::to_string(w_trans ? K : N) + " columns wide");
+    }
+    rows += p.layout.rows;
+  }
+  if (rows != (w_trans ? N : K)) {
+    throw std::invalid_argument("gemm_bf16_nf4: W has " + std::to_string(rows) + " rows, the product needs " +
+                                std::to_string(w_trans ? N : K));
+  }
+  if (w_trans) {
+    // op(B)(k, n) = W[n][k]: a panel's 32 columns are 32 rows of W, each dequantized whole
+    // into a row of scratch (whole aligned blocks vectorised) and dealt out as pairs.
+    auto blocks = [&](uint32_t* bpack, int64_t n0, int64_t nc, int64_t U) {
+      const int64_t panels = (nc + kNR - 1) / kNR;
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < panels; ++p) {
+        std::vector<uint16_t> row(static_cast<size_t>(2 * U), 0);
+        uint32_t* dst = bpack + p * U * kNR;
+        for (int64_t j = 0; j < kNR; ++j) {
+          const int64_t n = n0 + p * kNR + j;
+          if (n >= n0 + nc) {
+            for (int64_t u = 0; u < U; ++u) dst[u * kNR + j] = 0;
+            continue;
+          }
+          w_row(row.data(), w, rows, n, 0, K);
+          for (int64_t u = 0; u < U; ++u) dst[u * kNR + j] = pair(row[2 * u], row[2 * u + 1]);
+        }
+      }
+    };
+    drive<uint16_t>(c, c_bf16, ldc, a, lda, false, blocks, M, N, K, alpha, beta);
+    return;
+  }
+  // op(B)(k, n) = W[k][n]: unit u of every panel is rows 2u and 2u + 1 of W over the block's
+  // columns, dequantized as two row segments (n0 is a multiple of 64: aligned blocks).
+  auto blocks = [&](uint32_t* bpack, int64_t n0, int64_t nc, int64_t U) {
+    const int64_t panels = (nc + kNR - 1) / kNR;
+    std::vector<uint16_t> lo(static_cast<size_t>(panels * kNR), 0), hi(lo.size(), 0);
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < U; ++u) {
+      w_row(lo.data(), w, rows, 2 * u, n0, nc);
+      w_row(hi.data(), w, rows, 2 * u + 1, n0, nc);
+      for (int64_t j = 0; j < panels * kNR; ++j) bpack[(j / kNR) * U * kNR + u * kNR + j % kNR] = pair(lo[j], hi[j]);
+    }
+  };
+  drive<uint16_t>(c, c_bf16, ldc, a, lda, false, blocks, M, N, K, alpha, beta);
 }
 
 #else  // a build for CPUs without AVX512-BF16: the device widens instead
@@ -323,6 +417,11 @@ bool bf16_gemm_available() { return false; }
 void gemm_bf16(void*, bool, int64_t, const uint16_t*, int64_t, bool, const uint16_t*, int64_t, bool, int64_t, int64_t,
                int64_t, float, float) {
   throw std::logic_error("gemm_bf16: this build has no AVX512-BF16 kernel (FERRY_NATIVE on a CPU that has it)");
+}
+
+void gemm_bf16_nf4(void*, bool, int64_t, const uint16_t*, int64_t, const std::vector<Nf4Operand>&, bool, int64_t,
+                   int64_t, int64_t, float, float) {
+  throw std::logic_error("gemm_bf16_nf4: this build has no AVX512-BF16 kernel (FERRY_NATIVE on a CPU that has it)");
 }
 
 #endif

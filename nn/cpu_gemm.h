@@ -21,6 +21,9 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
+
+#include "nn/nf4_blob.h"
 
 namespace ferry::nn::cpu {
 
@@ -39,6 +42,23 @@ void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, bool ta, const
 // bf16 A and B; C f32 (c_bf16 false) or bf16.
 void gemm_bf16(void* c, bool c_bf16, int64_t ldc, const uint16_t* a, int64_t lda, bool ta, const uint16_t* b,
                int64_t ldb, bool tb, int64_t M, int64_t N, int64_t K, float alpha, float beta);
+
+// One NF4 piece of a weight W [R, in] (nn/nf4_matmul.h's Nf4Weight as host pointers): rows
+// [row0, row0 + layout.rows) of W, its blob from `blob`.
+struct Nf4Operand {
+  const uint8_t* blob;
+  Nf4Layout layout;
+  int64_t row0;
+};
+// The bf16 kernel with op(B) read straight from NF4 pieces, dequantized as the operand is
+// packed (a row of W at a time into scratch, never a panel of it): w_trans, op(B) = W^T
+// (N = R, K = in: the forward x W^T), else op(B) = W (K = R, N = in: dx = dy W). A is bf16
+// [M,K], not transposed. Each W value is f32_to_bf16 of nf4_dequantize_rect's, so C equals
+// gemm_bf16 on the dequantized bf16 W bit for bit. std::invalid_argument when the pieces
+// do not tile W's rows in order with K (w_trans) or N columns.
+void gemm_bf16_nf4(void* c, bool c_bf16, int64_t ldc, const uint16_t* a, int64_t lda,
+                   const std::vector<Nf4Operand>& w, bool w_trans, int64_t M, int64_t N, int64_t K, float alpha,
+                   float beta);
 
 // The same contracts in plain scalar code, single-threaded: the tests' references.
 void gemm_f32_reference(float* c, int64_t ldc, const float* a, int64_t lda, bool ta, const float* b, int64_t ldb,

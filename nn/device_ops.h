@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "nn/adamw_formula.h"
 #include "nn/nf4_blob.h"
@@ -19,6 +20,8 @@
 #include "nn/tensor.h"
 
 namespace ferry::nn {
+
+struct Nf4Weight;  // nn/nf4_matmul.h
 
 class DeviceOps {
  public:
@@ -79,6 +82,18 @@ class DeviceOps {
   // view of a unit's frozen span) at least l.bytes long; the rectangle lies inside the
   // matrix, else std::invalid_argument. nn/nf4_matmul.h multiplies by such panels.
   virtual void nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0, int64_t c0) = 0;
+  // nn/nf4_matmul.h's products straight from W's NF4 pieces, where this device multiplies
+  // without a dequantized panel (the CPU device, with its bf16 kernel: the operand is
+  // dequantized as the GEMM packs it): trans_w, c[:, c_col + j] = beta c + sum_k a[:, k]
+  // W[j, k] (the forward); else c[:, k] = beta c + sum_j a[:, a_col + j] W[j, k] (dx).
+  // The values are the panel path's bit for bit. Returns false, having done nothing, where
+  // the device has no such path: the caller then dequantizes panels. Shapes as the panel
+  // path's (std::invalid_argument).
+  virtual bool nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col,
+                        const std::vector<Nf4Weight>& pieces, bool trans_w, double beta) {
+    (void)c, (void)c_col, (void)a, (void)a_col, (void)pieces, (void)trans_w, (void)beta;
+    return false;
+  }
 
   // ---- model kernels (shapes: B batch, T time, C channels, V vocab, NH heads) -----------
   // out[B*T,C] = wte[tokens] + wpe[t]; tokens i32[B*T].

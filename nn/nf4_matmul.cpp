@@ -47,6 +47,7 @@ void nf4_matmul_nt(Device& dev, const Tensor& c, int64_t c_col, const Tensor& a,
                    double beta, int64_t max_panel) {
   const Shape2 W = weight_of(pieces);
   if (W.rows == 0 || c.numel() == 0) return;
+  if (dev.nf4_gemm(c, c_col, a, 0, pieces, true, beta)) return;
   const int64_t P = panel_extent(max_panel, W.cols, W.rows);
   const Tensor scratch = Tensor::empty(dev, a.dtype(), {P * W.cols});
   for (int64_t r = 0; r < W.rows; r += P) {
@@ -66,6 +67,7 @@ void nf4_matmul_nn(Device& dev, const Tensor& c, const Tensor& a, int64_t a_col,
     if (beta != 0.0 && beta != 1.0) dev.scale(c, beta);
     return;
   }
+  if (dev.nf4_gemm(c, 0, a, a_col, pieces, false, beta)) return;
   const int64_t Q = panel_extent(max_panel, W.rows, W.cols);
   const Tensor scratch = Tensor::empty(dev, a.dtype(), {W.rows * Q});
   for (int64_t k = 0; k < W.cols; k += Q) {

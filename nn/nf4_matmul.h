@@ -9,7 +9,9 @@
 // dx): every output element is one GEMM's dot product over the whole inner dimension,
 // rounded once, as with the dequantized weight multiplied whole (bitsandbytes'
 // matmul_4bit for training: dequantize_4bit, then torch's matmul); with one panel, the very
-// GEMM the dense weight gets.
+// GEMM the dense weight gets. A device that multiplies straight from the blobs
+// (DeviceOps::nf4_gemm: the CPU device, dequantizing each row of W as its GEMM packs the
+// operand, so not even a panel exists) does so instead, with the same values.
 #pragma once
 
 #include <cstdint>

@@ -247,3 +247,62 @@ BOOST_AUTO_TEST_CASE(device_gemm_takes_the_f32_kernel_from_64_by_64) {
     if (N == 64) BOOST_TEST(same);  // the kernel's bits
   }
 }
+
+// The NF4 operand (gemm_bf16_nf4, QLoRA's base dequantized as it is packed): equal bit for
+// bit to gemm_bf16 on the dequantized matrix rounded to bf16, for W^T (the forward) and W
+// (dx), pieces of a packed projection, odd inner dimensions, rows and columns that start
+// inside quantization blocks, and (the large case) more than one packed block of columns.
+BOOST_AUTO_TEST_CASE(nf4_operand_equals_the_dequantized_matrix_bit_for_bit) {
+  REQUIRE_KERNEL();
+  struct Shape {
+    int64_t M, R, in;
+    std::vector<int64_t> pieces;
+  };
+  for (const Shape& s : {Shape{5, 45, 67, {20, 25}}, Shape{9, 96, 128, {64, 16, 16}}, Shape{3, 600, 8200, {600}},
+                         Shape{3, 8200, 600, {8000, 200}}}) {
+    std::vector<std::vector<uint8_t>> blobs;
+    std::vector<nn::cpu::Nf4Operand> w;
+    std::vector<uint16_t> dense;
+    int64_t row = 0;
+    for (const int64_t rows : s.pieces) {
+      nn::Rng rng(static_cast<uint64_t>(rows * 7 + s.in));
+      std::vector<float> v(static_cast<size_t>(rows * s.in));
+      for (auto& x : v) x = static_cast<float>(0.05 * rng.normal());
+      const nn::Nf4Tensor q = nn::nf4_quantize(v.data(), rows * s.in, true, nullptr, nullptr);
+      const nn::Nf4Layout l = nn::nf4_layout(rows, s.in, true);
+      blobs.emplace_back(static_cast<size_t>(l.bytes));
+      nn::nf4_write_blob(q, l, blobs.back().data());
+      std::vector<float> deq(v.size());
+      nn::nf4_dequantize_rect(blobs.back().data(), l, 0, rows, 0, s.in, deq.data());
+      for (float x : deq) dense.push_back(nn::f32_to_bf16(x));
+      w.push_back({blobs.back().data(), l, row});
+      row += rows;
+    }
+    for (const bool w_trans : {true, false}) {
+      if (s.R * s.in > 1000000 && w_trans != (s.R < s.in)) continue;  // each large shape once: several column blocks
+      const int64_t K = w_trans ? s.in : s.R, N = w_trans ? s.R : s.in;
+      BOOST_TEST_CONTEXT("M " << s.M << " W [" << s.R << ", " << s.in << "] " << (w_trans ? "W^T" : "W")) {
+        const std::vector<uint16_t> a = random_bf16(s.M * K, 21);
+        for (const bool c_bf16 : {false, true}) {
+          const std::vector<uint16_t> c0 = random_bf16(s.M * N, 22);
+          std::vector<float> f0(c0.size());
+          for (size_t i = 0; i < c0.size(); ++i) f0[i] = nn::bf16_to_f32(c0[i]);
+          std::vector<uint16_t> g16 = c0, w16 = c0;
+          std::vector<float> g32 = f0, w32 = f0;
+          void* got = c_bf16 ? static_cast<void*>(g16.data()) : static_cast<void*>(g32.data());
+          void* want = c_bf16 ? static_cast<void*>(w16.data()) : static_cast<void*>(w32.data());
+          nn::cpu::gemm_bf16_nf4(got, c_bf16, N, a.data(), K, w, w_trans, s.M, N, K, 1, 1);
+          gemm_bf16(want, c_bf16, N, a.data(), K, false, dense.data(), s.in, w_trans, s.M, N, K, 1, 1);
+          BOOST_TEST((c_bf16 ? g16 == w16 : std::memcmp(g32.data(), w32.data(), g32.size() * 4) == 0));
+        }
+      }
+    }
+    // Pieces with a gap are refused.
+    if (w.size() > 1) {
+      std::vector<nn::cpu::Nf4Operand> gap = {w.back()};
+      float c = 0;
+      BOOST_CHECK_THROW(
+          nn::cpu::gemm_bf16_nf4(&c, false, 1, dense.data(), s.in, gap, true, 1, s.R, s.in, 1, 0), std::invalid_argument);
+    }
+  }
+}

@@ -152,6 +152,13 @@ BOOST_AUTO_TEST_CASE(placement_rules_name_the_key) {
   d = doc(3, "none", "none", "/tmp");
   d["aio"] = {{"block_size", 1000}};
   BOOST_TEST(error(d).find("aio.block_size") != std::string::npos);
+  // On a GPU, parameters off the device need the optimizer off it too (device Adam could
+  // not reach host or nvme shards); on the CPU device the same placement runs.
+  d = doc(3, "none", "cpu", "/tmp");
+  BOOST_TEST(error(d).empty());
+  d["device"] = {{"type", "cuda"}};
+  BOOST_TEST(error(d).find("offload_param.device 'cpu' with offload_optimizer.device 'none' on a GPU") !=
+             std::string::npos, error(d));
 }
 
 BOOST_AUTO_TEST_CASE(nvme_parameters_are_read_ahead_of_use) {

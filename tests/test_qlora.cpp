@@ -1,5 +1,5 @@
 // QLoRA end to end (lora.base_dtype "nf4", docs/guide/adapters.md): the frozen block
-// projections stored in NF4, quantized at start, multiplied panel by panel.
+// projections stored in NF4, quantized at start, dequantized in the GEMMs.
 // - Training equals LoRA on a Hugging Face folder that holds the dequantized base (each
 //   module quantized on its own from its bf16 values, as transformers loads a bf16 model
 //   with load_in_4bit), with and without double quantization;

@@ -184,6 +184,14 @@ void offload_rules(const Config& c, const std::string& source) {
              "' needs zero_optimization.stage 3 (parameters are sharded only there), got stage " +
              std::to_string(stage));
   }
+  if (o.param_device != Tier::device && o.optimizer_device == Tier::device && c.device.type == "cuda") {
+    // The optimizer's fp32 state would sit on the GPU while the shards it updates live in
+    // host memory or on NVMe: device Adam cannot reach them, and nothing is saved on the GPU.
+    fail(source, std::string("zero_optimization.offload_param.device '") + offload::tier_word(o.param_device) +
+                     "' with offload_optimizer.device 'none' on a GPU: offload the optimizer too "
+                     "(zero_optimization.offload_optimizer.device cpu or nvme), as DeepSpeed's ZeRO-Infinity "
+                     "configurations do, or keep the parameters on the GPU");
+  }
   if (o.optimizer_device != Tier::device && stage == 0) {
     fail(source, std::string("zero_optimization.offload_optimizer.device '") + offload::tier_word(o.optimizer_device) +
                      "' needs zero_optimization.stage 1, 2 or 3 (the optimizer state is sharded "
@@ -269,8 +277,8 @@ void adapter_from_rules(json& resolved, const json& user, Config& c, const std::
 }  // namespace
 
 // The blobs are bytes in the units' frozen span, which must then be 16-bit wherever it is
-// kept (nn/unit.h: kNf4ElementBytes). Stage 3 keeps fp32 shards with fp16, and with both
-// the parameters and the optimizer on the device (docs/design/adapters.md section 5).
+// kept (nn/unit.h: kNf4ElementBytes). Stage 3 keeps fp32 shards with fp16
+// (docs/design/adapters.md section 5).
 std::string nf4_rule(const Config& c) {
   if (!c.lora.nf4) return "";
   if (!nn::is_low_precision(c.zero.compute)) {

@@ -233,7 +233,7 @@ const std::vector<Knob>& config_knobs() {
        "default; all and lora_only are not supported)", {}, {}, false, {"none"}},
       {"lora.base_dtype", F(lora_base_dtype), KnobType::string, "compute",
        "the frozen base's storage: compute (its dtype, bf16 in a bf16 run) or nf4 (QLoRA: the block projections "
-       "in bitsandbytes' 4-bit NormalFloat, quantized at start, dequantized panel by panel in the GEMMs; needs "
+       "in bitsandbytes' 4-bit NormalFloat, quantized at start, dequantized in the GEMMs (never a whole layer); needs "
        "bf16 or fp16)", {}, {}, false, {"compute", "nf4"}},
       {"lora.double_quant", F(lora.double_quant), KnobType::boolean, true,
        "nf4: quantize the block scales to 8 bits too (bitsandbytes' bnb_4bit_use_double_quant): 0.516 bytes a "

@@ -116,7 +116,10 @@ Engine::Engine(const Config& config, comm::Communicator& world, const EngineHook
 Engine::Engine(const Config& config, int ranks)
     : kind_(EngineKind::count), cfg_(config), adam_(config.optimizer) {
   cfg_.offload.aio.count_only = true;
-  arena_ = std::make_unique<nn::CountingDevice>("device", SIZE_MAX, true);
+  // Of the kind the run computes on: where the two differ (DeviceOps::nf4_gemm, the CPU
+  // multiplying NF4 without a panel), the plan counts what that device allocates.
+  arena_ = std::make_unique<nn::CountingDevice>("device", SIZE_MAX, true,
+                                                cfg_.device.type == "cuda" ? nn::DeviceKind::cuda : nn::DeviceKind::cpu);
   host_ = std::make_unique<nn::CountingDevice>("host memory", SIZE_MAX, true);
   compute_ = arena_.get();
   // Hybrid sharding: state is partitioned over the shard group, not the world.
@@ -314,7 +317,9 @@ void Engine::describe_states(std::ostream& out) const {
     out << "  " << (low + " compute weights" + std::string(29, ' ')).substr(0, 29)
         << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in " + arena + ", refreshed from the fp32 weights after each update"
                                 : units_->owned_bf16()
-                                    ? "kept as bf16 shards (CPU Adam's copy-out), all-gathered per unit, freed after use"
+                                    ? (gpu_ && opt_->tier() == offload::Tier::device
+                                           ? "kept as bf16 shards (device Adam's master cast), all-gathered per unit, freed after use"
+                                           : "kept as bf16 shards (CPU Adam's copy-out), all-gathered per unit, freed after use")
                                     : "cast from each fp32 shard and all-gathered per unit, freed after use")
         << "\n  " << low << " activations; fp32 gradients, reductions, master weights and Adam state"
         << (cfg_.fp16 ? "; dynamic loss scaling" : "") << "\n";

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/stop_signal.h"
 #include "base/version.h"
+#include "nn/cpu_device.h"
 #include "nn/rng.h"
 #include "runtime/ckpt/checkpoint.h"
 #include "runtime/hf/peft.h"
@@ -253,7 +254,9 @@ void Trainer::describe_placement() {
                    ? "read as bitsandbytes saved " + std::to_string(hf_->nf4_states()) + " of them in " + cfg_.init_from +
                          (hf_->nf4_states() < pieces ? " (the rest quantized at start)" : "")
                    : "quantized at start from " + (cfg_.init_from.empty() ? std::string("the initial weights") : cfg_.init_from))
-           << ", dequantized panel by panel in the GEMMs\n";
+           << (e.compute().kind() == nn::DeviceKind::cpu && nn::CpuDevice::nf4_gemm_direct(cfg_.zero.compute, cfg_.zero.compute)
+                   ? ", dequantized row by row as the GEMMs pack their operand\n"
+                   : ", dequantized panel by panel in the GEMMs\n");
     }
   }
   if (hf_) {

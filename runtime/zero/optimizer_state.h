@@ -52,7 +52,8 @@ class OptimizerState {
                  const MasterInit& master_init = {});
 
   // One AdamW step over unit u's owned range with its reduced gradient shard `grads`
-  // (host-accessible, owned length); `ranges` are the parts that hold parameters.
+  // (owned length; on the GPU where the states are, else host-accessible); `ranges` are
+  // the parts that hold parameters.
   void step(int unit, const nn::Tensor& grads, const std::vector<DecayRange>& ranges, int64_t step, double lr,
             double grad_scale);
   // After every unit's step: the new state becomes the current one (nvme: flips the slots).

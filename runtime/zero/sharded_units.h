@@ -115,7 +115,9 @@ class ShardedUnits final : public nn::UnitAccess {
   // optimizer updates, its weights and (reduced) gradients; length 0 for a frozen unit.
   struct Owned {
     int64_t begin = 0, length = 0;
-    nn::Tensor weights, grads;  // f32 [length]; weights undefined when they live on nvme
+    // grads f32 [length]; weights [length] f32, or bf16 where owned_bf16(); undefined
+    // when they live on nvme
+    nn::Tensor weights, grads;
   };
   // Copies of [offset, offset + n) of the owned compute weights, through host memory. For
   // nvme parameters `buf` must be a PinnedPool buffer and `offset` a multiple of 1024.
@@ -123,9 +125,10 @@ class ShardedUnits final : public nn::UnitAccess {
   // works on other units: it touches only the unit's own shard.
   void read_owned_weights(int unit, int64_t offset, int64_t n, float* buf);
   void write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf);
-  // Stage 3 with bf16 shards off the device (ParamShards::dtype): the owned weights are
-  // kept rounded, so read_owned_weights gives bf16 values, the fp32 master is the
-  // optimizer's, and write_owned_bf16 takes CPU Adam's fused copy-out (same threads rule).
+  // Stage 3 with bf16 shards (ParamShards::dtype: off the device in a bf16 run, and on it
+  // for units with frozen tensors): the owned weights are kept rounded, so
+  // read_owned_weights gives bf16 values, the fp32 master is the optimizer's, and
+  // write_owned_bf16 takes CPU Adam's fused copy-out (same threads rule).
   bool owned_bf16() const { return shards_ && shards_->dtype() == nn::DType::bf16; }
   void write_owned_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf);
   // nvme offsets of the read/write calls above must be multiples of this (elements).
