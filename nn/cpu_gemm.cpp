@@ -141,34 +141,31 @@ uint32_t unit_across(const T* base, int64_t ld, int64_t u, int64_t j, int64_t K)
   }
 }
 
-// Rows [m0, m0 + mr) of op(A) as [units][kMR], zero padded.
-template <class T>
-void pack_a(uint32_t* dst, const Operand<T>& A, int64_t m0, int64_t mr, int64_t U) {
-  if (!A.trans) {
-    for (int64_t i = 0; i < kMR; ++i) {
-      const T* row = i < mr ? A.p + (m0 + i) * A.ld : nullptr;
-      for (int64_t u = 0; u < U; ++u) dst[u * kMR + i] = row ? unit_at(row, u, A.K) : 0;
+// Lines [first, first + count) of an operand (rows of op(A), columns of op(B)) as
+// [units][W] (W = kMR or kNR), zero padded. along_k: each line is contiguous along k in
+// memory (A not transposed, B transposed), else lines run across the rows k.
+template <int64_t W, class T>
+void pack(uint32_t* dst, const T* p, int64_t ld, bool along_k, int64_t K, int64_t first, int64_t count, int64_t U) {
+  if (along_k) {
+    for (int64_t i = 0; i < W; ++i) {
+      const T* line = i < count ? p + (first + i) * ld : nullptr;
+      for (int64_t u = 0; u < U; ++u) dst[u * W + i] = line ? unit_at(line, u, K) : 0;
     }
     return;
   }
   for (int64_t u = 0; u < U; ++u) {
-    for (int64_t i = 0; i < kMR; ++i) dst[u * kMR + i] = i < mr ? unit_across(A.p + m0, A.ld, u, i, A.K) : 0;
+    for (int64_t i = 0; i < W; ++i) dst[u * W + i] = i < count ? unit_across(p + first, ld, u, i, K) : 0;
   }
 }
 
-// Columns [n0, n0 + nr) of op(B) as [units][kNR], zero padded.
+template <class T>
+void pack_a(uint32_t* dst, const Operand<T>& A, int64_t m0, int64_t mr, int64_t U) {
+  pack<kMR>(dst, A.p, A.ld, !A.trans, A.K, m0, mr, U);
+}
+
 template <class T>
 void pack_b(uint32_t* dst, const Operand<T>& B, int64_t n0, int64_t nr, int64_t U) {
-  if (B.trans) {
-    for (int64_t j = 0; j < kNR; ++j) {
-      const T* row = j < nr ? B.p + (n0 + j) * B.ld : nullptr;
-      for (int64_t u = 0; u < U; ++u) dst[u * kNR + j] = row ? unit_at(row, u, B.K) : 0;
-    }
-    return;
-  }
-  for (int64_t u = 0; u < U; ++u) {
-    for (int64_t j = 0; j < kNR; ++j) dst[u * kNR + j] = j < nr ? unit_across(B.p + n0, B.ld, u, j, B.K) : 0;
-  }
+  pack<kNR>(dst, B.p, B.ld, B.trans, B.K, n0, nr, U);
 }
 
 // acc[i][v] over every unit of k, in order (VDPBF16PS adds a pair's odd product, then the even).

@@ -45,6 +45,18 @@ std::string dims(const Nf4Layout& l) {
   return s;
 }
 
+// The rectangle checks of both dequantizations: false when it is empty (nothing to do).
+bool rect_to_do(const char* fn, const uint8_t* blob, const Nf4Layout& l, int64_t r0, int64_t R, int64_t c0, int64_t C,
+                const void* out) {
+  if (r0 < 0 || R < 0 || c0 < 0 || C < 0 || r0 + R > l.rows || c0 + C > l.cols) {
+    fail(fn, "rows [" + std::to_string(r0) + ", +" + std::to_string(R) + ") x columns [" + std::to_string(c0) + ", +" +
+                 std::to_string(C) + ") outside " + dims(l));
+  }
+  if (R * C == 0) return false;
+  if (blob == nullptr || out == nullptr) fail(fn, "no blob or no output");
+  return true;
+}
+
 }  // namespace
 
 int64_t Nf4Layout::rect_bytes(int64_t r, int64_t c) const {
@@ -124,12 +136,7 @@ Nf4Tensor nf4_read_blob(const uint8_t* blob, const Nf4Layout& l) {
 
 void nf4_dequantize_rect(const uint8_t* blob, const Nf4Layout& l, int64_t r0, int64_t R, int64_t c0, int64_t C,
                          float* out) {
-  if (r0 < 0 || R < 0 || c0 < 0 || C < 0 || r0 + R > l.rows || c0 + C > l.cols) {
-    fail("nf4_dequantize_rect", "rows [" + std::to_string(r0) + ", +" + std::to_string(R) + ") x columns [" +
-                                    std::to_string(c0) + ", +" + std::to_string(C) + ") outside " + dims(l));
-  }
-  if (R * C == 0) return;
-  if (blob == nullptr || out == nullptr) fail("nf4_dequantize_rect", "no blob or no output");
+  if (!rect_to_do("nf4_dequantize_rect", blob, l, r0, R, c0, C, out)) return;
   const uint8_t* packed = blob + l.packed_at;
   auto scale_of = [&](int64_t b) { return block_scale(blob, l, b); };
   int64_t cached = -1;
@@ -153,12 +160,7 @@ void nf4_dequantize_rect(const uint8_t* blob, const Nf4Layout& l, int64_t r0, in
 
 void nf4_dequantize_rect_16(const uint8_t* blob, const Nf4Layout& l, int64_t r0, int64_t R, int64_t c0, int64_t C,
                             uint16_t* out, int64_t ld, bool bf16) {
-  if (r0 < 0 || R < 0 || c0 < 0 || C < 0 || r0 + R > l.rows || c0 + C > l.cols) {
-    fail("nf4_dequantize_rect_16", "rows [" + std::to_string(r0) + ", +" + std::to_string(R) + ") x columns [" +
-                                       std::to_string(c0) + ", +" + std::to_string(C) + ") outside " + dims(l));
-  }
-  if (R * C == 0) return;
-  if (blob == nullptr || out == nullptr) fail("nf4_dequantize_rect_16", "no blob or no output");
+  if (!rect_to_do("nf4_dequantize_rect_16", blob, l, r0, R, c0, C, out)) return;
   const uint8_t* packed = blob + l.packed_at;
   alignas(64) std::array<uint16_t, 16> tab{};
   for (int64_t r = 0; r < R; ++r) {
