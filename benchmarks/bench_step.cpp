@@ -104,7 +104,7 @@ Timed time_steps(comm::Communicator& comm, const nlohmann::json& doc, const std:
   r.up_bytes = spread(up).median;
   r.down_bytes = spread(down).median;
   r.params = t.model().num_parameters();
-  r.param_bytes = t.units().owned_bf16() ? 2 : 4;
+  r.param_bytes = t.units().owned_rounded() ? 2 : 4;
   r.order = t.units().order().order();
   for (int u = 0; u < t.model().num_units(); ++u) r.shards.push_back(t.units().partition_of(u).shard);
   return r;

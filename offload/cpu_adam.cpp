@@ -8,6 +8,7 @@
 #include <Eigen/Core>
 
 #include "nn/adamw_formula.h"
+#include "nn/dtype.h"
 
 namespace ferry::offload {
 
@@ -24,10 +25,16 @@ inline void to_bf16(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
+// f32 -> f16, round to nearest even (nn::f32_to_f16: the compiler's conversion, F16C).
+inline void to_f16(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = nn::f32_to_f16(src[i]);
+}
+
 }  // namespace
 
 void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step,
-                     double lr, double weight_decay, double grad_scale, uint16_t* bf16_out) const {
+                     double lr, double weight_decay, double grad_scale, uint16_t* low_out, nn::DType low) const {
+  if (low_out && !nn::is_low_precision(low)) throw std::invalid_argument("CpuAdam::update: the copy-out is bf16 or f16");
   if (step < 1) throw std::invalid_argument("CpuAdam::update: step must be >= 1");
   const nn::AdamWConstants k = nn::adamw_constants(
       {step, lr, params_.beta1, params_.beta2, params_.eps, weight_decay, grad_scale});
@@ -60,7 +67,8 @@ void CpuAdam::update(float* p, const float* g, float* m, float* v, int64_t n, in
       pstoreu(P + i, pi);
     }
     for (; i < len; ++i) nn::adamw_element(k, P[i], G[i], M[i], V[i]);  // the tail, same formula
-    if (bf16_out) to_bf16(P, bf16_out + begin, len);  // while the tile is in cache
+    if (low_out && low == nn::DType::bf16) to_bf16(P, low_out + begin, len);  // while the tile is in cache
+    if (low_out && low == nn::DType::f16) to_f16(P, low_out + begin, len);
   }
 }
 

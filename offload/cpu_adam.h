@@ -4,8 +4,8 @@
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p = p (1 - lr wd) - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // grad_scale folds gradient averaging and clipping into the update, so the gradient buffer
-// is read once and never rewritten. With `bf16_out`, the updated weights are also written
-// as bf16 (round to nearest even) in the same pass: the compute copy for the next forward.
+// is read once and never rewritten. With `low_out`, the updated weights are also written
+// as bf16 or f16 (round to nearest even) in the same pass: the compute copy for the next forward.
 // Tiling: the range is processed in kTile-element tiles; a caller overlapping I/O calls
 // update() on one tile range while the next tile's reads are in flight.
 //
@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "nn/dtype.h"
 
 namespace ferry::offload {
 
@@ -38,8 +40,11 @@ class CpuAdam {
   // One AdamW step (step >= 1, the count including this one) over n elements.
   // `lr` is this step's learning rate (the scheduler's), `weight_decay` this range's decay
   // (0 for biases and norms).
+  // `low_out` (optional): the updated weights rounded to `low` (bf16 or f16) in the same
+  // pass, while each tile is in cache (16-bit parameter shards: their fused copy-out).
   void update(float* p, const float* g, float* m, float* v, int64_t n, int64_t step, double lr,
-              double weight_decay, double grad_scale, uint16_t* bf16_out = nullptr) const;
+              double weight_decay, double grad_scale, uint16_t* low_out = nullptr,
+              nn::DType low = nn::DType::bf16) const;
 
   static constexpr int64_t kTile = 1 << 14;  // elements: 4 arrays x 64 KiB stay in L2
 

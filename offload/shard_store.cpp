@@ -17,7 +17,9 @@ ShardStore::ShardStore(Tier tier, nn::Device& device, nn::Device& host, const st
                        const offload::AioConfig& aio, std::string* warning, const offload::FaultHook& fault,
                        nn::DType dtype)
     : tier_(tier), dtype_(dtype), esize_(nn::dtype_size(dtype)), sizes_(sizes) {
-  if (dtype_ != DType::f32 && dtype_ != DType::bf16) throw std::invalid_argument("ShardStore: fp32 or bf16 regions");
+  if (dtype_ != DType::f32 && !nn::is_low_precision(dtype_)) {
+    throw std::invalid_argument("ShardStore: fp32, bf16 or f16 regions");
+  }
   if (tier_ != Tier::nvme) {
     nn::Device& d = tier_ == Tier::device ? device : host;
     for (int64_t n : sizes_) {

@@ -1,12 +1,12 @@
-// ShardStore: a set of regions (one per unit and state) of one dtype (fp32, or bf16 for a
-// bf16 run's parameter shards) kept in one tier:
+// ShardStore: a set of regions (one per unit and state) of one dtype (fp32, or bf16 / f16
+// for a bf16 / fp16 run's parameter shards) kept in one tier:
 //   device  tensors in the device arena (counted against device.memory)
 //   cpu     tensors in host memory outside the arena
 //   nvme    a Storage (io_uring, O_DIRECT) under nvme_path, one file per rank
 // Regions on the device and cpu tiers are tensors the caller may use in place. Every tier
 // also copies ranges in and out through host buffers (read/write, elements of the
 // store's dtype): for nvme these must be 4 KiB aligned with room for the range rounded up
-// to quantum() elements (4 KiB: 1024 fp32, 2048 bf16; PinnedPool buffers are), and
+// to quantum() elements (4 KiB: 1024 fp32, 2048 bf16 or f16; PinnedPool buffers are), and
 // offsets must be multiples of quantum().
 // Threads: one thread at a time. Errors: StorageError from the nvme tier, naming the file.
 #pragma once

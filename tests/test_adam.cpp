@@ -59,18 +59,25 @@ BOOST_AUTO_TEST_CASE(rejects_step_zero) {
   BOOST_CHECK_THROW(adam.update(&p, &g, &m, &v, 1, 0, 1e-3, 0, 1), std::invalid_argument);
 }
 
-BOOST_AUTO_TEST_CASE(fused_bf16_copy_is_the_rounded_update) {
+BOOST_AUTO_TEST_CASE(fused_bf16_and_f16_copies_are_the_rounded_update) {
   const int64_t n = 20000;  // more than one tile
   offload::CpuAdam adam({1e-2, 0.9, 0.999, 1e-8, 0.0});
-  std::vector<float> p(n), g(n), m(n, 0), v(n, 0), p2, m2(n, 0), v2(n, 0);
-  nn::Rng rng(4);
-  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.normal()), g[i] = static_cast<float>(rng.normal());
-  p2 = p;
-  std::vector<uint16_t> out(n, 0);
-  adam.update(p.data(), g.data(), m.data(), v.data(), n, 1, 1e-2, 0.0, 1.0, out.data());
-  adam.update(p2.data(), g.data(), m2.data(), v2.data(), n, 1, 1e-2, 0.0, 1.0);
-  for (int64_t i = 0; i < n; ++i) {
-    BOOST_TEST(p[i] == p2[i]);                            // the fp32 update is unchanged
-    BOOST_TEST(out[i] == nn::f32_to_bf16(p[i]));          // and its bf16 copy is exact RNE
+  for (const nn::DType low : {nn::DType::bf16, nn::DType::f16}) {
+    std::vector<float> p(n), g(n), m(n, 0), v(n, 0), p2, m2(n, 0), v2(n, 0);
+    nn::Rng rng(4);
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.normal()), g[i] = static_cast<float>(rng.normal());
+    p[7] = 1e5f;  // past f16's range: infinity, as the device's cast gives
+    p2 = p;
+    std::vector<uint16_t> out(n, 0);
+    adam.update(p.data(), g.data(), m.data(), v.data(), n, 1, 1e-2, 0.0, 1.0, out.data(), low);
+    adam.update(p2.data(), g.data(), m2.data(), v2.data(), n, 1, 1e-2, 0.0, 1.0);
+    for (int64_t i = 0; i < n; ++i) {
+      BOOST_TEST(p[i] == p2[i]);  // the fp32 update is unchanged, and its copy is exact RNE
+      BOOST_TEST(out[i] == (low == nn::DType::bf16 ? nn::f32_to_bf16(p[i]) : nn::f32_to_f16(p[i])));
+    }
   }
+  std::vector<float> x(4, 1.0f);
+  std::vector<uint16_t> out(4);
+  BOOST_CHECK_THROW(adam.update(x.data(), x.data(), x.data(), x.data(), 4, 1, 1e-2, 0.0, 1.0, out.data(), nn::DType::f32),
+                    std::invalid_argument);
 }

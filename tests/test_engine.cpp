@@ -79,7 +79,7 @@ BOOST_AUTO_TEST_CASE(bf16_masters_come_from_the_hook_not_from_rounded_shards) {
     full.device().fill(full, 1.0 / 3.0);
   };
   Engine e(c, world, h);
-  BOOST_TEST(e.units().owned_bf16());
+  BOOST_TEST(e.units().owned_rounded());
   BOOST_TEST(calls >= 2 * e.units().num_units());  // the shards, then the masters
 }
 

@@ -219,12 +219,13 @@ BOOST_AUTO_TEST_CASE(five_adamw_steps_give_peft_losses_and_adapters) {
 BOOST_AUTO_TEST_CASE(every_stage_and_placement_gives_identical_losses_and_a_frozen_base) {
   test::TempDir dir("lora");
   const std::string nvme = dir.path.string();
-  for (const char* precision : {"fp32", "bf16"}) {
+  for (const char* precision : {"fp32", "bf16", "fp16"}) {
     for (int stage = 0; stage <= 3; ++stage) {
       json d = doc("llama3", 3);
       d["gradient_accumulation_steps"] = 2;
       d["lora"] = {{"r", 4}, {"target_modules", "all-linear"}};
       if (std::string(precision) == "bf16") d["bf16"] = {{"enabled", true}};
+      if (std::string(precision) == "fp16") d["fp16"] = {{"enabled", true}};  // f16 shards at stage 3
       d["zero_optimization"] = {{"stage", stage}};
       const std::vector<double> reference = losses(config(d));
       for (const char* opt : {"none", "cpu", "nvme"}) {

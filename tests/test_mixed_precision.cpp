@@ -1,7 +1,7 @@
 // Mixed precision end to end (bf16.enabled, fp16.enabled with loss scaling):
 // - bf16 follows the fp32 run over 200 steps within the stated tolerance;
-// - bf16 runs are bit-identical across ZeRO stages, placements and schedules at 2 ranks
-//   (the compute copies are bf16, and stage 3's offloaded parameter shards, which hold the
+// - bf16 and fp16 runs are bit-identical across ZeRO stages, placements and schedules at 2 ranks
+//   (the compute copies are 16-bit, and stage 3's offloaded parameter shards, which hold the
 //   same roundings of the fp32 master; gradients and reductions stay fp32; NVMe moves
 //   half the parameter bytes), and
 //   the stage-3 all-gathers move exactly half the bytes of fp32's;
@@ -99,50 +99,63 @@ BOOST_AUTO_TEST_CASE(bf16_follows_fp32_for_200_steps) {
   BOOST_TEST(window_mean(bf16, 180, 20) < bf16.steps[0].loss - 2.0);
 }
 
-BOOST_AUTO_TEST_CASE(bf16_is_identical_across_stages_and_schedules_and_gathers_half_the_bytes) {
+BOOST_AUTO_TEST_CASE(
+    bf16_and_fp16_are_identical_across_stages_and_schedules_and_gather_half_the_bytes) {
   test::TempDir dir("mixed");
   const json d = doc(3);
-  const std::vector<std::string> bf16 = {"bf16.enabled=true"};
-  const Run reference = train(d, {"bf16.enabled=true", "zero_optimization.stage=0"}, 2);
-  for (int stage = 1; stage <= 3; ++stage) {
-    for (bool sequential : {false, true}) {
-      for (const char* place : {"none", "cpu", "nvme"}) {
-        if (stage < 3 && std::string(place) != "none") continue;
-        BOOST_TEST_CONTEXT("stage " << stage << (sequential ? ", sequential" : ", overlapped") << ", offload " << place) {
-          std::vector<std::string> sets = {"bf16.enabled=true", "zero_optimization.stage=" + std::to_string(stage),
-                                           "zero_optimization.offload_optimizer.device=" + std::string(place),
-                                           "zero_optimization.offload_param.device=" + std::string(stage == 3 ? place : "none")};
-          if (sequential) sets.insert(sets.end(), {"zero_optimization.overlap_comm=false", "schedule.overlap_offload=false"});
-          if (std::string(place) == "nvme") {
-            // bf16 parameter shards on NVMe: 2048-element tiles, written by CPU Adam's copy-out.
-            sets.insert(sets.end(), {"zero_optimization.offload_optimizer.nvme_path=" + dir.path.string(),
-                                     "zero_optimization.offload_param.nvme_path=" + dir.path.string(),
-                                     "zero_optimization.offload_param.buffer_size=8192"});
+  // fp16 too: its stage-3 shards off the device are f16 (CPU Adam's f16 copy-out).
+  for (const std::string low : {"bf16.enabled=true", "fp16.enabled=true"}) {
+    const Run reference = train(d, {low, "zero_optimization.stage=0"}, 2);
+    for (int stage = 1; stage <= 3; ++stage) {
+      for (bool sequential : {false, true}) {
+        for (const char* place : {"none", "cpu", "nvme"}) {
+          if (stage < 3 && std::string(place) != "none") continue;
+          BOOST_TEST_CONTEXT(low << ", stage " << stage
+                                 << (sequential ? ", sequential" : ", overlapped") << ", offload "
+                                 << place) {
+            std::vector<std::string> sets = {
+                low, "zero_optimization.stage=" + std::to_string(stage),
+                "zero_optimization.offload_optimizer.device=" + std::string(place),
+                "zero_optimization.offload_param.device=" +
+                    std::string(stage == 3 ? place : "none")};
+            if (sequential)
+              sets.insert(sets.end(), {"zero_optimization.overlap_comm=false",
+                                       "schedule.overlap_offload=false"});
+            if (std::string(place) == "nvme") {
+              // 16-bit parameter shards on NVMe: 2048-element tiles, written by CPU Adam's
+              // copy-out.
+              sets.insert(sets.end(),
+                          {"zero_optimization.offload_optimizer.nvme_path=" + dir.path.string(),
+                           "zero_optimization.offload_param.nvme_path=" + dir.path.string(),
+                           "zero_optimization.offload_param.buffer_size=8192"});
+            }
+            const Run r = train(d, sets, 2);
+            BOOST_TEST(losses(r) == losses(reference), boost::test_tools::per_element());
+            BOOST_TEST(r.weights == reference.weights);
           }
-          const Run r = train(d, sets, 2);
-          BOOST_TEST(losses(r) == losses(reference), boost::test_tools::per_element());
-          BOOST_TEST(r.weights == reference.weights);
         }
       }
     }
-  }
-  // bf16 parameter shards on NVMe: half the parameter bytes read of fp32's.
-  {
-    const std::vector<std::string> nvme = {"zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=nvme",
-                                           "zero_optimization.offload_param.device=nvme",
-                                           "zero_optimization.offload_optimizer.nvme_path=" + dir.path.string(),
-                                           "zero_optimization.offload_param.nvme_path=" + dir.path.string(),
-                                           "zero_optimization.offload_param.buffer_size=8192"};
-    std::vector<std::string> low = nvme;
-    low.push_back("bf16.enabled=true");
-    const Run f32 = train(d, nvme, 2), b16 = train(d, low, 2);
-    // Reads: every one of a step is taken inside it (the prefetcher's flights end with the
-    // step). Writes and the optimizer's I/O run on the update thread and may fall into the
-    // next step's window, so their per-step bytes depend on timing: not compared here.
-    const auto read = static_cast<size_t>(Activity::param_read);
-    for (size_t i = 1; i < 3; ++i) {
-      BOOST_TEST(f32.steps[i].time.bytes[read] > 0u);
-      BOOST_TEST(b16.steps[i].time.bytes[read] * 2 == f32.steps[i].time.bytes[read]);
+    // 16-bit parameter shards on NVMe: half the parameter bytes read of fp32's.
+    {
+      const std::vector<std::string> nvme = {
+          "zero_optimization.stage=3",
+          "zero_optimization.offload_optimizer.device=nvme",
+          "zero_optimization.offload_param.device=nvme",
+          "zero_optimization.offload_optimizer.nvme_path=" + dir.path.string(),
+          "zero_optimization.offload_param.nvme_path=" + dir.path.string(),
+          "zero_optimization.offload_param.buffer_size=8192"};
+      std::vector<std::string> half = nvme;
+      half.push_back(low);
+      const Run f32 = train(d, nvme, 2), b16 = train(d, half, 2);
+      // Reads: every one of a step is taken inside it (the prefetcher's flights end with the
+      // step). Writes and the optimizer's I/O run on the update thread and may fall into the
+      // next step's window, so their per-step bytes depend on timing: not compared here.
+      const auto read = static_cast<size_t>(Activity::param_read);
+      for (size_t i = 1; i < 3; ++i) {
+        BOOST_TEST(f32.steps[i].time.bytes[read] > 0u);
+        BOOST_TEST(b16.steps[i].time.bytes[read] * 2 == f32.steps[i].time.bytes[read]);
+      }
     }
   }
   // Stage 3 at 2 ranks: the weights' all-gathers carry bf16, the reductions fp32.

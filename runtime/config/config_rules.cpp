@@ -277,17 +277,13 @@ void adapter_from_rules(json& resolved, const json& user, Config& c, const std::
 }  // namespace
 
 // The blobs are bytes in the units' frozen span, which must then be 16-bit wherever it is
-// kept (nn/unit.h: kNf4ElementBytes). Stage 3 keeps fp32 shards with fp16
+// kept (nn/unit.h: kNf4ElementBytes): the compute dtype's, bf16 or f16, at every stage
 // (docs/design/adapters.md section 5).
 std::string nf4_rule(const Config& c) {
   if (!c.lora.nf4) return "";
   if (!nn::is_low_precision(c.zero.compute)) {
     return "lora.base_dtype \"nf4\" computes in bf16 or fp16 (QLoRA's bnb_4bit_compute_dtype): set bf16.enabled "
            "(or fp16.enabled) to true";
-  }
-  if (c.zero.stage == 3 && c.zero.compute == nn::DType::f16) {
-    return "lora.base_dtype \"nf4\" at zero_optimization.stage 3 needs bf16 (stage 3 keeps fp32 shards under fp16): "
-           "set bf16.enabled, or use stage 2";
   }
   return "";
 }

@@ -51,9 +51,10 @@ TimePlan plan_time(const Config& c, int ranks, const Rates& r) {
   // on one node measures the node's.)
   if (stage == 3 && c.zero.hpz_partition_size > 1 && group > 1) t.comm_node_bytes = (2.0 * accum - 1.0) * 4 * P;
   t.comm_s = t.comm_bytes / r.comm_bytes_per_s;
-  // Parameter shards on NVMe are kept in bf16 under bf16 (ParamShards::dtype), 2 bytes an
-  // element: a bf16 base or a QLoRA base's blobs, whose elements are bytes / 2.
-  const double pbytes = c.zero.compute == nn::DType::bf16 ? 2.0 : 4.0;
+  // Parameter shards on NVMe are kept in the compute dtype under bf16 and fp16
+  // (ParamShards::dtype), 2 bytes an element: a 16-bit base or a QLoRA base's blobs,
+  // whose elements are bytes / 2.
+  const double pbytes = nn::is_low_precision(c.zero.compute) ? 2.0 : 4.0;
   if (par == offload::Tier::nvme) t.nvme_bytes += accum * 2 * pbytes * shard + pbytes * trained_shard;  // read fwd + bwd, write once
   if (opt == offload::Tier::nvme) t.nvme_bytes += 24 * trained_shard;  // master, m, v read and written
   t.nvme_s = t.nvme_bytes / r.nvme_bytes_per_s;

@@ -218,7 +218,7 @@ void Engine::build_states(const EngineHooks& hooks) {
     }
   }
   if (run) loaded_rss_ = peak_resident_bytes();
-  // bf16 parameter shards keep rounded weights: the fp32 master starts from the
+  // 16-bit parameter shards keep rounded weights: the fp32 master starts from the
   // initialisation itself, made again on the host for one unit at a time.
   std::function<void(int, float*)> master_init = [](int, float*) {};
   if (hooks.init_unit) {
@@ -299,7 +299,9 @@ void Engine::describe_states(std::ostream& out) const {
                       " ranks serves the gathers after each unit's first"
                 : std::string())
       << "; per rank (device: " << compute_->name() << "):\n"
-      << (units_->owned_bf16() ? "  bf16 weight shards           " : "  fp32 weights                 ")
+      << (!units_->owned_rounded()                          ? "  fp32 weights                 "
+          : units_->owned_dtype() == nn::DType::f16 ? "  fp16 weight shards           "
+                                                    : "  bf16 weight shards           ")
       << nn::format_bytes(sb.weights) << "  in " << weights_at << "\n"
       << "  fp32 gradients               " << nn::format_bytes(sb.gradients) << "  in "
       << (units_->placement().grads_on_host ? "host memory (shards)" : arena) << "\n"
@@ -316,10 +318,10 @@ void Engine::describe_states(std::ostream& out) const {
     const std::string low = cfg_.fp16 ? "fp16" : "bf16";  // DeepSpeed's names
     out << "  " << (low + " compute weights" + std::string(29, ' ')).substr(0, 29)
         << (cfg_.zero.stage < 3 ? nn::format_bytes(sb.compute_copy) + "  in " + arena + ", refreshed from the fp32 weights after each update"
-                                : units_->owned_bf16()
+                                : units_->owned_rounded()
                                     ? (gpu_ && opt_->tier() == offload::Tier::device
-                                           ? "kept as bf16 shards (device Adam's master cast), all-gathered per unit, freed after use"
-                                           : "kept as bf16 shards (CPU Adam's copy-out), all-gathered per unit, freed after use")
+                                           ? "kept as " + low + " shards (device Adam's master cast), all-gathered per unit, freed after use"
+                                           : "kept as " + low + " shards (CPU Adam's copy-out), all-gathered per unit, freed after use")
                                     : "cast from each fp32 shard and all-gathered per unit, freed after use")
         << "\n  " << low << " activations; fp32 gradients, reductions, master weights and Adam state"
         << (cfg_.fp16 ? "; dynamic loss scaling" : "") << "\n";

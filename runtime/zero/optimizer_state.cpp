@@ -16,8 +16,8 @@ OptimizerState::OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Devi
   std::vector<int64_t> lengths;
   for (int u = 0; u < units.num_units(); ++u) lengths.push_back(units.owned(u).length);
   // The default placement updates the device-resident compute weights in place, unless
-  // those are bf16 shards (a frozen base at stage 3): the master is then kept beside them.
-  alias_ = tier_ == offload::Tier::device && units.placement().params == offload::Tier::device && !units.owned_bf16();
+  // those are 16-bit shards (a frozen base at stage 3): the master is then kept beside them.
+  alias_ = tier_ == offload::Tier::device && units.placement().params == offload::Tier::device && !units.owned_rounded();
   per_unit_ = alias_ ? 2 : 3;
   if (tier_ == offload::Tier::nvme && pool_ == nullptr) throw std::invalid_argument("OptimizerState: nvme needs a pinned pool");
   slots_ = tier_ == offload::Tier::nvme ? 2 : 1;
@@ -37,7 +37,7 @@ OptimizerState::OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Devi
   }
   if (pool_) {
     // Tiles start where both stores accept an offset: the optimizer's fp32 one and, for
-    // nvme parameters, the shards' (2048 elements for bf16 shards).
+    // nvme parameters, the shards' (2048 elements for 16-bit shards).
     const int64_t q = std::max<int64_t>(units.owned_quantum(), offload::kNvmeQuantum);
     tile_ = static_cast<int64_t>(pool_->buffer_size() / 4) / q * q;
     if (tile_ == 0) {
@@ -47,13 +47,13 @@ OptimizerState::OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Devi
     }
   }
   if (alias_) return;
-  // Master weights start as the compute weights, or, where those are kept rounded to bf16
+  // Master weights start as the compute weights, or, where those are kept rounded to bf16 or f16
   // (ParamShards), as the fp32 values the run was initialised with.
-  if (units.owned_bf16() && !master_init) throw std::logic_error("OptimizerState: bf16 shards need the fp32 initial weights");
+  if (units.owned_rounded() && !master_init) throw std::logic_error("OptimizerState: 16-bit shards need the fp32 initial weights");
   for (size_t u = 0; u < lengths.size(); ++u) {
     const int unit = static_cast<int>(u);
     std::vector<float> initial;
-    if (units.owned_bf16()) {
+    if (units.owned_rounded()) {
       initial.resize(static_cast<size_t>(lengths[u]));
       master_init(unit, initial.data());
     }
@@ -83,9 +83,9 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
                           double lr, double grad_scale) {
   const float* g = grads.data_as<float>();
   const std::string& name = units_.order().unit_name(unit);
-  // bf16 parameter shards: CPU Adam writes the rounded weights in the same pass (its fused
+  // 16-bit parameter shards: CPU Adam writes the rounded weights in the same pass (its fused
   // copy-out), into `low` ([t0, t0 + n) of the owned range; padding stays 0).
-  const bool fused = units_.owned_bf16();
+  const bool fused = units_.owned_rounded();
   std::vector<uint16_t> low;
   auto adam_over = [&](float* p, float* m, float* v, int64_t t0, int64_t n) {
     Tracer::Span span(tracer_, Activity::adam, name);
@@ -95,13 +95,13 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
       const int64_t lo = std::max(r.begin, t0), hi = std::min(r.end, t0 + n);
       if (lo < hi) {
         adam_.update(p + (lo - t0), g + lo, m + (lo - t0), v + (lo - t0), hi - lo, step, lr, r.weight_decay, grad_scale,
-                     fused ? low.data() + (lo - t0) : nullptr);
+                     fused ? low.data() + (lo - t0) : nullptr, units_.owned_dtype());
       }
     }
   };
   // The updated weights of [t0, t0 + n) to the parameter shards: the fused copy-out, or fp32.
   auto publish = [&](int64_t t0, int64_t n, const float* p) {
-    if (fused) return units_.write_owned_bf16(unit, t0, n, low.data());
+    if (fused) return units_.write_owned_rounded(unit, t0, n, low.data());
     units_.write_owned_weights(unit, t0, n, p);
   };
   const ShardedUnits::Owned o = units_.owned(unit);
@@ -109,7 +109,7 @@ void OptimizerState::step(int unit, const nn::Tensor& grads, const std::vector<D
                       o.weights.defined() && !o.weights.device().host_accessible();
   if (on_gpu) {
     // States on a GPU: AdamW on the device, one launch per decay range, on views; on the
-    // weights themselves, or on the fp32 master, whose rounding then becomes the bf16 shard.
+    // weights themselves, or on the fp32 master, whose rounding then becomes the 16-bit shard.
     Tracer::Span span(tracer_, Activity::adam, name);
     nn::Device& dev = o.weights.device();
     const nn::Tensor m = store_->tensor(region(unit, kM)), v = store_->tensor(region(unit, kV));

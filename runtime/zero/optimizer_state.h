@@ -1,8 +1,8 @@
 // OptimizerState: AdamW's fp32 master weights and m, v for the range each rank updates,
 // kept where zero_optimization.offload_optimizer.device says:
 //   none  the device arena; when the compute weights are there too (the default), the
-//         master weights ARE the compute weights (no copy), except where those are bf16
-//         shards (a frozen base at stage 3, ShardedUnits::owned_bf16): then an fp32
+//         master weights ARE the compute weights (no copy), except where those are 16-bit
+//         shards (a frozen base at stage 3, ShardedUnits::owned_rounded): then an fp32
 //         master beside them, and each update's rounding is written to the shard
 //   cpu   host memory; Adam runs in place, then the updated master range is copied to
 //         the compute weights
@@ -44,8 +44,8 @@ class OptimizerState {
   // Writes unit's owned range of the initial fp32 weights (owned length) into `dst`.
   using MasterInit = std::function<void(int unit, float* dst)>;
   // Initialises the master weights from the units' owned compute weights, m = v = 0; where
-  // those are kept rounded (bf16 parameter shards: ShardedUnits::owned_bf16), from
-  // `master_init`, which is then required. Updated weights go back to bf16 shards through
+  // those are kept rounded (16-bit parameter shards: ShardedUnits::owned_rounded), from
+  // `master_init`, which is then required. Updated weights go back to 16-bit shards through
   // CPU Adam's fused copy-out.
   OptimizerState(offload::Tier tier, ShardedUnits& units, nn::Device& device, nn::Device& host, const offload::CpuAdam& adam,
                  const OffloadConfig& offload, offload::PinnedPool* pool, int rank, std::string* warning,

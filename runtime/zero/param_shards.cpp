@@ -37,8 +37,8 @@ ParamShards::ParamShards(nn::Device& device, const std::vector<UnitPartition>& p
                          const std::vector<std::string>& names, int rank, const Placement& place, DType compute)
     : dev_(device), names_(names), place_(place) {
   for (const UnitPartition& p : parts) sizes_.push_back(p.stored());
-  if ((place_.params != offload::Tier::device || place_.low_precision_on_device) && compute == DType::bf16) {
-    dtype_ = DType::bf16;
+  if ((place_.params != offload::Tier::device || place_.low_precision_on_device) && nn::is_low_precision(compute)) {
+    dtype_ = compute;
   }
   const size_t n = parts.size();
   std::vector<int64_t> main_sizes, cpu_sizes;
@@ -158,11 +158,15 @@ void ParamShards::read_into(int unit, void* buf, Tracer::Clock::time_point queue
 
 void ParamShards::read(int unit, int64_t offset, int64_t n, float* buf) {
   if (dtype_ == DType::f32) return store(unit).read(region(unit), offset, n, buf);
-  // bf16: through aligned scratch (nvme's rules), then widened.
+  // bf16 or f16: through aligned scratch (nvme's rules), then widened.
   Scratch low(static_cast<size_t>(n) * 2 + 4096);
   store(unit).read(region(unit), offset, n, low.p);
   const auto* h = static_cast<const uint16_t*>(low.p);
-  for (int64_t i = 0; i < n; ++i) buf[i] = nn::bf16_to_f32(h[i]);
+  if (dtype_ == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) buf[i] = nn::bf16_to_f32(h[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) buf[i] = nn::f16_to_f32(h[i]);
+  }
 }
 
 void ParamShards::write(int unit, int64_t offset, int64_t n, const float* buf) {
@@ -173,12 +177,16 @@ void ParamShards::write(int unit, int64_t offset, int64_t n, const float* buf) {
   }
   Scratch low(static_cast<size_t>(n) * 2 + 4096);
   auto* h = static_cast<uint16_t*>(low.p);
-  for (int64_t i = 0; i < n; ++i) h[i] = nn::f32_to_bf16(buf[i]);
-  write_bf16(unit, offset, n, h);
+  if (dtype_ == DType::bf16) {
+    for (int64_t i = 0; i < n; ++i) h[i] = nn::f32_to_bf16(buf[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) h[i] = nn::f32_to_f16(buf[i]);
+  }
+  write_rounded(unit, offset, n, h);
 }
 
-void ParamShards::write_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf) {
-  if (dtype_ != DType::bf16) throw std::logic_error("ParamShards::write_bf16 on fp32 shards");
+void ParamShards::write_rounded(int unit, int64_t offset, int64_t n, const uint16_t* buf) {
+  if (dtype_ == DType::f32) throw std::logic_error("ParamShards::write_rounded on fp32 shards");
   Tracer::Span span(on_nvme(unit) ? tracer_ : nullptr, Activity::param_write, names_.at(static_cast<size_t>(unit)),
                     static_cast<uint64_t>(n) * 2);
   if (!on_nvme(unit)) return store(unit).write(region(unit), offset, n, buf);

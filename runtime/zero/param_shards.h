@@ -23,10 +23,10 @@ namespace ferry::runtime {
 
 // Where the persistent shards live besides the device (DeepSpeed's offload_param and the
 // gradient half of offload_optimizer).
-// Shards off the device are kept in the compute dtype when it is bf16 (ZeRO-Infinity's
+// Shards off the device are kept in the compute dtype when it is bf16 or f16 (ZeRO-Infinity's
 // fp16 parameters: half the bytes read from NVMe and sent over PCIe); the fp32 master
 // is the optimizer's (runtime/zero/optimizer_state.h), which writes the rounded weights
-// back through write_bf16 (CPU Adam's fused copy-out) or write (rounding here).
+// back through write_rounded (CPU Adam's fused copy-out) or write (rounding here).
 struct Placement {
   offload::Tier params = offload::Tier::device;   // stage 3's weight shards between uses
   bool grads_on_host = false;   // gradient shards in host memory (optimizer offloaded)
@@ -41,7 +41,7 @@ struct Placement {
   // Names this process's nvme files: its rank in the job (-1: the communicator's rank).
   // Hybrid sharding needs it, as ranks of two groups share an index within their groups.
   int file_rank = -1;
-  // Shards in the compute dtype (bf16) on the device too, the fp32 master being the
+  // Shards in the 16-bit compute dtype (bf16, f16) on the device too, the fp32 master being the
   // optimizer's: ShardedUnits sets it for units with frozen tensors, so a frozen base
   // costs two bytes a parameter at stage 3 wherever it is kept.
   bool low_precision_on_device = false;
@@ -50,13 +50,14 @@ struct Placement {
 class ParamShards {
  public:
   // Opens the stores for every unit's shard (zeroed); `names` label trace spans. `compute`:
-  // the dtype the model computes in (bf16 shards off the device when it is bf16).
+  // the dtype the model computes in (16-bit shards off the device when it is bf16 or f16).
   // Each unit's shard is UnitPartition::stored() elements: its trained shard, then its
   // frozen one (read by gathers, never written: the optimizer's ranges are the trained
   // shard's, runtime/zero/sharded_units.h).
   ParamShards(nn::Device& device, const std::vector<UnitPartition>& parts, const std::vector<std::string>& names,
               int rank, const Placement& place, nn::DType compute = nn::DType::f32);
-  // The dtype shards are kept in: bf16 off the device in a bf16 run, fp32 otherwise.
+  // The dtype shards are kept in: the compute dtype off the device in a bf16 or fp16 run
+  // (and on it with low_precision_on_device), fp32 otherwise.
   nn::DType dtype() const { return dtype_; }
 
   // Stores this rank's shard (`shard`: [stored()] on the device, unit_collectives.h's
@@ -77,12 +78,12 @@ class ParamShards {
   // `queued`: when the prefetcher asked for it (the trace's args.queued_ts).
   void read_into(int unit, void* buf, Tracer::Clock::time_point queued = {});
   // [offset, offset + n) of the shard as fp32 through host memory (ShardStore's rules for
-  // nvme: `buf` a pool buffer, `offset` a multiple of quantum()); bf16 shards widen on
+  // nvme: `buf` a pool buffer, `offset` a multiple of quantum()); 16-bit shards widen on
   // read and round to nearest even on write.
   void read(int unit, int64_t offset, int64_t n, float* buf);
   void write(int unit, int64_t offset, int64_t n, const float* buf);
-  // The same range, already rounded (bf16 shards only): CPU Adam's fused copy-out.
-  void write_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf);
+  // The same range, already rounded to dtype() (16-bit shards only): CPU Adam's fused copy-out.
+  void write_rounded(int unit, int64_t offset, int64_t n, const uint16_t* buf);
   // Elements of dtype() one pool buffer holds (0 without a pool): longer shards are not read ahead.
   int64_t buffer_elements() const;
   int64_t quantum() const;  // nvme offsets of read/write, elements

@@ -75,7 +75,7 @@ ShardedUnits::ShardedUnits(nn::Device& device, comm::Communicator& comm, const s
     any_frozen_ = any_frozen_ || spans_.back().has_frozen();
   }
   if (policy_.sharded_weights) {
-    // A frozen base: bf16 shards on the device too, the optimizer keeping the trained
+    // A frozen base: 16-bit shards (bf16, f16) on the device too, the optimizer keeping the trained
     // span's fp32 master apart (as for shards off the device), so the base costs two bytes
     // a parameter wherever it is kept and a QLoRA base's blobs have 16-bit elements.
     Placement shards_place = place_;
@@ -186,11 +186,11 @@ void ShardedUnits::read_owned_weights(int unit, int64_t offset, int64_t n, float
   if (n > 0) o.weights.device().copy_to_host(buf, o.weights.view(offset, {n}));
 }
 
-void ShardedUnits::write_owned_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf) {
+void ShardedUnits::write_owned_rounded(int unit, int64_t offset, int64_t n, const uint16_t* buf) {
   const Owned o = owned(unit);
-  if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_bf16 outside the owned range");
-  if (!owned_bf16()) throw std::logic_error("write_owned_bf16: the owned weights are not bf16 shards");
-  shards_->write_bf16(unit, offset, n, buf);
+  if (offset < 0 || offset + n > o.length) throw std::out_of_range("write_owned_rounded outside the owned range");
+  if (!owned_rounded()) throw std::logic_error("write_owned_rounded: the owned weights are not 16-bit shards");
+  shards_->write_rounded(unit, offset, n, buf);
 }
 
 void ShardedUnits::write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf) {

@@ -115,7 +115,7 @@ class ShardedUnits final : public nn::UnitAccess {
   // optimizer updates, its weights and (reduced) gradients; length 0 for a frozen unit.
   struct Owned {
     int64_t begin = 0, length = 0;
-    // grads f32 [length]; weights [length] f32, or bf16 where owned_bf16(); undefined
+    // grads f32 [length]; weights [length] f32, or owned_dtype() (bf16, f16) where owned_rounded(); undefined
     // when they live on nvme
     nn::Tensor weights, grads;
   };
@@ -125,12 +125,13 @@ class ShardedUnits final : public nn::UnitAccess {
   // works on other units: it touches only the unit's own shard.
   void read_owned_weights(int unit, int64_t offset, int64_t n, float* buf);
   void write_owned_weights(int unit, int64_t offset, int64_t n, const float* buf);
-  // Stage 3 with bf16 shards (ParamShards::dtype: off the device in a bf16 run, and on it
+  // Stage 3 with 16-bit shards (ParamShards::dtype: off the device in a bf16 or fp16 run, and on it
   // for units with frozen tensors): the owned weights are kept rounded, so
-  // read_owned_weights gives bf16 values, the fp32 master is the optimizer's, and
-  // write_owned_bf16 takes CPU Adam's fused copy-out (same threads rule).
-  bool owned_bf16() const { return shards_ && shards_->dtype() == nn::DType::bf16; }
-  void write_owned_bf16(int unit, int64_t offset, int64_t n, const uint16_t* buf);
+  // read_owned_weights gives rounded values, the fp32 master is the optimizer's, and
+  // write_owned_rounded takes CPU Adam's fused copy-out (same threads rule).
+  bool owned_rounded() const { return shards_ && nn::is_low_precision(shards_->dtype()); }
+  nn::DType owned_dtype() const { return shards_ ? shards_->dtype() : nn::DType::f32; }
+  void write_owned_rounded(int unit, int64_t offset, int64_t n, const uint16_t* buf);
   // nvme offsets of the read/write calls above must be multiples of this (elements).
   int64_t owned_quantum() const { return shards_ ? shards_->quantum() : offload::kNvmeQuantum; }
   const Placement& placement() const { return place_; }
