@@ -29,4 +29,14 @@ bool malloc_is_mimalloc() {
 #endif
 }
 
+void keep_freed_memory() {
+#ifdef FERRY_WITH_MIMALLOC
+#if MI_MALLOC_VERSION >= 210
+  mi_option_set(mi_option_purge_delay, -1);  // 2.1 renamed decommitting purging; -1: never
+#else
+  mi_option_disable(mi_option_allow_decommit);
+#endif
+#endif
+}
+
 }  // namespace ferry

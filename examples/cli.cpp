@@ -4,6 +4,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "base/allocator.h"
 #include "base/env.h"
 #include "base/io_faults.h"
 #include "runtime/ckpt/checkpoint.h"
@@ -36,6 +37,7 @@ bool secondary_rank() {
 }
 
 int parse_and_run(CLI::App& app, int argc, char** argv, const std::function<Run()>& chosen) {
+  keep_freed_memory();
   const bool quiet = secondary_rank();
   try {
     app.parse(argc, argv);

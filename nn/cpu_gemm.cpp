@@ -8,6 +8,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "nn/dtype.h"
@@ -169,27 +170,38 @@ void pack_b(uint32_t* dst, const Operand<T>& B, int64_t n0, int64_t nr, int64_t 
 }
 
 // acc[i][v] over every unit of k, in order (VDPBF16PS adds a pair's odd product, then the even).
-template <class T>
-void micro(const uint32_t* ap, const uint32_t* bp, int64_t U, __m512 (&acc)[kMR][2]) {
+// Row i's unit u of A is ap[u * a_u + i * a_i]: packed ([U][kMR]: a_u = kMR, a_i = 1), or
+// for f32 read where it lies (AP float: a row along k, a_u = 1 and a_i = lda; across, a_u =
+// lda and a_i = 1). B's two vectors are at bp + u * b_u and 16 further: packed (b_u = kNR)
+// or, for f32 not transposed, in place (b_u = ldb). NV = 1 leaves out the second vector's
+// products, for a panel of at most 16 columns (an adapter's rank) whose rest is padding.
+template <class T, int NV, class AP, class BP>
+void micro(const AP* ap, int64_t a_u, int64_t a_i, const BP* bp, int64_t b_u, int64_t U, __m512 (&acc)[kMR][2]) {
 #pragma GCC unroll 8
   for (int i = 0; i < kMR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (int64_t u = 0; u < U; ++u) {
-    const __m512i b0 = _mm512_loadu_si512(bp), b1 = _mm512_loadu_si512(bp + 16);
+    const __m512i b0 = _mm512_loadu_si512(bp);
+    const __m512i b1 = NV == 2 ? _mm512_loadu_si512(bp + 16) : b0;
 #pragma GCC unroll 8
     for (int i = 0; i < kMR; ++i) {
-      const __m512i x = _mm512_set1_epi32(static_cast<int>(ap[i]));
+      __m512i x;
+      if constexpr (std::is_same_v<AP, float>) {
+        x = _mm512_castps_si512(_mm512_set1_ps(ap[i * a_i]));
+      } else {
+        x = _mm512_set1_epi32(static_cast<int>(ap[i * a_i]));
+      }
       if constexpr (sizeof(T) == 4) {
         acc[i][0] = _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(b0), acc[i][0]);
-        acc[i][1] = _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(b1), acc[i][1]);
+        if constexpr (NV == 2) acc[i][1] = _mm512_fmadd_ps(_mm512_castsi512_ps(x), _mm512_castsi512_ps(b1), acc[i][1]);
       } else {
 #ifdef FERRY_BF16_GEMM
         acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)x, (__m512bh)b0);
-        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)x, (__m512bh)b1);
+        if constexpr (NV == 2) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)x, (__m512bh)b1);
 #endif
       }
     }
-    ap += kMR;
-    bp += kNR;
+    ap += a_u;
+    bp += b_u;
   }
 }
 
@@ -240,18 +252,27 @@ void store(void* c, bool c_bf16, int64_t at, int count, __m512 acc, float alpha,
 // The whole product. pack_block(bpack, n0, nc, U) packs columns [n0, n0 + nc) of op(B) as
 // panels of [U][kNR] units, one after another; it runs on every thread of the team and
 // shares its work out with an orphaned `omp for` (whose barrier ends the packing).
+// For f32, `in_place` lets thin products skip packing what each element of would serve few
+// products (the LoRA adapters' products, whose rank is 16): A's tiles are read where they
+// lie when op(B) has at most two panels, and op(B) (not transposed, whole panels) when A
+// has at most four tiles. Packing is a copy: the arithmetic is the same either way.
 template <class T, class PackBlock>
 void drive(void* c, bool c_bf16, int64_t ldc, const T* a, int64_t lda, bool ta, const PackBlock& pack_block,
-           int64_t M, int64_t N, int64_t K, float alpha, float beta) {
+           int64_t M, int64_t N, int64_t K, float alpha, float beta, const Operand<T>* in_place = nullptr) {
   if (M <= 0 || N <= 0) return;
   const Operand<T> A{a, lda, ta, K};
   const int64_t U = units_of<T>(K);
   const int64_t tiles = (M + kMR - 1) / kMR;
   const int64_t fit = kPackBytes / (4 * std::max<int64_t>(U, 1)) / 64 * 64;
   const int64_t NC = std::min((N + kNR - 1) / kNR * kNR, std::max<int64_t>(256, fit));
+  bool a_in_place = false, b_in_place = false;
+  if constexpr (sizeof(T) == 4) {
+    a_in_place = in_place && N <= 2 * kNR;
+    b_in_place = in_place && !in_place->trans && tiles <= 4 && N % kNR == 0;
+  }
   // Not zeroed: every panel is packed whole (padding included) before it is read. Allocated
   // here, not in the team, so that running out of memory throws instead of terminating.
-  const std::unique_ptr<uint32_t[]> bpack(new uint32_t[static_cast<size_t>(NC * U)]);
+  const std::unique_ptr<uint32_t[]> bpack(b_in_place ? nullptr : new uint32_t[static_cast<size_t>(NC * U)]);
   // One team for the whole product: B's block is packed by all, then (tile, panel) pairs
   // are shared out in tile-major order, so a thread repacks A only when its tile changes.
 #pragma omp parallel
@@ -261,18 +282,43 @@ void drive(void* c, bool c_bf16, int64_t ldc, const T* a, int64_t lda, bool ta, 
     for (int64_t n0 = 0; n0 < N; n0 += NC) {
       const int64_t nc = std::min(NC, N - n0);
       const int64_t panels = (nc + kNR - 1) / kNR;
-      pack_block(bpack.get(), n0, nc, U);
+      if (!b_in_place) pack_block(bpack.get(), n0, nc, U);
       int64_t packed = -1;
 #pragma omp for schedule(static)
       for (int64_t idx = 0; idx < tiles * panels; ++idx) {
         const int64_t tile = idx / panels, p = idx % panels;
         const int64_t m0 = tile * kMR, mr = std::min<int64_t>(kMR, M - m0);
-        if (tile != packed) {
+        const int64_t col = n0 + p * kNR, cols = std::min(kNR, nc - p * kNR);
+        const bool a_direct = a_in_place && mr == kMR;
+        if (!a_direct && tile != packed) {
           pack_a(apack.data(), A, m0, mr, U);
           packed = tile;
         }
-        micro<T>(apack.data(), bpack.get() + p * U * kNR, U, acc);
-        const int64_t col = n0 + p * kNR, cols = std::min(kNR, nc - p * kNR);
+        const auto run = [&](const auto* ap, int64_t a_u, int64_t a_i) {
+          if constexpr (sizeof(T) == 4) {
+            if (b_in_place) {
+              const float* bp = reinterpret_cast<const float*>(in_place->p) + col;
+              return micro<T, 2>(ap, a_u, a_i, bp, in_place->ld, U, acc);
+            }
+          }
+          const uint32_t* bp = bpack.get() + p * U * kNR;
+          if (cols <= 16) return micro<T, 1>(ap, a_u, a_i, bp, kNR, U, acc);
+          micro<T, 2>(ap, a_u, a_i, bp, kNR, U, acc);
+        };
+        if constexpr (sizeof(T) == 4) {
+          if (a_direct) {
+            const float* ap = reinterpret_cast<const float*>(a);
+            if (ta) {
+              run(ap + m0, lda, int64_t{1});
+            } else {
+              run(ap + m0 * lda, int64_t{1}, lda);
+            }
+          } else {
+            run(apack.data(), int64_t{kMR}, int64_t{1});
+          }
+        } else {
+          run(apack.data(), int64_t{kMR}, int64_t{1});
+        }
         for (int64_t i = 0; i < mr; ++i) {
           for (int v = 0; v < 2 && v * 16 < cols; ++v) {
             store(c, c_bf16, (m0 + i) * ldc + col + v * 16, static_cast<int>(std::min<int64_t>(16, cols - v * 16)),
@@ -304,7 +350,8 @@ bool f32_gemm_available() {
 void gemm_f32(float* c, int64_t ldc, const float* a, int64_t lda, bool ta, const float* b, int64_t ldb, bool tb,
               int64_t M, int64_t N, int64_t K, float alpha, float beta) {
   if (!f32_gemm_available()) throw std::logic_error("gemm_f32: this CPU has no AVX-512");
-  drive<float>(c, false, ldc, a, lda, ta, dense_blocks(Operand<float>{b, ldb, tb, K}), M, N, K, alpha, beta);
+  const Operand<float> B{b, ldb, tb, K};
+  drive<float>(c, false, ldc, a, lda, ta, dense_blocks(B), M, N, K, alpha, beta, &B);
 }
 
 #else  // a build for CPUs without AVX-512: the device uses Eigen

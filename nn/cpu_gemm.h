@@ -1,7 +1,9 @@
 // The CPU device's GEMM kernels on AVX-512, in place of Eigen's products where the CPU has
 // the instructions (cpu_device.cpp chooses; f64, the tests' reference dtype, stays Eigen):
 //   f32   FMA, a register tile of 8 rows by 32 columns, 1.08-1.14x Eigen's rate at
-//         `ferry bench model`'s GPT shapes on the development machine (measured.md);
+//         `ferry bench model`'s GPT shapes on the development machine (measured.md); thin
+//         products (a rank-16 adapter's) read the operand that would be packed for few
+//         products in place and skip a panel's padding vector: 1.1-2.6x Eigen's there;
 //   bf16  VDPBF16PS (AVX512-BF16): two bf16 products per fp32 lane per instruction, about
 //         twice the f32 kernel's rate (2.2-2.4x Eigen's f32 there), and neither operand
 //         widened to a copy first

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "nn/cpu_kernels.h"
 #include "nn/rope.h"
 
@@ -56,32 +58,70 @@ void rmsnorm_backward(T* dinp, T* dw, const T* dout, const T* inp, const T* w, c
   }
 }
 
+// SwiGLU's exponentials are Eigen's vectorized exp (pexp: AVX-512 here, within an ulp or
+// two of std::exp), not libm's scalar expf: per element that was most of both kernels, 4-6%
+// of a LoRA step on two cores (docs/design/measured.md). Every element goes through the
+// same vector function (a row's tail padded into one packet), so its value depends on its
+// inputs alone: never on N, H, its position, its address or the threads.
+namespace swiglu_detail {
+constexpr int64_t kChunk = 256;  // elements of sigmoid(g) kept on the stack at a time
+
+// s[i] = 1 / (1 + exp(-g[i])) for i < m <= kChunk.
+template <class T>
+inline void sigmoid(const T* g, T* s, int64_t m) {
+  using namespace Eigen::internal;
+  using P = typename packet_traits<T>::type;
+  constexpr int64_t L = packet_traits<T>::size;
+  const P one = pset1<P>(T(1));
+  const auto f = [&](const P& x) { return pdiv(one, padd(one, pexp(pnegate(x)))); };
+  int64_t i = 0;
+  for (; i + L <= m; i += L) pstoreu(s + i, f(ploadu<P>(g + i)));
+  if (i < m) {
+    T buf[L] = {};
+    std::copy(g + i, g + m, buf);
+    pstoreu(buf, f(ploadu<P>(buf)));
+    std::copy(buf, buf + (m - i), s + i);
+  }
+}
+}  // namespace swiglu_detail
+
 // gate_up[N, 2H] holds gate | up per row; out[N, H] = silu(gate) * up.
 template <class T>
 void swiglu_forward(T* out, const T* gate_up, int64_t N, int64_t H) {
+  using swiglu_detail::kChunk;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const T* g = gate_up + n * 2 * H;
-    const T* u = g + H;
-    T* o = out + n * H;
-    for (int64_t h = 0; h < H; ++h) o[h] = g[h] / (T(1) + std::exp(-g[h])) * u[h];
+    T s[kChunk];
+    for (int64_t h0 = 0; h0 < H; h0 += kChunk) {
+      const int64_t m = std::min(kChunk, H - h0);
+      const T* g = gate_up + n * 2 * H + h0;
+      const T* u = g + H;
+      T* o = out + n * H + h0;
+      swiglu_detail::sigmoid(g, s, m);
+      for (int64_t h = 0; h < m; ++h) o[h] = g[h] * s[h] * u[h];
+    }
   }
 }
 
 // dgate += d up s (1 + g (1 - s)), dup += d g s, s = sigmoid(g).
 template <class T>
 void swiglu_backward(T* dgate_up, const T* gate_up, const T* dout, int64_t N, int64_t H) {
+  using swiglu_detail::kChunk;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const T* g = gate_up + n * 2 * H;
-    const T* u = g + H;
-    const T* d = dout + n * H;
-    T* dg = dgate_up + n * 2 * H;
-    T* du = dg + H;
-    for (int64_t h = 0; h < H; ++h) {
-      const T s = T(1) / (T(1) + std::exp(-g[h]));
-      dg[h] += d[h] * u[h] * s * (T(1) + g[h] * (T(1) - s));
-      du[h] += d[h] * g[h] * s;
+    T s[kChunk];
+    for (int64_t h0 = 0; h0 < H; h0 += kChunk) {
+      const int64_t m = std::min(kChunk, H - h0);
+      const T* g = gate_up + n * 2 * H + h0;
+      const T* u = g + H;
+      const T* d = dout + n * H + h0;
+      T* dg = dgate_up + n * 2 * H + h0;
+      T* du = dg + H;
+      swiglu_detail::sigmoid(g, s, m);
+      for (int64_t h = 0; h < m; ++h) {
+        dg[h] += d[h] * u[h] * s[h] * (T(1) + g[h] * (T(1) - s[h]));
+        du[h] += d[h] * g[h] * s[h];
+      }
     }
   }
 }
