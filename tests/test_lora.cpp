@@ -29,6 +29,7 @@
 #include "runtime/train/trainer.h"
 #include "error_of.h"
 #include "test_util.h"
+#include "zero_placements.h"
 
 using namespace ferry;
 using nlohmann::json;
@@ -228,16 +229,10 @@ BOOST_AUTO_TEST_CASE(every_stage_and_placement_gives_identical_losses_and_a_froz
       if (std::string(precision) == "fp16") d["fp16"] = {{"enabled", true}};  // f16 shards at stage 3
       d["zero_optimization"] = {{"stage", stage}};
       const std::vector<double> reference = losses(config(d));
-      for (const char* opt : {"none", "cpu", "nvme"}) {
-        for (const char* par : {"none", "cpu", "nvme"}) {
-          if (stage < 3 && std::string(par) != "none") continue;
-          if (stage == 0 && std::string(opt) != "none") continue;
-          BOOST_TEST_CONTEXT(precision << ", stage " << stage << ", optimizer " << opt << ", parameters " << par) {
-            d["zero_optimization"] = {{"stage", stage},
-                                      {"offload_optimizer", {{"device", opt}, {"nvme_path", nvme}}},
-                                      {"offload_param", {{"device", par}, {"nvme_path", nvme}, {"buffer_size", 4096}}}};
-            BOOST_TEST(losses(config(d)) == reference, boost::test_tools::per_element());
-          }
+      for (const auto& [where, zero] : test::zero_placements(stage, nvme)) {
+        BOOST_TEST_CONTEXT(precision << ", stage " << stage << ", " << where) {
+          d["zero_optimization"] = zero;
+          BOOST_TEST(losses(config(d)) == reference, boost::test_tools::per_element());
         }
       }
     }
