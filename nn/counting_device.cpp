@@ -5,6 +5,7 @@
 #include <new>
 
 #include "nn/cpu_device.h"
+#include "nn/nf4_matmul.h"
 #include "nn/op_checks.h"
 
 namespace ferry::nn {
@@ -64,9 +65,13 @@ size_t CountingDevice::allocations() const {
   return allocations_;
 }
 
-bool CountingDevice::nf4_gemm(const Tensor& c, int64_t, const Tensor& a, int64_t, const std::vector<Nf4Weight>&, bool,
-                              double) {
-  return kind_ == DeviceKind::cpu && CpuDevice::nf4_gemm_direct(c.dtype(), a.dtype());
+bool CountingDevice::nf4_gemm(const Tensor& c, int64_t, const Tensor& a, int64_t,
+                              const std::vector<Nf4Weight>& pieces, bool, double) {
+  if (kind_ == DeviceKind::cuda) {
+    return nf4_fused_ && is_low_precision(a.dtype()) && c.dtype() != DType::f64 && c.dtype() != DType::i32 &&
+           pieces.size() <= kNf4FusedMaxPieces;
+  }
+  return CpuDevice::nf4_gemm_direct(c.dtype(), a.dtype());
 }
 
 void CountingDevice::copy(const Tensor& dst, const Tensor& src) {

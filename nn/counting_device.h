@@ -46,15 +46,18 @@ class CountingDevice : public Device, public ShapeOnlyOps {
   void copy_to_host(void*, const Tensor&) override {}
   void copy(const Tensor& dst, const Tensor& src) override;
   // As the device it stands for: kind cpu multiplies NF4 straight from the blobs where
-  // CpuDevice::nf4_gemm would (no panel scratch); kind cuda dequantizes panels.
+  // CpuDevice::nf4_gemm would (no panel scratch); kind cuda dequantizes panels, or with
+  // set_nf4_fused (device.nf4_gemm fused) multiplies 16-bit operands from the blobs too.
   bool nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col, const std::vector<Nf4Weight>& pieces,
                 bool trans_w, double beta) override;
+  void set_nf4_fused(bool on) { nf4_fused_ = on; }
   void synchronize() override {}
 
  private:
   std::string label_;
   bool host_accessible_;
   DeviceKind kind_;
+  bool nf4_fused_ = false;
   mutable std::mutex mu_;
   MemoryStats stats_;
   size_t allocations_ = 0;

@@ -537,29 +537,13 @@ bool CpuDevice::nf4_gemm_direct(DType c, DType a) {
 bool CpuDevice::nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col,
                          const std::vector<Nf4Weight>& pieces, bool trans_w, double beta) {
   if (!nf4_gemm_direct(c.dtype(), a.dtype()) || pieces.empty()) return false;
-  const int64_t in = pieces.front().layout.cols;
-  int64_t R = 0;
+  const checks::Nf4GemmDims d = checks::nf4_gemm("cpu", c, c_col, a, a_col, pieces, trans_w);
   std::vector<cpu::Nf4Operand> w;
-  for (const Nf4Weight& p : pieces) {
-    if (p.blob.numel() * static_cast<int64_t>(dtype_size(p.blob.dtype())) < p.layout.bytes) {
-      fail("nf4_gemm", "a blob of " + p.blob.describe() + " is shorter than its layout's " +
-                           std::to_string(p.layout.bytes) + " bytes");
-    }
-    w.push_back({static_cast<const uint8_t*>(p.blob.data()), p.layout, p.row0});
-    R += p.layout.rows;
-  }
-  const int64_t K = trans_w ? in : R, N = trans_w ? R : in;
-  const int64_t c_from = trans_w ? c_col : 0, a_from = trans_w ? 0 : a_col;
-  if (a.ndim() != 2 || c.ndim() != 2 || a.dim(0) != c.dim(0) || c_from < 0 || a_from < 0 ||
-      c_from + N > c.dim(1) || a_from + K > a.dim(1) || (trans_w && a.dim(1) != K) || (!trans_w && c.dim(1) != N)) {
-    fail("nf4_gemm", "shapes do not chain: c " + c.describe() + " columns from " + std::to_string(c_from) + ", a " +
-                         a.describe() + " columns from " + std::to_string(a_from) + ", W [" + std::to_string(R) +
-                         ", " + std::to_string(in) + "]" + (trans_w ? "^T" : ""));
-  }
+  for (const Nf4Weight& p : pieces) w.push_back({static_cast<const uint8_t*>(p.blob.data()), p.layout, p.row0});
   const size_t c_bytes = c.dtype() == DType::bf16 ? 2 : 4;
-  cpu::gemm_bf16_nf4(static_cast<char*>(c.data()) + c_from * static_cast<int64_t>(c_bytes), c.dtype() == DType::bf16,
-                     c.dim(1), ptr<uint16_t>(a) + a_from, a.dim(1), w, trans_w, a.dim(0), N, K, 1.0f,
-                     static_cast<float>(beta));
+  cpu::gemm_bf16_nf4(static_cast<char*>(c.data()) + d.c_from * static_cast<int64_t>(c_bytes),
+                     c.dtype() == DType::bf16, c.dim(1), ptr<uint16_t>(a) + d.a_from, a.dim(1), w, trans_w, d.M, d.N,
+                     d.K, 1.0f, static_cast<float>(beta));
   return true;
 }
 

@@ -69,6 +69,12 @@ CudaStatus cuda_status();
 std::unique_ptr<Device> make_cuda_device(size_t capacity_bytes, int ordinal = 0,
                                          AttentionKernel attention = AttentionKernel::automatic);
 
+// device.nf4_gemm "fused": a cuda device multiplies QLoRA's NF4 base straight from the
+// blobs (DeviceOps::nf4_gemm, nn/cuda/nf4_gemm.cu) instead of dequantizing panels for
+// cuBLAS. Returns "" or what the fused kernel needs that this GPU or build lacks (the
+// device then keeps the panels). Throws std::invalid_argument for other devices.
+std::string set_cuda_nf4_gemm(Device& device, bool fused);
+
 // What a cuda device's attention runs with ("simt", "tensor_cores" or "mma") for
 // activations of `act` (statistics f32) and head size head_size on its GPU, and in *why
 // (when not null) what the kernels it was asked for would need there ("tensor cores need

@@ -61,6 +61,23 @@ struct Nf4Args {
 // bytes), each value rounded once to panel's dtype. One launch.
 void nf4_dequantize(Stream s, Arr panel, const uint8_t* blob, const Nf4Args& q, int64_t R, int64_t C, int64_t r0,
                     int64_t c0);
+// One NF4 matrix of a weight W: rows [row0, row0 + q's rows) of it, its blob at `blob`.
+struct Nf4Piece {
+  const uint8_t* blob = nullptr;
+  Nf4Args q;
+  int64_t row0 = 0;
+};
+constexpr int kNf4GemmMaxPieces = 8;
+// Why nf4_gemm cannot run on the current GPU ("a GPU of compute capability 8.0 or above",
+// ...), or nullptr.
+const char* nf4_gemm_obstacle();
+// c[M, N] (row stride ldc) = beta c + a[M, K] (row stride lda) op(W), op(W) = W^T when
+// trans_w (N = W's rows, K = its columns), else W (K = rows, N = columns); W is `pieces`
+// (1 to kNf4GemmMaxPieces, tiling its rows in order), dequantized tile by tile in shared
+// memory as the operand is loaded. a bf16 or f16; c f32, bf16 or f16; fp32 sums, one
+// rounding into c. One launch (nn/cuda/nf4_gemm.cu).
+void nf4_gemm(Stream s, Arr c, int64_t ldc, Arr a, int64_t lda, const Nf4Piece* pieces, int n_pieces, bool trans_w,
+              int64_t M, int64_t N, int64_t K, double beta);
 // partial: device double[kSumSquaresBlocks + 1]; the total lands in partial[kSumSquaresBlocks].
 constexpr int kSumSquaresBlocks = 512;
 void sum_squares(Stream s, Arr x, int64_t n, double* partial);

@@ -16,6 +16,10 @@ std::unique_ptr<Device> make_cuda_device(size_t, int, AttentionKernel) {
   throw std::runtime_error(cuda_status().reason);
 }
 
+std::string set_cuda_nf4_gemm(Device&, bool) {
+  throw std::invalid_argument("set_cuda_nf4_gemm: not a cuda device");
+}
+
 std::string cuda_attention_kernel(Device&, DType, int64_t, std::string*) {
   throw std::invalid_argument("cuda_attention_kernel: not a cuda device");
 }

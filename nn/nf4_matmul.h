@@ -34,6 +34,9 @@ struct Nf4Weight {
 
 // The largest dequantized panel, in elements (8 MiB in bf16).
 inline constexpr int64_t kNf4PanelElements = int64_t{1} << 22;
+// The most pieces the cuda device's fused kernel takes in one product (nn/cuda_kernels.h's
+// kNf4GemmMaxPieces; more fall back to panels): a packed projection has three at most.
+inline constexpr size_t kNf4FusedMaxPieces = 8;
 
 // W is `pieces`, which cover rows [0, R) in order with one row length `in`
 // (std::invalid_argument otherwise). max_panel: the panel bound (tests make it small).

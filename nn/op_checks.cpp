@@ -1,5 +1,7 @@
 #include "nn/op_checks.h"
 
+#include "nn/nf4_matmul.h"
+
 #include <cstdint>
 #include <stdexcept>
 
@@ -133,6 +135,35 @@ void nf4_dequantize(const char* device, const Tensor& panel, const Tensor& blob,
                          std::to_string(c0) + " outside the [" + std::to_string(l.rows) + ", " +
                          std::to_string(l.cols) + "] matrix");
   }
+}
+
+Nf4GemmDims nf4_gemm(const char* device, const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col,
+                     const std::vector<Nf4Weight>& pieces, bool trans_w) {
+  const char* op = "nf4_gemm";
+  if (pieces.empty()) fail(device, op, "needs at least one NF4 piece");
+  const int64_t in = pieces.front().layout.cols;
+  int64_t R = 0;
+  for (const Nf4Weight& p : pieces) {
+    if (static_cast<int64_t>(p.blob.nbytes()) < p.layout.bytes) {
+      fail(device, op, "a blob of " + p.blob.describe() + " is shorter than its layout's " +
+                           std::to_string(p.layout.bytes) + " bytes");
+    }
+    R += p.layout.rows;
+  }
+  Nf4GemmDims d;
+  d.K = trans_w ? in : R;
+  d.N = trans_w ? R : in;
+  d.c_from = trans_w ? c_col : 0;
+  d.a_from = trans_w ? 0 : a_col;
+  if (a.ndim() != 2 || c.ndim() != 2 || a.dim(0) != c.dim(0) || d.c_from < 0 || d.a_from < 0 ||
+      d.c_from + d.N > c.dim(1) || d.a_from + d.K > a.dim(1) || (trans_w && a.dim(1) != d.K) ||
+      (!trans_w && c.dim(1) != d.N)) {
+    fail(device, op, "shapes do not chain: c " + c.describe() + " columns from " + std::to_string(d.c_from) + ", a " +
+                         a.describe() + " columns from " + std::to_string(d.a_from) + ", W [" + std::to_string(R) +
+                         ", " + std::to_string(in) + "]" + (trans_w ? "^T" : ""));
+  }
+  d.M = a.dim(0);
+  return d;
 }
 
 }  // namespace ferry::nn::checks

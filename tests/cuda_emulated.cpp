@@ -21,4 +21,5 @@
 #include "nn/cuda/linear_xent.cu"
 #include "nn/cuda/adamw.cu"
 #include "nn/cuda/nf4.cu"
+#include "nn/cuda/nf4_gemm.cu"
 // NOLINTEND(bugprone-suspicious-include)

@@ -259,7 +259,9 @@ BOOST_AUTO_TEST_CASE(cuda_trainer_fp32_steps_match_the_cpu_trainer,
 // QLoRA on the GPU (lora.base_dtype nf4): the NF4 blobs uploaded as bytes, dequantized by
 // the cuda kernel into bf16 panels for cuBLAS, stages 0 and 3 (shards in host memory, so
 // the base crosses PCIe in 4 bits; and everything on the device: bf16 shards, device Adam
-// on the adapters' fp32 master beside them): the CPU trainer's losses within the bf16 margin.
+// on the adapters' fp32 master beside them): the CPU trainer's losses within the bf16 margin;
+// with device.nf4_gemm fused (the base dequantized in the GEMM's operand load, no panel) the
+// panel path's within the GEMM's rounding, stage 3 offloaded too.
 BOOST_AUTO_TEST_CASE(qlora_on_the_gpu_follows_the_cpu_trainer, *boost::unit_test::precondition(test::CudaPresent{})) {
   json d = doc(kShortSteps);
   d["bf16"] = {{"enabled", true}};
@@ -269,14 +271,20 @@ BOOST_AUTO_TEST_CASE(qlora_on_the_gpu_follows_the_cpu_trainer, *boost::unit_test
   const Run off = train(d, {"device.type=cuda", "zero_optimization.stage=3", "zero_optimization.offload_optimizer.device=cpu",
                             "zero_optimization.offload_param.device=cpu"});
   const Run dev3 = train(d, {"device.type=cuda", "zero_optimization.stage=3"});
+  const Run fused = train(d, {"device.type=cuda", "device.nf4_gemm=fused"});
+  const Run fused_off = train(d, {"device.type=cuda", "device.nf4_gemm=fused", "zero_optimization.stage=3",
+                                  "zero_optimization.offload_optimizer.device=cpu",
+                                  "zero_optimization.offload_param.device=cpu"});
   for (size_t i = 0; i < static_cast<size_t>(kShortSteps); ++i) {
     BOOST_TEST(std::abs(gpu.losses[i] - cpu.losses[i]) < 1e-2 * cpu.losses[i]);
+    BOOST_TEST(std::abs(fused.losses[i] - gpu.losses[i]) < 1e-3 * gpu.losses[i]);
+    BOOST_TEST(std::abs(fused_off.losses[i] - fused.losses[i]) <= (kEmulated ? 0.0 : 1e-5) * fused.losses[i]);
     // The same kernels on the same bytes (a GPU's cuBLAS may choose by pointer alignment).
     BOOST_TEST(std::abs(off.losses[i] - gpu.losses[i]) <= (kEmulated ? 0.0 : 1e-5) * gpu.losses[i]);
     BOOST_TEST(std::abs(dev3.losses[i] - gpu.losses[i]) <= (kEmulated ? 0.0 : 1e-5) * gpu.losses[i]);
   }
   BOOST_TEST_MESSAGE("qlora: cpu " << cpu.losses.back() << ", gpu " << gpu.losses.back() << ", gpu offloaded "
-                                   << off.losses.back());
+                                   << off.losses.back() << ", gpu fused " << fused.losses.back());
 }
 
 // device.attention_kernel=tensor_cores where they cannot run (an fp32 model) stops the

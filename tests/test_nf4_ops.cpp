@@ -5,7 +5,8 @@
 // - every device's nf4_dequantize gives those values rounded once to the panel's dtype, bit
 //   for bit (test_nf4_ops_emulated runs the cuda device's kernel on the CPU emulation);
 // - the panel products equal a GEMM with the dequantized weight, across panel edges (on
-//   the CPU in bf16, multiplied straight from the blobs, bit for bit);
+//   the CPU in bf16, multiplied straight from the blobs, bit for bit; on the cuda device
+//   fused too, dequantized in the GEMM's operand load, to the GEMM's rounding);
 // - a linear layer on an NF4 base cut into pieces (Llama's wqkv: q, k, v each quantized on
 //   its own), with bias, GELU and a LoRA adapter, equals the same layer on the dequantized
 //   dense weight, forward and backward;
@@ -72,10 +73,18 @@ float round_to(DType t, float v) {
   }
 }
 
+// The CPU device, and where there is one the cuda device twice: with the panels for cuBLAS,
+// then with the fused kernel (device.nf4_gemm "fused", nn/cuda/nf4_gemm.cu) where it can run.
 std::vector<std::unique_ptr<nn::Device>> devices() {
   std::vector<std::unique_ptr<nn::Device>> d;
   d.push_back(std::make_unique<nn::CpuDevice>(size_t{1} << 30));
-  if (nn::cuda_status().available()) d.push_back(nn::make_cuda_device(size_t{1} << 30));
+  if (nn::cuda_status().available()) {
+    d.push_back(nn::make_cuda_device(size_t{1} << 30));
+    auto fused = nn::make_cuda_device(size_t{1} << 30);
+    const std::string why = nn::set_cuda_nf4_gemm(*fused, true);
+    BOOST_TEST_MESSAGE("cuda device.nf4_gemm fused: " << (why.empty() ? "runs" : why));
+    if (why.empty()) d.push_back(std::move(fused));
+  }
   return d;
 }
 

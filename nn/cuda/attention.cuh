@@ -168,15 +168,6 @@ void opt_in_shared(K kernel, const SharedFit& fit) {
 
 #include "nn/cuda/attention_wmma.cuh"
 
-// The current device's compute capability major number (an attribute read: no
-// synchronisation, cheap beside the launches it decides).
-inline int compute_major() {
-  int device = 0, v = 0;
-  FERRY_CUDA_CHECK(cudaGetDevice(&device));
-  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device));
-  return v;
-}
-
 // Which kernels a launch runs: `kernel` resolved against the operands (the activations
 // `acts`, the statistics `lse`) and the GPU. automatic: mma where it can run, else the wmma
 // tensor-core kernels, else SIMT; mma or tensor_cores asked where they cannot run is

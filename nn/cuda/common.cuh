@@ -73,6 +73,15 @@ inline cudaStream_t as_stream(Stream s) {
   return static_cast<cudaStream_t>(s);
 }
 
+// The current device's compute capability major number (an attribute read: no
+// synchronisation, cheap beside the launches it decides).
+inline int compute_major() {
+  int device = 0, v = 0;
+  FERRY_CUDA_CHECK(cudaGetDevice(&device));
+  FERRY_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, device));
+  return v;
+}
+
 inline unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + block_threads() - 1) / block_threads();
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, int64_t{1} << 20));

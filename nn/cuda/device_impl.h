@@ -114,6 +114,12 @@ class CudaDevice final : public Device, private DeviceClock {
   void scale(const Tensor& x, double factor) override;
   void dropout_rows(const Tensor& out, const Tensor& in, double p, uint64_t key, int64_t row0) override;
   void nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0, int64_t c0) override;
+  // With set_nf4_fused(true) (device.nf4_gemm "fused"): bf16/f16 products straight from the
+  // blobs (nn/cuda/nf4_gemm.cu), matching the panel path to the GEMM's rounding; otherwise
+  // false, and the caller dequantizes panels for cuBLAS.
+  bool nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col, const std::vector<Nf4Weight>& pieces,
+                bool trans_w, double beta) override;
+  void set_nf4_fused(bool on) { nf4_fused_ = on; }
 
   void embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,
                          const Tensor& wpe, int64_t T) override;
@@ -221,6 +227,7 @@ class CudaDevice final : public Device, private DeviceClock {
   std::string name_;
   int ordinal_;
   AttentionKernel attention_;
+  bool nf4_fused_ = false;
   mutable std::mutex mu_;
   MemoryStats stats_;
   size_t slab_bytes_ = 0;

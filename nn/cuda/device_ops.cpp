@@ -3,9 +3,27 @@
 #include "nn/cuda/device_impl.h"
 #include "nn/dropout_mask.h"
 #include "nn/linear_cross_entropy.h"
+#include "nn/nf4_matmul.h"
 
 namespace ferry::nn::cuda_dev {
 FERRY_CUDA_ABI_BEGIN
+
+namespace {
+
+// Where a blob of layout l keeps each part, for the NF4 kernels.
+cuda::Nf4Args nf4_args(const Nf4Layout& l) {
+  cuda::Nf4Args q;
+  q.cols = l.cols;
+  q.code_at = l.code_at;
+  q.offset_at = l.offset_at;
+  q.nested_at = l.nested_at;
+  q.absmax_at = l.absmax_at;
+  q.packed_at = l.packed_at;
+  q.double_quant = l.double_quant;
+  return q;
+}
+
+}  // namespace
 
 void CudaDevice::cast(const Tensor& dst, const Tensor& src) {
   if (dst.numel() != src.numel()) fail(kDev, "cast", dst.describe() + " <- " + src.describe());
@@ -73,16 +91,32 @@ void CudaDevice::dropout_rows(const Tensor& out, const Tensor& in, double p, uin
 void CudaDevice::nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0,
                                 int64_t c0) {
   checks::nf4_dequantize(kDev, panel, blob, l, r0, c0);
-  cuda::Nf4Args q;
-  q.cols = l.cols;
-  q.code_at = l.code_at;
-  q.offset_at = l.offset_at;
-  q.nested_at = l.nested_at;
-  q.absmax_at = l.absmax_at;
-  q.packed_at = l.packed_at;
-  q.double_quant = l.double_quant;
-  cuda::nf4_dequantize(st(), arr(panel), static_cast<const uint8_t*>(blob.data()), q, panel.dim(0), panel.dim(1), r0,
-                       c0);
+  cuda::nf4_dequantize(st(), arr(panel), static_cast<const uint8_t*>(blob.data()), nf4_args(l), panel.dim(0),
+                       panel.dim(1), r0, c0);
+}
+
+bool CudaDevice::nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col,
+                          const std::vector<Nf4Weight>& pieces, bool trans_w, double beta) {
+  static_assert(kNf4FusedMaxPieces == static_cast<size_t>(cuda::kNf4GemmMaxPieces));
+  if (!nf4_fused_ || !is_low_precision(a.dtype()) || c.dtype() == DType::f64 || c.dtype() == DType::i32 ||
+      pieces.size() > kNf4FusedMaxPieces) {
+    return false;
+  }
+  const checks::Nf4GemmDims d = checks::nf4_gemm(kDev, c, c_col, a, a_col, pieces, trans_w);
+  std::vector<cuda::Nf4Piece> w;
+  for (const Nf4Weight& p : pieces) {
+    cuda::Nf4Piece x;
+    x.blob = static_cast<const uint8_t*>(p.blob.data());
+    x.q = nf4_args(p.layout);
+    x.row0 = p.row0;
+    w.push_back(x);
+  }
+  const auto at = [](const Tensor& t, int64_t col) {
+    return Arr{static_cast<char*>(t.data()) + col * static_cast<int64_t>(dtype_size(t.dtype())), t.dtype()};
+  };
+  cuda::nf4_gemm(st(), at(c, d.c_from), c.dim(1), at(a, d.a_from), a.dim(1), w.data(), static_cast<int>(w.size()),
+                 trans_w, d.M, d.N, d.K, beta);
+  return true;
 }
 
 void CudaDevice::embedding_forward(const Tensor& out, const Tensor& tokens, const Tensor& wte,

@@ -69,6 +69,14 @@ std::string cuda_pci_bus_id(Device& device) {
   return id;
 }
 
+std::string set_cuda_nf4_gemm(Device& device, bool fused) {
+  cuda_dev::CudaDevice& d = cuda_device_of(device, "set_cuda_nf4_gemm");
+  FERRY_CUDA_CHECK(cudaSetDevice(d.ordinal()));
+  const char* why = fused ? cuda::nf4_gemm_obstacle() : nullptr;
+  d.set_nf4_fused(fused && why == nullptr);
+  return why == nullptr ? "" : std::string("the fused NF4 GEMM needs ") + why;
+}
+
 std::string cuda_attention_kernel(Device& device, DType act, int64_t head_size, std::string* why) {
   cuda_dev::CudaDevice& d = cuda_device_of(device, "cuda_attention_kernel");
   FERRY_CUDA_CHECK(cudaSetDevice(d.ordinal()));

@@ -71,6 +71,7 @@ struct Config {
     size_t memory = size_t{4} << 30;
     int threads = 0;
     std::string attention_kernel = "auto";  // auto | simt | tensor_cores (nn/attention_kernel.h)
+    std::string nf4_gemm = "panel";         // panel | fused (nn/cuda_device.h: set_cuda_nf4_gemm)
   } device;
   struct {
     int64_t steps = 500, eval_every = 100, eval_batches = 8, sample_tokens = 200;

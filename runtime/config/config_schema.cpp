@@ -335,6 +335,12 @@ const std::vector<Knob>& config_knobs() {
        "where they cannot run is an error naming what is missing; or auto: mma where it can run, else tensor_cores, "
        "else simt (the cpu device has one kernel)",
        {}, {}, false, {"auto", "simt", "tensor_cores", "mma"}},
+      {"device.nf4_gemm", F(device.nf4_gemm), KnobType::string, "panel",
+       "cuda, QLoRA (lora.base_dtype nf4): panel dequantizes the base a panel at a time (at most 4M values) for "
+       "cuBLAS; fused multiplies straight from the 4-bit blobs, dequantized in the GEMM's shared-memory operand "
+       "load (mma.sync, compute capability 8.0+; an error naming what is missing elsewhere; not yet timed on a "
+       "GPU). The cpu device multiplies bf16 from the blobs where the CPU has AVX512-BF16",
+       {}, {}, false, {"panel", "fused"}},
       {"train.steps", F(train.steps), KnobType::integer, 500,
        "optimizer steps; 0 trains nothing and, with checkpoint.dir, saves the initial weights as step 0", 0, {}},
       {"train.eval_every", F(train.eval_every), KnobType::integer, 100, "validate every this many steps; 0 = only at the end", 0, {}},

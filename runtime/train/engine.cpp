@@ -57,6 +57,10 @@ std::unique_ptr<nn::Device> make_gpu(const Config& c, comm::Communicator& comm) 
                                   std::to_string(head) + ")");
     }
   }
+  if (c.device.nf4_gemm == "fused") {
+    const std::string why = nn::set_cuda_nf4_gemm(*gpu, true);
+    if (!why.empty()) throw std::invalid_argument("key 'device.nf4_gemm': fused, but " + why);
+  }
   if (comm.size() > 1) {
     if (const std::string p = comm::shared_gpu_problem(comm, nn::cuda_pci_bus_id(*gpu)); !p.empty())
       throw std::invalid_argument("key 'device.type': cuda, but " + p);
@@ -118,8 +122,10 @@ Engine::Engine(const Config& config, int ranks)
   cfg_.offload.aio.count_only = true;
   // Of the kind the run computes on: where the two differ (DeviceOps::nf4_gemm, the CPU
   // multiplying NF4 without a panel), the plan counts what that device allocates.
-  arena_ = std::make_unique<nn::CountingDevice>("device", SIZE_MAX, true,
-                                                cfg_.device.type == "cuda" ? nn::DeviceKind::cuda : nn::DeviceKind::cpu);
+  auto arena = std::make_unique<nn::CountingDevice>("device", SIZE_MAX, true,
+                                                   cfg_.device.type == "cuda" ? nn::DeviceKind::cuda : nn::DeviceKind::cpu);
+  arena->set_nf4_fused(cfg_.device.type == "cuda" && cfg_.device.nf4_gemm == "fused");
+  arena_ = std::move(arena);
   host_ = std::make_unique<nn::CountingDevice>("host memory", SIZE_MAX, true);
   compute_ = arena_.get();
   // Hybrid sharding: state is partitioned over the shard group, not the world.

@@ -256,6 +256,8 @@ void Trainer::describe_placement() {
                    : "quantized at start from " + (cfg_.init_from.empty() ? std::string("the initial weights") : cfg_.init_from))
            << (e.compute().kind() == nn::DeviceKind::cpu && nn::CpuDevice::nf4_gemm_direct(cfg_.zero.compute, cfg_.zero.compute)
                    ? ", dequantized row by row as the GEMMs pack their operand\n"
+               : e.compute().kind() == nn::DeviceKind::cuda && cfg_.device.nf4_gemm == "fused"
+                   ? ", dequantized tile by tile in the GEMMs' shared memory (device.nf4_gemm fused)\n"
                    : ", dequantized panel by panel in the GEMMs\n");
     }
   }
