@@ -168,6 +168,26 @@ BOOST_AUTO_TEST_CASE(a_peft_adapter_gives_peft_logits_and_loss) {
   }
 }
 
+// What a stage-3 rank fills, a range of a unit, reads only that range's bytes (pread) and
+// gives what the whole read gives, in chunks that cut tensors anywhere (the saved head too).
+BOOST_AUTO_TEST_CASE(an_adapter_read_by_ranges_equals_the_whole_read) {
+  nn::CpuDevice dev(size_t{256} << 20, 1);
+  for (const Case& k : kCases) {
+    BOOST_TEST_CONTEXT(k.adapter) {
+      const runtime::Config c = config(doc(k.base), {"model.adapter_from=" + kRoot + "peft/" + k.adapter});
+      const auto model = runtime::make_model(c, dev);
+      runtime::PeftWeights adapters(c.adapter_from, c.resolved.at("model"), model->units(), model->lora());
+      for (int u = 0; u < model->num_units(); ++u) {
+        const int64_t n = model->units()[static_cast<size_t>(u)].numel;
+        std::vector<float> whole(static_cast<size_t>(n), -7.0f), pieces = whole;
+        adapters.fill(u, 0, n, whole.data());
+        for (int64_t at = 0; at < n; at += 37) adapters.fill(u, at, std::min<int64_t>(37, n - at), pieces.data() + at);
+        BOOST_TEST(pieces == whole, "unit " << u);
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(five_adamw_steps_give_peft_losses_and_adapters) {
   nn::CpuDevice dev(size_t{256} << 20, 1);
   for (const Case& k : kCases) {

@@ -151,10 +151,28 @@ void PeftWeights::fill(int unit, int64_t begin, int64_t n, float* dst) {
     const SafetensorsEntry* e = nullptr;
     for (const SafetensorsEntry& x : reader_->entries())
       if (x.name == s.name) e = &x;
-    const std::vector<float> v = to_f32(e->dtype, reader_->read(*e), path_ + ": " + s.name);
-    for (int64_t k = lo; k < hi; ++k) {
-      const int64_t i = k - s.offset, r = i / s.cols, col = i % s.cols;
-      dst[k - begin] = v[static_cast<size_t>(s.transposed ? col * s.rows + r : i)];
+    // Only the bytes [lo, hi) needs (pread): a rank's share of a module saved in full (an
+    // embedding of 128k rows) is read, not the whole module.
+    const uint64_t esize = e->dtype == "F32" ? 4 : 2;
+    auto read = [&](int64_t first, int64_t count) {
+      std::vector<char> bytes(static_cast<size_t>(count) * esize);
+      reader_->read_range(*e, static_cast<uint64_t>(first) * esize, bytes.size(), bytes.data());
+      return to_f32(e->dtype, bytes, path_ + ": " + s.name);
+    };
+    const int64_t i0 = lo - s.offset, i1 = hi - s.offset;
+    if (!s.transposed) {
+      const std::vector<float> v = read(i0, i1 - i0);
+      std::copy(v.begin(), v.end(), dst + (lo - begin));
+      continue;
+    }
+    // Stored [cols, rows]: rows r0..r1 of ours are one run of each row of the file.
+    const int64_t r0 = i0 / s.cols, r1 = (i1 - 1) / s.cols;
+    for (int64_t col = 0; col < s.cols; ++col) {
+      const std::vector<float> v = read(col * s.rows + r0, r1 - r0 + 1);
+      for (int64_t r = r0; r <= r1; ++r) {
+        const int64_t i = r * s.cols + col;
+        if (i >= i0 && i < i1) dst[s.offset + i - begin] = v[static_cast<size_t>(r - r0)];
+      }
     }
   }
 }

@@ -43,7 +43,7 @@ class PeftWeights {
               const std::vector<nn::LoraAdapter>& adapters);
   ~PeftWeights();
   // Overwrites the elements of [begin, begin + n) of `unit`'s flat buffer (f32) that the
-  // folder's tensors cover.
+  // folder's tensors cover, reading only those elements' bytes from the file.
   void fill(int unit, int64_t begin, int64_t n, float* dst);
 
  private:
