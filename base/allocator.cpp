@@ -31,8 +31,8 @@ bool malloc_is_mimalloc() {
 
 void keep_freed_memory() {
 #ifdef FERRY_WITH_MIMALLOC
-#if MI_MALLOC_VERSION >= 210
-  mi_option_set(mi_option_purge_delay, -1);  // 2.1 renamed decommitting purging; -1: never
+#if MI_MALLOC_VERSION >= 210 || (MI_MALLOC_VERSION >= 180 && MI_MALLOC_VERSION < 200)
+  mi_option_set(mi_option_purge_delay, -1);  // 2.1 and 1.8 renamed decommitting purging; -1: never
 #else
   mi_option_disable(mi_option_allow_decommit);
 #endif

@@ -14,7 +14,8 @@ bool malloc_is_mimalloc();
 // same tensors every step (the CPU device's activations and gradients, the GEMM's packed
 // operands), and each return cost a page fault per 4 KiB at the next step, a tenth of a
 // LoRA step on two cores (docs/design/measured.md). The resident size then stays at the
-// run's peak, which is what `ferry plan` budgets. The programs' mains call it
+// run's peak, which is what `ferry plan` budgets. (Blocks of tens of MiB live in segments of
+// their own, which mimalloc 2.0 may still unmap.) The programs' mains call it
 // (examples/cli.cpp); nothing without mimalloc.
 void keep_freed_memory();
 

@@ -84,11 +84,14 @@ class DeviceOps {
   virtual void nf4_dequantize(const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0, int64_t c0) = 0;
   // nn/nf4_matmul.h's products straight from W's NF4 pieces, where this device multiplies
   // without a dequantized panel (the CPU device, with its bf16 kernel: the operand is
-  // dequantized as the GEMM packs it): trans_w, c[:, c_col + j] = beta c + sum_k a[:, k]
-  // W[j, k] (the forward); else c[:, k] = beta c + sum_j a[:, a_col + j] W[j, k] (dx).
-  // The values are the panel path's bit for bit. Returns false, having done nothing, where
-  // the device has no such path: the caller then dequantizes panels. Shapes as the panel
-  // path's (std::invalid_argument).
+  // dequantized as the GEMM packs it; the cuda device with device.nf4_gemm fused, in its
+  // shared-memory tiles): trans_w, c[:, c_col + j] = beta c + sum_k a[:, k] W[j, k] (the
+  // forward); else c[:, k] = beta c + sum_j a[:, a_col + j] W[j, k] (dx). The CPU's values
+  // are the panel path's bit for bit; the cuda kernel's match it to the GEMM's rounding
+  // (its sums in the tensor cores' order, not cuBLAS's). Returns false, having done
+  // nothing, where the device has no such path: the caller then dequantizes panels. Shapes
+  // as the panel path's, and pieces that tile W's rows in order with one row length
+  // (std::invalid_argument).
   virtual bool nf4_gemm(const Tensor& c, int64_t c_col, const Tensor& a, int64_t a_col,
                         const std::vector<Nf4Weight>& pieces, bool trans_w, double beta) {
     (void)c, (void)c_col, (void)a, (void)a_col, (void)pieces, (void)trans_w, (void)beta;

@@ -144,6 +144,10 @@ Nf4GemmDims nf4_gemm(const char* device, const Tensor& c, int64_t c_col, const T
   const int64_t in = pieces.front().layout.cols;
   int64_t R = 0;
   for (const Nf4Weight& p : pieces) {
+    if (p.row0 != R || p.layout.cols != in) {  // the kernels find a row's piece by this order
+      fail(device, op, "the pieces must cover W's rows in order with one row length (a piece at row " +
+                           std::to_string(p.row0) + " after " + std::to_string(R) + ")");
+    }
     if (static_cast<int64_t>(p.blob.nbytes()) < p.layout.bytes) {
       fail(device, op, "a blob of " + p.blob.describe() + " is shorter than its layout's " +
                            std::to_string(p.layout.bytes) + " bytes");

@@ -55,10 +55,11 @@ void dropout_rows(const char* device, const Tensor& out, const Tensor& in, doubl
 // nf4_dequantize: a 2-D floating panel, a blob of at least l.bytes, the rectangle inside l.
 void nf4_dequantize(const char* device, const Tensor& panel, const Tensor& blob, const Nf4Layout& l, int64_t r0,
                     int64_t c0);
-// nf4_gemm (DeviceOps::nf4_gemm): each blob at least its layout's bytes; a and c 2-D with
+// nf4_gemm (DeviceOps::nf4_gemm): pieces that tile W's rows in order with one row length,
+// each blob at least its layout's bytes; a and c 2-D with
 // as many rows; trans_w: W^T's N = R columns inside c from c_col, a's width W's row length
 // in; else W's K = R rows inside a's columns from a_col, c's width in. Returns the product's
-// M, N, K and where in c and a it starts (the caller has checked that the pieces tile W).
+// M, N, K and where in c and a it starts.
 struct Nf4GemmDims {
   int64_t M = 0, N = 0, K = 0, c_from = 0, a_from = 0;
 };

@@ -227,6 +227,15 @@ BOOST_AUTO_TEST_CASE(panel_products_equal_a_gemm_with_the_dequantized_weight) {
       std::vector<nn::Nf4Weight> gap = {w[0], w[2]};
       const Tensor y = Tensor::empty(*dev, t, {N, 80}), x = Tensor::empty(*dev, t, {N, cols});
       BOOST_CHECK_THROW(nn::nf4_matmul_nt(*dev, y, 0, x, gap, 0.0), std::invalid_argument);
+      // Straight to the device: one that multiplies from the blobs refuses them itself (its
+      // kernels find a row's piece by their order); one without that path answers false.
+      bool took = false;
+      try {
+        took = dev->nf4_gemm(y, 0, x, 0, gap, true, 0.0);
+      } catch (const std::invalid_argument& e) {
+        BOOST_TEST(std::string(e.what()).find("in order") != std::string::npos, e.what());
+      }
+      BOOST_TEST(!took);
     }
   }
 }

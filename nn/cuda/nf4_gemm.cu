@@ -128,21 +128,27 @@ void nf4_gemm(Stream s, Arr c, int64_t ldc, Arr a, int64_t lda, const Nf4Piece* 
   Nf4PieceSet w{};
   for (int k = 0; k < n_pieces; ++k) w.p[k] = pieces[k];
   w.n = n_pieces;
-  const dim3 grid(static_cast<unsigned>((N + kNf4GemmTile - 1) / kNf4GemmTile),
-                  static_cast<unsigned>((M + kNf4GemmTile - 1) / kNf4GemmTile));
   const size_t shared = size_t{2} * kNf4GemmTile * kNf4GemmPitch * 2;
-  const auto launch = [&](auto tag) {
-    using S = decltype(tag);
-    auto& kernel = nf4_gemm_kernel<S>;
-    FERRY_LAUNCH(kernel, grid, kNf4GemmThreads, shared, as_stream(s), c, ldc, static_cast<const S*>(a.p), lda, w,
-                 nf4_values(), trans_w, M, N, K, static_cast<float>(beta));
-  };
-  if (a.dtype == DType::bf16) {
-    launch(__nv_bfloat16{});
-  } else {
-    launch(__half{});
+  // Rows in launches of at most 65535 blocks down (gridDim.y's limit: 4M tokens a launch).
+  const int64_t rows_per_launch = int64_t{65535} * kNf4GemmTile;
+  for (int64_t m0 = 0; m0 < M; m0 += rows_per_launch) {
+    const int64_t rows = std::min(rows_per_launch, M - m0);
+    const dim3 grid(static_cast<unsigned>((N + kNf4GemmTile - 1) / kNf4GemmTile),
+                    static_cast<unsigned>((rows + kNf4GemmTile - 1) / kNf4GemmTile));
+    const Arr cm{static_cast<char*>(c.p) + m0 * ldc * static_cast<int64_t>(dtype_size(c.dtype)), c.dtype};
+    const auto launch = [&](auto tag) {
+      using S = decltype(tag);
+      auto& kernel = nf4_gemm_kernel<S>;
+      FERRY_LAUNCH(kernel, grid, kNf4GemmThreads, shared, as_stream(s), cm, ldc, static_cast<const S*>(a.p) + m0 * lda,
+                   lda, w, nf4_values(), trans_w, rows, N, K, static_cast<float>(beta));
+    };
+    if (a.dtype == DType::bf16) {
+      launch(__nv_bfloat16{});
+    } else {
+      launch(__half{});
+    }
+    FERRY_CUDA_CHECK_LAUNCH();
   }
-  FERRY_CUDA_CHECK_LAUNCH();
 }
 
 FERRY_CUDA_ABI_END
