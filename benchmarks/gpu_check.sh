@@ -17,8 +17,8 @@
 # roofline ledger's prediction beside it) 150; kernels (ncu's duration of every kernel of
 # one GPT-2 124M forward+backward, set against the ledger: the calibration) 90, then the
 # longest of them once more with ncu's sections (why it takes its time) 40; offload
-# (`ferry bench step --device cuda --bf16`) 60; qlora (a Llama 8 x 2048 QLoRA step with
-# device.nf4_gemm panel, then fused) 60; the CUDA tests 150. Exit status: 0 every
+# (`ferry bench step --device cuda --bf16`) 60; qlora (a Llama 8 x 2048: LoRA, QLoRA with
+# device.nf4_gemm panel and fused, QLoRA offloaded at stage 3) 90; the CUDA tests 150. Exit status: 0 every
 # step passed; 1 a step failed (summary.txt names it); 3 no GPU here.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -160,8 +160,12 @@ else
 fi
 mkdir -p /tmp/ferry-gpu-check-nvme
 step offload 60 "$ferry" bench step --device cuda --bf16 --nvme-path /tmp/ferry-gpu-check-nvme --json "$out/offload.json"
-# QLoRA's base multiplied from panels (cuBLAS) and fused (nn/cuda/nf4_gemm.cu), 12 steps each.
-step qlora 60 bash -c "for g in panel fused; do echo \"device.nf4_gemm \$g\"; '$ferry' train --config benchmarks/gpu_qlora.json --set device.nf4_gemm=\$g | grep -E '^step (8|12)/'; done"
+# Adapters on a Llama 8 x 2048, 12 steps each (the step lines carry tokens/s and PCIe bytes
+# a parameter): LoRA on the bf16 base; QLoRA with the base multiplied from panels (cuBLAS)
+# and fused (nn/cuda/nf4_gemm.cu); QLoRA at stage 3 with the base and optimizer in host memory.
+step qlora 90 bash -c "for s in 'lora.base_dtype=compute' 'device.nf4_gemm=panel' 'device.nf4_gemm=fused' \
+  'zero_optimization.stage=3 --set zero_optimization.offload_param.device=cpu --set zero_optimization.offload_optimizer.device=cpu'; do
+  echo \"--set \$s\"; '$ferry' train --config benchmarks/gpu_qlora.json --set \$s | grep -E '^step (8|12)/'; done"
 for t in test_device test_backend_ops test_fused_ops test_cuda_training; do
   [ -x "$tests/$t" ] && step "$t" 150 "$tests/$t" --log_level=message
 done
@@ -177,7 +181,7 @@ done
     grep -E '^  [a-z_]+.*\(|Duration|Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles Per Issued' "$out/top_kernel.txt" | head -30; }
   echo "--- offload"
   grep -E 'overlapped|sequential|alone|bytes/param' "$out/logs/offload.log"
-  echo "--- QLoRA, the NF4 GEMM from panels and fused (tokens/s)"
+  echo "--- adapters: LoRA, QLoRA from panels and fused, QLoRA offloaded (tokens/s, PCIe B/param)"
   cat "$out/logs/qlora.log"
   echo "--- CUDA tests"
   grep -hE 'No errors detected|failure|error:' "$out"/logs/test_*.log | head -20
