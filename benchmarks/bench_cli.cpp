@@ -37,6 +37,14 @@ int run(const std::string& name, const BenchArgs& a) {
     Report report;
     bool is_root = true;
     int rc = 0;
+    const auto publish = [&] {
+      print_table(report);
+      if (!a.json_path.empty()) {
+        write_json(report, a.json_path);
+        std::cout << "wrote " << a.json_path << "\n";
+      }
+      std::cout.flush();
+    };
     if (name == "model") {
       ModelBenchOptions o = a.opt;
       if (o.device == "cuda") o.device_memory = 0;  // sized to the GPU
@@ -58,14 +66,14 @@ int run(const std::string& name, const BenchArgs& a) {
       rc = run_adam_bench(AdamBenchOptions{a.opt.threads, 100'000'000, a.opt.quick, a.peers},
                           report);
     } else {
-      rc = run_comm_bench(CommBenchOptions{a.opt.quick}, report, is_root);
+      bool printed = false;
+      rc = run_comm_bench(CommBenchOptions{a.opt.quick}, report, is_root, [&] {
+        publish();
+        printed = true;
+      });
+      if (printed || !is_root) return rc;
     }
-    if (!is_root) return rc;
-    print_table(report);
-    if (!a.json_path.empty()) {
-      write_json(report, a.json_path);
-      std::cout << "wrote " << a.json_path << "\n";
-    }
+    publish();
     return rc;
   } catch (const std::exception& e) {
     std::cerr << "ferry bench " << name << ": error: " << e.what() << "\n";
